@@ -1,0 +1,263 @@
+"""Attention for lsjax: hybrid tree attention = prefix part + tree part, merged by LSE.
+
+Every attention call in lsjax (target prefill, AR decode, tree verification, the
+draft's self- and cross-attention) has the same two-part structure:
+
+* the **prefix**: the T new queries attend to a committed KV cache `[0, length)`
+  with no mask (keys are all in the past). Optionally keys before
+  `window_start` are ignored (the draft's sliding window).
+* the **tree**: the T new queries attend to the T new keys under a mask — a
+  causal chain for prefill / AR decode, an ancestor mask for a speculative tree.
+
+Each part returns `(out, lse)`; `merge_attention` combines them exactly
+(LongSpec, Appendix C). Backends:
+
+* `xla`       blocked jnp, reads only the valid cache blocks; the default on CPU.
+* `pallas`    the kernels in `pallas_kernels/`; the default on TPU/GPU.
+* `reference` the naive HF-eager equivalent: concatenate cache and tree keys,
+              build the full `[T, S + T]` mask, softmax. For tests and benchmarks.
+
+Shapes: q [B, T, N, H]; cache k/v [B, S, K, H]; tree k/v [B, T, K, H];
+lengths [B] int32; window_start [B] int32; tree mask [B, T, T] bool
+(mask[b, i, j] = query i may see tree key j).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+NEG_INF = float("-inf")
+BACKENDS = ("auto", "xla", "pallas", "reference")
+
+
+def default_backend() -> str:
+    return "xla" if jax.default_backend() == "cpu" else "pallas"
+
+
+def _resolve(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"attention backend must be one of {'|'.join(BACKENDS)}, got {backend!r}")
+    return default_backend() if backend == "auto" else backend
+
+
+def merge_attention(out_a, lse_a, out_b, lse_b):
+    """Exact merge of two partial attentions over disjoint key sets.
+
+    out_* [B, T, N, H], lse_* [B, T, N] (fp32, natural log). A part with no keys
+    has lse = -inf and must contribute nothing (and never NaN).
+    """
+    lse = jnp.logaddexp(lse_a, lse_b)  # [B, T, N]
+    safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
+    w_a = jnp.where(jnp.isfinite(lse_a), jnp.exp(lse_a - safe), 0.0)
+    w_b = jnp.where(jnp.isfinite(lse_b), jnp.exp(lse_b - safe), 0.0)
+    out = out_a.astype(jnp.float32) * w_a[..., None] + out_b.astype(jnp.float32) * w_b[..., None]
+    return out.astype(out_a.dtype), lse
+
+
+def _grouped(q, num_kv_heads):
+    """[B, T, N, H] -> [B, T, K, G, H] (query heads grouped by their kv head)."""
+    B, T, N, H = q.shape
+    return q.reshape(B, T, num_kv_heads, N // num_kv_heads, H)
+
+
+# ---------------------------------------------------------------------------
+# XLA backend
+
+
+def prefix_attention_xla(q, k, v, lengths, window_start=None, *, block_size: int = 512, sm_scale=None):
+    """Flash-decoding in plain XLA: a while loop over the valid cache blocks only.
+
+    The trip count depends on `max(lengths)` (an array), so a capacity-8K cache
+    holding 1K tokens costs 1K, and nothing recompiles as the cache grows.
+    Returns out [B, T, N, H] (q.dtype) and lse [B, T, N] (fp32).
+    """
+    B, T, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    G = N // K
+    scale = sm_scale if sm_scale is not None else H**-0.5
+    block = min(block_size, S)
+    num_blocks_static = -(-S // block)
+    # Pad the cache view so every block is full; the length mask drops the pad.
+    if num_blocks_static * block != S:
+        pad = num_blocks_static * block - S
+        k = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0)))
+        v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    lengths = lengths.astype(jnp.int32)
+    start = jnp.zeros_like(lengths) if window_start is None else window_start.astype(jnp.int32)
+    first_block = jnp.min(start) // block
+    last_block = (jnp.max(lengths) + block - 1) // block
+
+    qg = (_grouped(q, K).astype(jnp.float32) * scale).transpose(0, 2, 1, 3, 4).reshape(B, K, T * G, H)  # [B,K,TG,H]
+
+    def body(carry):
+        i, m, l, acc = carry
+        kb = jax.lax.dynamic_slice_in_dim(k, i * block, block, axis=1).astype(jnp.float32)  # [B, blk, K, H]
+        vb = jax.lax.dynamic_slice_in_dim(v, i * block, block, axis=1).astype(jnp.float32)
+        s = jnp.einsum("bkqh,bskh->bkqs", qg, kb)  # [B, K, TG, blk]
+        pos = i * block + jnp.arange(block)
+        valid = (pos[None, :] < lengths[:, None]) & (pos[None, :] >= start[:, None])  # [B, blk]
+        s = jnp.where(valid[:, None, None, :], s, NEG_INF)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+        p = jnp.exp(s - m_safe[..., None])
+        corr = jnp.exp(jnp.where(jnp.isfinite(m), m - m_safe, NEG_INF))
+        l = l * corr + jnp.sum(p, axis=-1)
+        acc = acc * corr[..., None] + jnp.einsum("bkqs,bskh->bkqh", p, vb)
+        return i + 1, m_new, l, acc
+
+    init = (
+        first_block,
+        jnp.full((B, K, T * G), NEG_INF, jnp.float32),
+        jnp.zeros((B, K, T * G), jnp.float32),
+        jnp.zeros((B, K, T * G, H), jnp.float32),
+    )
+    _, m, l, acc = jax.lax.while_loop(lambda c: c[0] < last_block, body, init)
+    out = acc / jnp.where(l > 0, l, 1.0)[..., None]
+    lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), NEG_INF)
+    out = out.reshape(B, K, T, G, H).transpose(0, 2, 1, 3, 4).reshape(B, T, N, H)
+    lse = lse.reshape(B, K, T, G).transpose(0, 2, 1, 3).reshape(B, T, N)
+    return out.astype(q.dtype), lse
+
+
+def tree_attention_xla(q, k, v, mask=None, *, causal: bool = False, sm_scale=None, block_q: int = 512):
+    """Masked attention of the T new queries over the T new keys.
+
+    `mask` [B, T, T] bool, or `causal=True` for a chain without materialising a
+    mask. Long inputs (prefill chunks) are processed in query blocks so the
+    score tensor stays [B, K, G*block_q, T].
+    """
+    B, T, N, H = q.shape
+    K = k.shape[2]
+    G = N // K
+    scale = sm_scale if sm_scale is not None else H**-0.5
+    if mask is None and not causal:
+        raise ValueError("tree_attention needs a mask or causal=True")
+    qg = _grouped(q, K).astype(jnp.float32) * scale  # [B, T, K, G, H]
+    kf, vf = k.astype(jnp.float32), v.astype(jnp.float32)
+
+    def attend(q_blk, q_pos):  # q_blk [B, t, K, G, H], q_pos [t]
+        s = jnp.einsum("btkgh,bskh->bkgts", q_blk, kf)  # [B, K, G, t, T]
+        if causal:
+            allowed = (jnp.arange(T)[None, :] <= q_pos[:, None])[None]  # [1, t, T]
+        else:
+            allowed = jnp.take(mask, q_pos, axis=1)  # [B, t, T]
+        s = jnp.where(allowed[:, None, None], s, NEG_INF)
+        m = jnp.max(s, axis=-1)
+        m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+        p = jnp.exp(s - m_safe[..., None])
+        l = jnp.sum(p, axis=-1)
+        o = jnp.einsum("bkgts,bskh->btkgh", p, vf) / jnp.where(l > 0, l, 1.0).transpose(0, 3, 1, 2)[..., None]
+        lse = jnp.where(l > 0, m_safe + jnp.log(jnp.where(l > 0, l, 1.0)), NEG_INF)  # [B, K, G, t]
+        return o.reshape(B, -1, N, H), lse.transpose(0, 3, 1, 2).reshape(B, -1, N)
+
+    if T <= block_q:
+        out, lse = attend(qg, jnp.arange(T))
+    else:
+        nb = -(-T // block_q)
+        pad = nb * block_q - T
+        qp = jnp.pad(qg, ((0, 0), (0, pad), (0, 0), (0, 0), (0, 0))).reshape(B, nb, block_q, K, G, H)
+        pos = jnp.minimum(jnp.arange(nb * block_q), T - 1).reshape(nb, block_q)
+        outs, lses = jax.lax.map(lambda xs: attend(xs[0], xs[1]), (qp.transpose(1, 0, 2, 3, 4, 5), pos))
+        out = outs.transpose(1, 0, 2, 3, 4).reshape(B, nb * block_q, N, H)[:, :T]
+        lse = lses.transpose(1, 0, 2, 3).reshape(B, nb * block_q, N)[:, :T]
+    return out.astype(q.dtype), lse
+
+
+# ---------------------------------------------------------------------------
+# Reference backend: what HF eager attention computes.
+
+
+def hybrid_attention_reference(
+    q, cache_k, cache_v, lengths, tree_k, tree_v, tree_mask=None, *, causal=False, window_start=None, sm_scale=None
+):
+    B, T, N, H = q.shape
+    S, K = cache_k.shape[1], cache_k.shape[2]
+    scale = sm_scale if sm_scale is not None else H**-0.5
+    if tree_mask is None:
+        if not causal:
+            raise ValueError("hybrid attention needs tree_mask or causal=True")
+        tree_mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
+    start = jnp.zeros_like(lengths) if window_start is None else window_start
+    pos = jnp.arange(S)
+    cache_ok = (pos[None, :] < lengths[:, None]) & (pos[None, :] >= start[:, None])  # [B, S]
+    full_mask = jnp.concatenate([jnp.broadcast_to(cache_ok[:, None, :], (B, T, S)), tree_mask], axis=-1)
+    keys = jnp.concatenate([cache_k, tree_k], axis=1).astype(jnp.float32)  # [B, S+T, K, H]
+    vals = jnp.concatenate([cache_v, tree_v], axis=1).astype(jnp.float32)
+    keys = jnp.repeat(keys, N // K, axis=2)  # [B, S+T, N, H]
+    vals = jnp.repeat(vals, N // K, axis=2)
+    s = jnp.einsum("btnh,bsnh->bnts", q.astype(jnp.float32), keys) * scale
+    s = jnp.where(full_mask[:, None], s, NEG_INF)
+    lse = jax.nn.logsumexp(s, axis=-1)  # [B, N, T]
+    p = jnp.where(jnp.isfinite(lse)[..., None], jnp.exp(s - jnp.where(jnp.isfinite(lse), lse, 0.0)[..., None]), 0.0)
+    out = jnp.einsum("bnts,bsnh->btnh", p, vals)
+    return out.astype(q.dtype), lse.transpose(0, 2, 1)
+
+
+# ---------------------------------------------------------------------------
+# Public entry points
+
+
+def prefix_attention(q, k, v, lengths, window_start=None, *, backend: str = "auto", sm_scale=None):
+    """Unmasked attention of q over the committed cache `[window_start, length)`."""
+    backend = _resolve(backend)
+    if backend == "pallas":
+        from pallas_kernels import prefix_attention as pk
+
+        return pk.prefix_attention(
+            q, k, v, lengths, window_start, sm_scale=sm_scale, interpret=jax.default_backend() == "cpu"
+        )
+    if backend == "reference":
+        from pallas_kernels import prefix_attention as pk
+
+        return pk.prefix_attention_reference(q, k, v, lengths, window_start, sm_scale=sm_scale)
+    return prefix_attention_xla(q, k, v, lengths, window_start, sm_scale=sm_scale)
+
+
+def tree_attention(q, k, v, mask=None, *, causal=False, backend: str = "auto", sm_scale=None):
+    """Attention of the T new queries over the T new keys under a tree/causal mask."""
+    backend = _resolve(backend)
+    if backend == "pallas":
+        from pallas_kernels import tree_attention as tk
+
+        return tk.tree_attention(q, k, v, mask, causal=causal, sm_scale=sm_scale, interpret=jax.default_backend() == "cpu")
+    if backend == "reference":
+        from pallas_kernels import tree_attention as tk
+
+        return tk.tree_attention_reference(q, k, v, mask, causal=causal, sm_scale=sm_scale)
+    return tree_attention_xla(q, k, v, mask, causal=causal, sm_scale=sm_scale)
+
+
+@functools.partial(jax.named_call, name="hybrid_tree_attention")
+def hybrid_tree_attention(
+    q,
+    cache_k,
+    cache_v,
+    lengths,
+    tree_k,
+    tree_v,
+    tree_mask=None,
+    *,
+    causal: bool = False,
+    window_start=None,
+    backend: str = "auto",
+    sm_scale=None,
+):
+    """q [B,T,N,H] over cache [0, lengths) (no mask) + tree keys (tree_mask or causal), exact LSE merge.
+
+    `backend="reference"` computes the naive masked attention in one softmax instead.
+    Returns out [B, T, N, H].
+    """
+    backend = _resolve(backend)
+    if backend == "reference":
+        out, _ = hybrid_attention_reference(
+            q, cache_k, cache_v, lengths, tree_k, tree_v, tree_mask, causal=causal, window_start=window_start,
+            sm_scale=sm_scale,
+        )
+        return out
+    out_p, lse_p = prefix_attention(q, cache_k, cache_v, lengths, window_start, backend=backend, sm_scale=sm_scale)
+    out_t, lse_t = tree_attention(q, tree_k, tree_v, tree_mask, causal=causal, backend=backend, sm_scale=sm_scale)
+    out, _ = merge_attention(out_p, lse_p, out_t, lse_t)
+    return out

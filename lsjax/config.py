@@ -1,0 +1,317 @@
+"""Frozen, hashable configs — one per concern — static under `jax.jit`.
+
+Every config validates itself in `__post_init__` and raises `ConfigError`
+naming the field and the allowed range. YAML files in `configs/` map onto these
+dataclasses with `load_yaml`; unknown keys are errors, and `--set a.b=value`
+overrides are applied with `apply_overrides`.
+
+Shape letters used across lsjax (documented once, here):
+  B batch, T query length (new tokens / tree size), S cache length (capacity),
+  N query heads, K kv heads, G = N // K (query heads per kv head), H head dim,
+  D model width, F MLP width, V vocabulary, L layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config field is missing, unknown or out of its allowed range."""
+
+
+def _check(cond: bool, field: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{field}: {msg}")
+
+
+def _positive_int(value: Any, field: str) -> None:
+    _check(
+        isinstance(value, int) and not isinstance(value, bool) and value > 0,
+        field,
+        f"must be an integer >= 1, got {value!r}",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling. `default` leaves the frequencies alone."""
+
+    kind: str = "default"  # default | linear | llama3
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+    def __post_init__(self):
+        _check(
+            self.kind in ("default", "linear", "llama3"),
+            "rope_scaling.kind",
+            f"must be one of default|linear|llama3, got {self.kind!r}",
+        )
+        _check(self.factor >= 1.0, "rope_scaling.factor", f"must be >= 1, got {self.factor}")
+        if self.kind == "llama3":
+            _check(
+                self.high_freq_factor > self.low_freq_factor > 0,
+                "rope_scaling.high_freq_factor",
+                "llama3 scaling needs high_freq_factor > low_freq_factor > 0",
+            )
+            _positive_int(self.original_max_position, "rope_scaling.original_max_position")
+
+
+ARCHITECTURES = ("llama", "qwen2", "mistral")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and numerics of a Llama-family decoder (Llama, Qwen2, Mistral)."""
+
+    arch: str = "llama"
+    vocab_size: int = 49152
+    hidden_size: int = 576  # D
+    intermediate_size: int = 1536  # F
+    num_layers: int = 30  # L
+    num_heads: int = 9  # N
+    num_kv_heads: int = 3  # K
+    head_dim: int = 64  # H
+    max_position: int = 8192
+    rope_theta: float = 100000.0
+    rope_scaling: RopeScaling = RopeScaling()
+    rms_norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    qkv_bias: bool = False
+    bos_token_id: int | None = 1
+    eos_token_ids: tuple[int, ...] = (2,)
+    pad_token_id: int = 2
+    dtype: str = "float32"  # activations and weights; fp32 on CPU, bf16 on accelerators
+    name: str = "model"
+
+    def __post_init__(self):
+        _check(
+            self.arch in ARCHITECTURES,
+            "arch",
+            f"unsupported architecture {self.arch!r}; supported: {', '.join(ARCHITECTURES)}",
+        )
+        for f in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "max_position",
+        ):
+            _positive_int(getattr(self, f), f)
+        _check(
+            self.num_heads % self.num_kv_heads == 0,
+            "num_kv_heads",
+            f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})",
+        )
+        _check(self.head_dim % 2 == 0, "head_dim", f"must be even for RoPE, got {self.head_dim}")
+        _check(self.rope_theta > 0, "rope_theta", f"must be > 0, got {self.rope_theta}")
+        _check(0 < self.rms_norm_eps < 1, "rms_norm_eps", f"must be in (0, 1), got {self.rms_norm_eps}")
+        _check(self.dtype in DTYPES, "dtype", f"must be one of {'|'.join(DTYPES)}, got {self.dtype!r}")
+        _check(isinstance(self.eos_token_ids, tuple), "eos_token_ids", "must be a tuple of ints")
+        for t in (*self.eos_token_ids, self.pad_token_id):
+            _check(0 <= t < self.vocab_size, "eos_token_ids", f"token id {t} outside [0, {self.vocab_size})")
+
+    @property
+    def group_size(self) -> int:  # G: query heads per kv head
+        return self.num_heads // self.num_kv_heads
+
+    @classmethod
+    def from_hf(cls, hf: dict, name: str = "model") -> ModelConfig:
+        """Builds a config from an HF `config.json` dict (transformers 4.x and 5.x layouts)."""
+        model_type = hf.get("model_type", "?")
+        _check(
+            model_type in ARCHITECTURES,
+            "model_type",
+            f"unsupported architecture {model_type!r}; supported: {', '.join(ARCHITECTURES)}",
+        )
+        rope_params = dict(hf.get("rope_parameters") or {})  # transformers 5.x
+        rope_theta = rope_params.get("rope_theta", hf.get("rope_theta", 10000.0))
+        scaling = hf.get("rope_scaling") or rope_params
+        rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+        if rope_type not in ("default", "linear", "llama3"):
+            raise ConfigError(f"rope_scaling.kind: unsupported rope type {rope_type!r} (default|linear|llama3)")
+        rs = RopeScaling(
+            kind=rope_type,
+            factor=float(scaling.get("factor", 1.0)) if rope_type != "default" else 1.0,
+            low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
+            original_max_position=int(scaling.get("original_max_position_embeddings", 8192)),
+        )
+        eos = hf.get("eos_token_id", 2)
+        eos = tuple(eos) if isinstance(eos, list) else (int(eos),)
+        num_heads = hf["num_attention_heads"]
+        pad = hf.get("pad_token_id")
+        return cls(
+            arch=model_type,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
+            max_position=hf.get("max_position_embeddings", 4096),
+            rope_theta=float(rope_theta),
+            rope_scaling=rs,
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_ids=eos,
+            pad_token_id=pad if pad is not None else eos[0],
+            name=name,
+        )
+
+    @classmethod
+    def from_hf_dir(cls, path: str | Path) -> ModelConfig:
+        path = Path(path)
+        cfg_file = path / "config.json"
+        if not cfg_file.is_file():
+            raise FileNotFoundError(f"no config.json in {path}")
+        return cls.from_hf(json.loads(cfg_file.read_text()), name=path.name)
+
+    def num_params(self) -> int:
+        D, F, L, V = self.hidden_size, self.intermediate_size, self.num_layers, self.vocab_size
+        qkv = D * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        per_layer = qkv + self.num_heads * self.head_dim * D + 3 * D * F + 2 * D
+        return V * D * (1 if self.tie_embeddings else 2) + L * per_layer + D
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """How a token is chosen from logits. temperature == 0 means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+
+    def __post_init__(self):
+        _check(
+            math.isfinite(self.temperature) and self.temperature >= 0,
+            "temperature",
+            f"must be a finite number >= 0, got {self.temperature}",
+        )
+        _check(
+            isinstance(self.top_k, int) and self.top_k >= 0, "top_k", f"must be an integer >= 0, got {self.top_k}"
+        )
+        _check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
+        _check(0 <= self.min_p < 1, "min_p", f"must be in [0, 1), got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateConfig:
+    """Static limits of one generation call."""
+
+    max_new_tokens: int = 256
+    sampling: SamplingConfig = SamplingConfig()
+    stop_token_ids: tuple[int, ...] = ()  # besides the model's EOS
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        _positive_int(self.max_new_tokens, "max_new_tokens")
+        _check(isinstance(self.stop_token_ids, tuple), "stop_token_ids", "must be a tuple of ints")
+
+
+# ---------------------------------------------------------------------------
+# YAML <-> dataclasses
+
+
+def from_dict(cls, data: dict, where: str = ""):
+    """Builds dataclass `cls` from a dict; nested dataclasses recurse, unknown keys raise."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{where + '.' if where else ''}{unknown[0]}: unknown key for {cls.__name__} "
+            f"(known: {', '.join(sorted(fields))})"
+        )
+    kwargs = {}
+    for key, value in data.items():
+        hint = hints[key]
+        name = f"{where}.{key}" if where else key
+        sub = _dataclass_in(hint)
+        if sub is not None and isinstance(value, dict):
+            kwargs[key] = from_dict(sub, value, name)
+        elif _is_tuple(hint) and isinstance(value, list):
+            kwargs[key] = tuple(value)
+        elif hint is float and isinstance(value, int) and not isinstance(value, bool):
+            kwargs[key] = float(value)
+        else:
+            kwargs[key] = value
+    return cls(**kwargs)
+
+
+def _dataclass_in(hint):
+    if dataclasses.is_dataclass(hint):
+        return hint
+    for arg in typing.get_args(hint):
+        if dataclasses.is_dataclass(arg):
+            return arg
+    return None
+
+
+def _is_tuple(hint) -> bool:
+    return hint is tuple or typing.get_origin(hint) is tuple or any(_is_tuple(a) for a in typing.get_args(hint))
+
+
+def to_dict(cfg) -> dict:
+    out = dataclasses.asdict(cfg)
+
+    def lists(x):
+        if isinstance(x, dict):
+            return {k: lists(v) for k, v in x.items()}
+        if isinstance(x, tuple):
+            return [lists(v) for v in x]
+        return x
+
+    return lists(out)
+
+
+def _parse_scalar(text: str):
+    return yaml.safe_load(text)
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Applies `a.b=value` strings (YAML-parsed values) to a nested dict, in place."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key.path=value")
+        path, raw = item.split("=", 1)
+        keys = path.strip().split(".")
+        node = data
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {k} is not a section")
+        node[keys[-1]] = _parse_scalar(raw)
+    return data
+
+
+def load_yaml(cls, path: str | Path, overrides: list[str] | None = None):
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    data = yaml.safe_load(path.read_text()) or {}
+    apply_overrides(data, overrides or [])
+    return from_dict(cls, data)

@@ -1,0 +1,1 @@
+"""Models: the target decoder (`target`) and the LongSpec draft (`draft`)."""

@@ -1,0 +1,148 @@
+"""The target model: a Llama / Qwen2 / Mistral decoder as pure functions of a params pytree.
+
+Parameter layout (every per-layer leaf is stacked over L so the layers run under
+`lax.scan`):
+
+    embed [V, D]; final_norm [D]; lm_head [D, V] (only when untied)
+    layers: attn_norm [L, D]; wq [L, D, N, H]; wk, wv [L, D, K, H];
+            bq [L, N, H]; bk, bv [L, K, H] (only with qkv_bias); wo [L, N, H, D];
+            mlp_norm [L, D]; w_gate, w_up [L, D, F]; w_down [L, F, D]
+
+`forward` never writes the cache: it attends to the committed prefix
+`[0, cache.lengths)` plus the T new tokens (causal chain, or a speculative
+tree's ancestor mask) and returns the new tokens' K/V for the caller to commit.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from lsjax import attention
+from lsjax.cache import KVCache, commit
+from lsjax.config import ModelConfig
+from lsjax.rope import apply_rope, inverse_frequencies, rope_angles
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return weight * xf.astype(x.dtype)
+
+
+def embed(params: dict, tokens: jax.Array) -> jax.Array:
+    return jnp.take(params["embed"], tokens, axis=0)  # [B, T, D]
+
+
+def lm_head(params: dict, config: ModelConfig, hidden: jax.Array) -> jax.Array:
+    """Final norm + output projection: hidden [..., D] -> logits [..., V] (fp32)."""
+    h = rms_norm(hidden, params["final_norm"], config.rms_norm_eps)
+    if config.tie_embeddings:
+        logits = jnp.einsum("...d,vd->...v", h, params["embed"])
+    else:
+        logits = jnp.einsum("...d,dv->...v", h, params["lm_head"])
+    return logits.astype(jnp.float32)
+
+
+def qkv_projection(layer: dict, config: ModelConfig, x: jax.Array, cos, sin):
+    """x [B, T, D] -> q [B, T, N, H], k/v [B, T, K, H], with RoPE on q and k."""
+    q = jnp.einsum("btd,dnh->btnh", x, layer["wq"])
+    k = jnp.einsum("btd,dkh->btkh", x, layer["wk"])
+    v = jnp.einsum("btd,dkh->btkh", x, layer["wv"])
+    if config.qkv_bias:
+        q, k, v = q + layer["bq"], k + layer["bk"], v + layer["bv"]
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def mlp(layer: dict, x: jax.Array) -> jax.Array:
+    gate = jnp.einsum("btd,df->btf", x, layer["w_gate"])
+    up = jnp.einsum("btd,df->btf", x, layer["w_up"])
+    return jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, layer["w_down"])
+
+
+def forward_hidden(
+    params: dict,
+    config: ModelConfig,
+    tokens: jax.Array,
+    positions: jax.Array,
+    cache: KVCache,
+    tree_mask: jax.Array | None = None,
+    *,
+    backend: str = "auto",
+):
+    """Runs the decoder over T new tokens.
+
+    tokens, positions [B, T]; the new tokens see the committed cache
+    `[0, cache.lengths)` unmasked and each other under `tree_mask` [B, T, T]
+    (None = causal chain). Returns (hidden [B, T, D] before the final norm,
+    new_k, new_v [L, B, T, K, H]).
+    """
+    cos, sin = rope_angles(positions, inverse_frequencies(config))
+    x = embed(params, tokens).astype(jnp.dtype(config.dtype))
+    eps = config.rms_norm_eps
+
+    def layer_fn(x, xs):
+        layer, cache_k, cache_v = xs  # cache_k/v [B, S, K, H]
+        h = rms_norm(x, layer["attn_norm"], eps)
+        q, k, v = qkv_projection(layer, config, h, cos, sin)
+        o = attention.hybrid_tree_attention(
+            q, cache_k, cache_v, cache.lengths, k, v, tree_mask, causal=tree_mask is None, backend=backend
+        )
+        x = x + jnp.einsum("btnh,nhd->btd", o, layer["wo"])
+        x = x + mlp(layer, rms_norm(x, layer["mlp_norm"], eps))
+        return x, (k, v)
+
+    x, (new_k, new_v) = jax.lax.scan(layer_fn, x, (params["layers"], cache.k, cache.v))
+    return x, new_k, new_v
+
+
+def forward(
+    params: dict,
+    config: ModelConfig,
+    tokens: jax.Array,
+    positions: jax.Array,
+    cache: KVCache,
+    num_valid: jax.Array | None = None,
+    *,
+    backend: str = "auto",
+) -> tuple[jax.Array, KVCache]:
+    """Causal forward over T new tokens that commits them: returns (logits [B, T, V], cache).
+
+    `num_valid` [B] counts the real tokens per row (the rest is padding at the
+    end of the row and is not committed); default all T.
+    """
+    B, T = tokens.shape
+    hidden, new_k, new_v = forward_hidden(params, config, tokens, positions, cache, backend=backend)
+    if num_valid is None:
+        num_valid = jnp.full((B,), T, jnp.int32)
+    return lm_head(params, config, hidden), commit(cache, new_k, new_v, num_valid)
+
+
+def init_params(config: ModelConfig, key: jax.Array, scale: float = 0.02) -> dict:
+    """Random parameters in the layout above (tests and tiny experiments)."""
+    L, D, F, V = config.num_layers, config.hidden_size, config.intermediate_size, config.vocab_size
+    N, K, H = config.num_heads, config.num_kv_heads, config.head_dim
+    dtype = jnp.dtype(config.dtype)
+    shapes = {
+        "wq": (L, D, N, H),
+        "wk": (L, D, K, H),
+        "wv": (L, D, K, H),
+        "wo": (L, N, H, D),
+        "w_gate": (L, D, F),
+        "w_up": (L, D, F),
+        "w_down": (L, F, D),
+    }
+    if config.qkv_bias:
+        shapes |= {"bq": (L, N, H), "bk": (L, K, H), "bv": (L, K, H)}
+    keys = jax.random.split(key, len(shapes) + 2)
+    layers = {name: (scale * jax.random.normal(k, s)).astype(dtype) for k, (name, s) in zip(keys, shapes.items())}
+    layers["attn_norm"] = jnp.ones((L, D), dtype)
+    layers["mlp_norm"] = jnp.ones((L, D), dtype)
+    params = {
+        "embed": (scale * jax.random.normal(keys[-1], (V, D))).astype(dtype),
+        "layers": layers,
+        "final_norm": jnp.ones((D,), dtype),
+    }
+    if not config.tie_embeddings:
+        params["lm_head"] = (scale * jax.random.normal(keys[-2], (D, V))).astype(dtype)
+    return params
