@@ -1,0 +1,26 @@
+"""Named exceptions raised by lsjax, so callers (and decode.py) can report one clear line."""
+
+from __future__ import annotations
+
+
+class LsjaxError(Exception):
+    """Base class of every error lsjax raises on purpose."""
+
+
+class ModelNotFoundError(LsjaxError, FileNotFoundError):
+    """A model file or directory does not exist (or lacks the files a model needs)."""
+
+
+class UnsupportedModelError(LsjaxError):
+    """The checkpoint uses an architecture, tokenizer or quantization type lsjax cannot load."""
+
+
+class ShapeMismatchError(LsjaxError):
+    """A tensor's shape disagrees with the shape the model config implies."""
+
+
+class MissingTensorError(LsjaxError, KeyError):
+    """A tensor the model config requires is absent from the checkpoint."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message, quotes and all
+        return str(self.args[0]) if self.args else ""
