@@ -354,38 +354,50 @@ _ROLES = {"human": "user", "user": "user", "system": "system"}  # every other sp
 
 
 def rebuild_conversations(records: list[dict]) -> list[dict]:
-    """Join `<base>_<turn>` chunks into conversations: turn 0, then 1, 2, ... while they follow on.
+    """Join `<base>_<turn>` chunks back into conversations, starting from turn 0.
 
-    A chunk whose predecessor is missing cannot be placed reliably, so it and everything after it is
-    dropped. Duplicate ids keep the first non-empty chunk. Returns [{"id", "messages": [{role, content}]}].
+    `<turn>` is the index, in the original conversation, of the chunk's first message. A chunk follows on
+    when its turn equals the previous chunk's turn plus its length (a clean continuation) or that minus one
+    (the splitter repeated the previous chunk's last message: the copy is dropped). The chain stops at the
+    first chunk that does not follow on, since nothing after it can be placed reliably. Duplicate ids keep
+    the first non-empty chunk. Returns [{"id", "messages": [{role, content}], "chunks"}].
     """
     chunks: dict[str, dict[int, list]] = {}
-    order: list[str] = []
     for rec in records:
-        rid = str(rec.get("id", ""))
-        base, _, turn = rid.rpartition("_")
+        base, _, turn = str(rec.get("id", "")).rpartition("_")
         if not base or not turn.isdigit():
             continue
-        if base not in chunks:
-            chunks[base] = {}
-            order.append(base)
+        parts = chunks.setdefault(base, {})
         convs = rec.get("conversations") or []
         t = int(turn)
-        if t not in chunks[base] or (not chunks[base][t] and convs):
-            chunks[base][t] = convs
+        if t not in parts or (not parts[t] and convs):
+            parts[t] = convs
     out = []
-    for base in order:
-        parts, t = chunks[base], 0
-        messages = []
-        while t in parts:
-            for m in parts[t]:
-                content = m.get("value") or ""
-                if content.strip():
-                    messages.append({"role": _ROLES.get(m.get("from", ""), "assistant"), "content": content})
-            t += 1
+    for base, parts in chunks.items():  # dicts keep first-seen order, so output order follows the file
+        if 0 not in parts:
+            continue
+        raw, t, n_chunks = list(parts[0]), 0, 1
+        while True:
+            nxt = t + len(parts[t])
+            if nxt in parts and parts[nxt] is not parts[t]:
+                t, raw = nxt, raw + parts[nxt]
+            elif nxt - 1 > t and nxt - 1 in parts and _same_message(parts[nxt - 1][:1], parts[t][-1:]):
+                t, raw = nxt - 1, raw + parts[nxt - 1][1:]
+            else:
+                break
+            n_chunks += 1
+        messages = [
+            {"role": _ROLES.get(m.get("from", ""), "assistant"), "content": m["value"]}
+            for m in raw
+            if (m.get("value") or "").strip()
+        ]
         if any(m["role"] == "user" for m in messages):
-            out.append({"id": base, "messages": messages, "chunks": t})
+            out.append({"id": base, "messages": messages, "chunks": n_chunks})
     return out
+
+
+def _same_message(a: list[dict], b: list[dict]) -> bool:
+    return bool(a) and bool(b) and a[0].get("value") == b[0].get("value")
 
 
 @functools.cache
