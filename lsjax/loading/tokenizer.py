@@ -34,9 +34,9 @@ _SPLITS = {
     **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "smaug-bpe", "dbrx", "falcon3", "pixtral"), _LLAMA3_SPLIT),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), _QWEN2_SPLIT),
 }
-# Vocabularies trained with every digit its own pre-token before GPT-2's byte-level split (StarCoder
-# family, SmolLM). Their vocabularies hold no multi-digit tokens, so this rarely changes a result.
-_DIGIT_SPLIT = ("smollm", "starcoder", "refact", "codeshell", "command-r", "exaone", "minerva")
+# llama.cpp splits digits off first for "smollm", "starcoder" & co. (as their original tokenizer.json
+# does); transformers' GGUF loader does not, and we follow transformers so that encodings match it.
+# The two differ only on whitespace runs before a digit ("\n    0": one "\n    " token vs "\n   " + " ").
 
 _CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
 
@@ -105,10 +105,6 @@ class Tokenizer:
                     pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated"),
                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
                 ]
-            )
-        elif pre in _DIGIT_SPLIT:
-            backend.pre_tokenizer = pre_tokenizers.Sequence(
-                [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
             )
         else:  # "gpt2", "default" and unknown names: GPT-2's own split, as transformers does
             backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
