@@ -534,3 +534,15 @@ def test_missing_tensor_hf(tmp_path):
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(MissingTensorError, match="lm_head.weight"):
         load_hf(tmp_path)
+
+
+def test_load_model_hf_dir_end_to_end(tmp_path, hf_gguf):
+    model = _tiny_hf_model("qwen2", False)
+    model.save_pretrained(tmp_path)
+    hf_gguf[1].save_pretrained(tmp_path)
+    loaded = load_model(tmp_path)
+    assert loaded.path == tmp_path and loaded.config.arch == "qwen2"
+    _check_against_state_dict(loaded.config, loaded.params, _state_dict_np(model), atol=1e-5, rtol=1e-5)
+    text = _SPECIAL[0] + _UNICODE[0]
+    assert loaded.tokenizer.encode(text) == hf_gguf[1](text)["input_ids"]
+    assert 2 in loaded.tokenizer.eos_token_ids
