@@ -1,13 +1,15 @@
 """Flash-decoding over a committed KV cache: a few new queries, a long cache, no mask.
 
 The prefix half of LongSpec's hybrid tree attention (the tree half is `tree_attention.py`). The T new
-queries (T = tree size, 1..128) attend to keys `[window_start, length)` of a cache with capacity S (up to
-128K). Keys are all in the past, so the only mask is the per-sequence valid range, which is the same for
-every query: it is applied on key positions, never as a `[T, S]` tensor.
+queries (T = tree size, 1..128) attend to keys `[window_start, length)` of a heads-major cache
+k, v [B, K, S, H] with capacity S (up to 128K). Keys are all in the past, so the only mask is the
+per-sequence valid range, which is the same for every query: it is applied on key positions, never as a
+`[T, S]` tensor.
 
 Layout. The T queries are folded into the head-group axis: q [B, T, N, H] is viewed as [B, K, T*G, H]
 (G = N // K), so one program multiplies the whole [T*G, H] query tile against a key block of one KV head
-and each KV head's cache is read once per call, not once per query or per query head.
+and each KV head's cache is read once per call, not once per query or per query head. With the cache
+heads-major, a key block of one head is a contiguous [block_s, H] tile (no strided DMA, no transpose).
 
 Split-K. The grid is (B, K, S / block_s). Each program walks its block_s keys in block_k steps with an
 online softmax and writes a partial (out, lse); the wrapper merges the partials by log-sum-exp. Key blocks
@@ -115,13 +117,13 @@ def _merge_splits(o, lse):
 def prefix_attention(
     q, k, v, lengths, window_start=None, *, sm_scale=None, tuning: PrefixTuning = PrefixTuning(), interpret=False
 ):
-    """Attention of q [B, T, N, H] over cache keys `[window_start, lengths)` of k, v [B, S, K, H].
+    """Attention of q [B, T, N, H] over cache keys `[window_start, lengths)` of k, v [B, K, S, H].
 
     Returns out [B, T, N, H] (q.dtype) and lse [B, T, N] (fp32, natural log). A row with no valid key gets
     out = 0 and lse = -inf.
     """
     B, T, N, H = q.shape
-    S, K = k.shape[1], k.shape[2]
+    K, S = k.shape[1], k.shape[2]
     if N % K:
         raise ValueError(f"query heads N={N} must be a multiple of kv heads K={K}")
     G = N // K
@@ -148,8 +150,8 @@ def prefix_attention(
             scalar_spec(interpret),
             scalar_spec(interpret),
             pl.BlockSpec((None, None, Rp, H), lambda b, h, s: (b, h, 0, 0)),
-            pl.BlockSpec((None, block_s, None, H), lambda b, h, s: (b, s, h, 0)),
-            pl.BlockSpec((None, block_s, None, H), lambda b, h, s: (b, s, h, 0)),
+            pl.BlockSpec((None, None, block_s, H), lambda b, h, s: (b, h, s, 0)),
+            pl.BlockSpec((None, None, block_s, H), lambda b, h, s: (b, h, s, 0)),
         ],
         out_specs=[
             pl.BlockSpec((None, None, None, Rp, H), lambda b, h, s: (b, h, s, 0, 0)),
@@ -170,19 +172,19 @@ def prefix_attention(
 
 
 def prefix_attention_reference(q, k, v, lengths, window_start=None, *, sm_scale=None):
-    """Naive prefix attention: repeat kv heads, full [T, S] scores, masked softmax (fp32)."""
+    """Naive prefix attention: repeat kv heads, full [T, S] scores, masked softmax (fp32). k, v [B, K, S, H]."""
     B, T, N, H = q.shape
-    S, K = k.shape[1], k.shape[2]
+    K, S = k.shape[1], k.shape[2]
     scale = sm_scale if sm_scale is not None else H**-0.5
     start = jnp.zeros_like(lengths) if window_start is None else window_start
     pos = jnp.arange(S)
     valid = (pos[None, :] < lengths[:, None]) & (pos[None, :] >= start[:, None])  # [B, S]
-    kf = jnp.repeat(k.astype(jnp.float32), N // K, axis=2)  # [B, S, N, H]
-    vf = jnp.repeat(v.astype(jnp.float32), N // K, axis=2)
-    s = jnp.einsum("btnh,bsnh->bnts", q.astype(jnp.float32), kf) * scale
+    kf = jnp.repeat(k.astype(jnp.float32), N // K, axis=1)  # [B, N, S, H]
+    vf = jnp.repeat(v.astype(jnp.float32), N // K, axis=1)
+    s = jnp.einsum("btnh,bnsh->bnts", q.astype(jnp.float32), kf) * scale
     s = jnp.where(valid[:, None, None, :], s, NEG_INF)
     lse = jax.nn.logsumexp(s, axis=-1)  # [B, N, T]
     lse_safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
     p = jnp.where(jnp.isfinite(lse)[..., None], jnp.exp(s - lse_safe[..., None]), 0.0)
-    out = jnp.einsum("bnts,bsnh->btnh", p, vf)
+    out = jnp.einsum("bnts,bnsh->btnh", p, vf)
     return out.astype(q.dtype), lse.transpose(0, 2, 1)
