@@ -17,9 +17,10 @@ outside `[window_start, length)` are skipped inside the program, so compute scal
 The cache is never padded or copied: the last split may run past S and those keys are masked.
 
 Backends. Written against the Pallas core API (`pl.pallas_call`, `pl.BlockSpec`, a grid) for Mosaic TPU
-and Pallas GPU; the only backend-specific pieces are the scalar bounds living in SMEM and the
-"parallel" dimension semantics on TPU (see `_common.py`). It has only been run with `interpret=True` on
-CPU: correctness is tested, hardware lowering and speed are not verified. Known cost on hardware: splits
+and for Pallas' Triton lowering on GPU (array-at-a-time programs; Mosaic GPU's warpgroup model would need
+a rewrite). The only backend-specific pieces are the scalar bounds living in SMEM and the "parallel"
+dimension semantics on TPU (see `_common.py`). It has only been run with `interpret=True` on CPU:
+correctness is tested, lowering on hardware and speed are not verified. Known cost on hardware: splits
 entirely past `max(lengths)` are still DMA'd (skipping them needs scalar prefetch into the index maps).
 """
 

@@ -11,8 +11,9 @@ walks key blocks of block_k with an online softmax; the causal variant stops at 
 Rows that see nothing get out = 0 and lse = -inf (the running max is made safe before every exp).
 
 Backends. Written against the Pallas core API (`pl.pallas_call`, `pl.BlockSpec`, a grid) for Mosaic TPU
-and Pallas GPU; the mask travels as int32 because boolean refs are not portable. It has only been run
-with `interpret=True` on CPU: correctness is tested, hardware lowering and speed are not verified.
+and for Pallas' Triton lowering on GPU (Mosaic GPU's warpgroup model would need a rewrite); the mask
+travels as int32 because boolean refs are not portable. It has only been run with `interpret=True` on
+CPU: correctness is tested, lowering on hardware and speed are not verified.
 """
 
 from __future__ import annotations

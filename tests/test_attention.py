@@ -224,6 +224,14 @@ class AttentionTestBase:
         assert_close(out, r_out, 1e-5, "window")
         assert_lse_close(lse, r_lse, 1e-5, "window")
 
+    def test_zero_capacity_cache(self):
+        case = Case(1, 4, 4, 2, 64, 0, (0,))
+        q, ck, cv, lengths, tk_, tv, mask, _ = make_inputs(case)
+        out, lse = self.prefix(q, ck, cv, lengths)
+        assert np.all(np.asarray(out) == 0) and np.all(np.isneginf(np.asarray(lse)))
+        out, _ = self.hybrid(q, ck, cv, lengths, tk_, tv, mask, None, False)
+        assert_close(out, tk.tree_attention_reference(q, tk_, tv, mask)[0], 1e-5, "zero capacity")
+
 
 class TestXla(AttentionTestBase):
     BACKEND = "xla"
@@ -265,12 +273,6 @@ class TestPallasInterpret(AttentionTestBase):
             r_out, r_lse = tk.tree_attention_reference(q, tk_, tv, mask, causal=chain)
             assert_close(out, r_out, 1e-5, f"{tuning} chain={chain}")
             assert_lse_close(lse, r_lse, 1e-5, f"{tuning} chain={chain}")
-
-    def test_zero_capacity_cache(self):
-        case = Case(1, 4, 4, 2, 64, 0, (0,))
-        q, ck, cv, lengths, _, _, _, _ = make_inputs(case)
-        out, lse = pk.prefix_attention(q, ck, cv, lengths, interpret=True)
-        assert np.all(np.asarray(out) == 0) and np.all(np.isneginf(np.asarray(lse)))
 
 
 def test_merge_with_empty_parts_has_no_nan():
