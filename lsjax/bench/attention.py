@@ -5,7 +5,7 @@ build the full [T, S + T] mask and take one softmax. Shapes are SmolLM2-135M's a
 batch 1, fp32 (bf16 matmuls are ~10x slower on this CPU). Both backends are jitted and warmed up; timings
 are the median over repeats, with the two backends interleaved so that machine noise hits both alike.
 
-    python -m lsjax.bench.attention [--quick] [--out bench_results/attention.png]
+    python -m lsjax.bench.attention [--quick] [--breakdown] [--out bench_results/attention.png]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lsjax.attention import hybrid_tree_attention
+from lsjax.attention import hybrid_tree_attention, prefix_attention, tree_attention
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 9, 3, 64
 BACKENDS = ("xla", "reference")
@@ -78,6 +78,23 @@ def bench_point(cache_len: int, tree_size: int, repeats: int) -> dict[str, float
     return {b: statistics.median(ts) * 1e3 for b, ts in times.items()}
 
 
+def breakdown_point(cache_len: int, tree_size: int, repeats: int) -> dict[str, float]:
+    """Median ms of the xla backend's two parts alone (the rest of `hybrid` is the LSE merge)."""
+    q, ck, cv, lengths, tk, tv, mask = make_inputs(cache_len, tree_size)
+    fns = {
+        "prefix": (jax.jit(functools.partial(prefix_attention, backend="xla")), (q, ck, cv, lengths)),
+        "tree": (jax.jit(functools.partial(tree_attention, backend="xla")), (q, tk, tv, mask)),
+        "hybrid": (compiled("xla"), (q, ck, cv, lengths, tk, tv, mask)),
+    }
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn, args in fns.values():
+        time_once(fn, args)
+    for _ in range(repeats):
+        for name, (fn, args) in fns.items():
+            times[name].append(time_once(fn, args))
+    return {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
+
+
 def plot(results, cache_lens, tree_sizes, out_path: str) -> None:
     import matplotlib
 
@@ -115,6 +132,7 @@ def main(argv=None) -> None:
     parser.add_argument("--cache-lens", type=int, nargs="+", default=None)
     parser.add_argument("--tree-sizes", type=int, nargs="+", default=None)
     parser.add_argument("--out", default="bench_results/attention.png", help="where to save the PNG plot")
+    parser.add_argument("--breakdown", action="store_true", help="also time the xla prefix and tree parts alone")
     args = parser.parse_args(argv)
     cache_lens = args.cache_lens or ([1024, 8192] if args.quick else [1024, 4096, 8192, 16384, 32768])
     tree_sizes = args.tree_sizes or ([16, 69] if args.quick else [16, 32, 69])
@@ -133,6 +151,13 @@ def main(argv=None) -> None:
             print(
                 f"{s:>7} {t:>5} {r['reference']:>13.3f} {r['xla']:>9.3f} {r['reference'] / r['xla']:>6.2f}x", flush=True
             )
+    if args.breakdown:
+        header = f"{'cache':>7} {'tree':>5} {'prefix ms':>10} {'tree ms':>8} {'hybrid ms':>10}"
+        print(f"\nxla backend, parts alone\n{header}\n{'-' * len(header)}")
+        for s in cache_lens:
+            for t in tree_sizes:
+                r = breakdown_point(s, t, repeats)
+                print(f"{s:>7} {t:>5} {r['prefix']:>10.3f} {r['tree']:>8.3f} {r['hybrid']:>10.3f}", flush=True)
     plot(results, cache_lens, tree_sizes, args.out)
     print(f"\nplot saved to {args.out}")
 
