@@ -17,9 +17,14 @@ Each part returns `(out, lse)`; `merge_attention` combines them exactly
 * `reference` the naive HF-eager equivalent: concatenate cache and tree keys,
               build the full `[T, S + T]` mask, softmax. For tests and benchmarks.
 
-Shapes: q [B, T, N, H]; cache k/v [B, S, K, H]; tree k/v [B, T, K, H];
+Shapes: q [B, T, N, H]; cache k/v [B, K, S, H]; tree k/v [B, T, K, H];
 lengths [B] int32; window_start [B] int32; tree mask [B, T, T] bool
 (mask[b, i, j] = query i may see tree key j).
+
+The cache is heads-major ([B, K, S, H], not [B, S, K, H]) because every read of
+it is a [T*G, H] x [H, S] product per KV head: with S contiguous per head the
+score matmul needs no transpose. Measured on this CPU at S=4K: 0.27 ms vs
+0.92 ms for the seq-major layout. TPU attention kernels use the same layout.
 """
 
 from __future__ import annotations
@@ -67,36 +72,45 @@ def _grouped(q, num_kv_heads):
 # XLA backend
 
 
-def prefix_attention_xla(q, k, v, lengths, window_start=None, *, block_size: int = 512, sm_scale=None):
+def prefix_attention_xla(q, k, v, lengths, window_start=None, *, layer=None, block_size: int = 512, sm_scale=None):
     """Flash-decoding in plain XLA: a while loop over the valid cache blocks only.
 
-    The trip count depends on `max(lengths)` (an array), so a capacity-8K cache
-    holding 1K tokens costs 1K, and nothing recompiles as the cache grows.
-    Returns out [B, T, N, H] (q.dtype) and lse [B, T, N] (fp32).
+    k, v [B, K, S, H], or the whole multi-layer cache [L, B, K, S, H] with a
+    `layer` index: blocks are then sliced straight out of it, because slicing a
+    layer first makes XLA copy that layer's cache on every call (seen in the
+    compiled decode step: 2 x 3.5 MB per layer per token at 4K).
+    The trip count depends on `max(lengths)` (an array), so a capacity-8K
+    cache holding 1K tokens costs 1K, and nothing recompiles as the cache
+    grows. Returns out [B, T, N, H] (q.dtype) and lse [B, T, N] (fp32).
     """
+    if layer is None:
+        k, v, layer = k[None], v[None], 0
     B, T, N, H = q.shape
-    S, K = k.shape[1], k.shape[2]
+    K, S = k.shape[2], k.shape[3]
     G = N // K
     scale = sm_scale if sm_scale is not None else H**-0.5
+    if S == 0:  # a zero-capacity cache: nothing to attend to (and no block size to divide by)
+        return jnp.zeros_like(q), jnp.full((B, T, N), NEG_INF, jnp.float32)
     block = min(block_size, S)
-    num_blocks_static = -(-S // block)
-    # Pad the cache view so every block is full; the length mask drops the pad.
-    if num_blocks_static * block != S:
-        pad = num_blocks_static * block - S
-        k = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0)))
-        v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    if S % block:
+        # Pad the view so every block is full (the length mask drops the pad); callers size
+        # capacities as multiples of 256 so this copy does not happen on the hot path.
+        pad = -S % block
+        k = jnp.pad(k, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
+        v = jnp.pad(v, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
     lengths = lengths.astype(jnp.int32)
     start = jnp.zeros_like(lengths) if window_start is None else window_start.astype(jnp.int32)
     first_block = jnp.min(start) // block
     last_block = (jnp.max(lengths) + block - 1) // block
-
-    qg = (_grouped(q, K).astype(jnp.float32) * scale).transpose(0, 2, 1, 3, 4).reshape(B, K, T * G, H)  # [B,K,TG,H]
+    # Fold the T queries into the head-group axis so each kv head's block is read once.
+    qg = (_grouped(q, K).astype(jnp.float32) * scale).transpose(0, 2, 1, 3, 4).reshape(B, K, T * G, H)
 
     def body(carry):
-        i, m, l, acc = carry
-        kb = jax.lax.dynamic_slice_in_dim(k, i * block, block, axis=1).astype(jnp.float32)  # [B, blk, K, H]
-        vb = jax.lax.dynamic_slice_in_dim(v, i * block, block, axis=1).astype(jnp.float32)
-        s = jnp.einsum("bkqh,bskh->bkqs", qg, kb)  # [B, K, TG, blk]
+        i, m, l, acc = carry  # m, l [B, K, TG]; acc [B, K, TG, H]
+        kb = jax.lax.dynamic_slice(k, (layer, 0, 0, i * block, 0), (1, B, K, block, H))[0].astype(jnp.float32)
+        vb = jax.lax.dynamic_slice(v, (layer, 0, 0, i * block, 0), (1, B, K, block, H))[0].astype(jnp.float32)
+        # kb, vb [B, K, blk, H]
+        s = jnp.einsum("bkqh,bksh->bkqs", qg, kb)  # [B, K, TG, blk]
         pos = i * block + jnp.arange(block)
         valid = (pos[None, :] < lengths[:, None]) & (pos[None, :] >= start[:, None])  # [B, blk]
         s = jnp.where(valid[:, None, None, :], s, NEG_INF)
@@ -105,7 +119,7 @@ def prefix_attention_xla(q, k, v, lengths, window_start=None, *, block_size: int
         p = jnp.exp(s - m_safe[..., None])
         corr = jnp.exp(jnp.where(jnp.isfinite(m), m - m_safe, NEG_INF))
         l = l * corr + jnp.sum(p, axis=-1)
-        acc = acc * corr[..., None] + jnp.einsum("bkqs,bskh->bkqh", p, vb)
+        acc = acc * corr[..., None] + jnp.einsum("bkqs,bksh->bkqh", p, vb)
         return i + 1, m_new, l, acc
 
     init = (
@@ -153,7 +167,7 @@ def tree_attention_xla(q, k, v, mask=None, *, causal: bool = False, sm_scale=Non
         lse = jnp.where(l > 0, m_safe + jnp.log(jnp.where(l > 0, l, 1.0)), NEG_INF)  # [B, K, G, t]
         return o.reshape(B, -1, N, H), lse.transpose(0, 3, 1, 2).reshape(B, -1, N)
 
-    if T <= block_q:
+    if block_q >= T:
         out, lse = attend(qg, jnp.arange(T))
     else:
         nb = -(-T // block_q)
@@ -174,7 +188,7 @@ def hybrid_attention_reference(
     q, cache_k, cache_v, lengths, tree_k, tree_v, tree_mask=None, *, causal=False, window_start=None, sm_scale=None
 ):
     B, T, N, H = q.shape
-    S, K = cache_k.shape[1], cache_k.shape[2]
+    K, S = cache_k.shape[1], cache_k.shape[2]
     scale = sm_scale if sm_scale is not None else H**-0.5
     if tree_mask is None:
         if not causal:
@@ -184,8 +198,8 @@ def hybrid_attention_reference(
     pos = jnp.arange(S)
     cache_ok = (pos[None, :] < lengths[:, None]) & (pos[None, :] >= start[:, None])  # [B, S]
     full_mask = jnp.concatenate([jnp.broadcast_to(cache_ok[:, None, :], (B, T, S)), tree_mask], axis=-1)
-    keys = jnp.concatenate([cache_k, tree_k], axis=1).astype(jnp.float32)  # [B, S+T, K, H]
-    vals = jnp.concatenate([cache_v, tree_v], axis=1).astype(jnp.float32)
+    keys = jnp.concatenate([cache_k.swapaxes(1, 2), tree_k], axis=1).astype(jnp.float32)  # [B, S+T, K, H]
+    vals = jnp.concatenate([cache_v.swapaxes(1, 2), tree_v], axis=1).astype(jnp.float32)
     keys = jnp.repeat(keys, N // K, axis=2)  # [B, S+T, N, H]
     vals = jnp.repeat(vals, N // K, axis=2)
     s = jnp.einsum("btnh,bsnh->bnts", q.astype(jnp.float32), keys) * scale
@@ -200,9 +214,14 @@ def hybrid_attention_reference(
 # Public entry points
 
 
-def prefix_attention(q, k, v, lengths, window_start=None, *, backend: str = "auto", sm_scale=None):
-    """Unmasked attention of q over the committed cache `[window_start, length)`."""
+def prefix_attention(q, k, v, lengths, window_start=None, *, layer=None, backend: str = "auto", sm_scale=None):
+    """Unmasked attention of q over the committed cache k, v [B, K, S, H] in `[window_start, length)`.
+
+    With `layer`, k and v are the whole cache [L, B, K, S, H] and `layer` picks one.
+    """
     backend = _resolve(backend)
+    if layer is not None and backend != "xla":
+        k, v = k[layer], v[layer]
     if backend == "pallas":
         from pallas_kernels import prefix_attention as pk
 
@@ -213,7 +232,7 @@ def prefix_attention(q, k, v, lengths, window_start=None, *, backend: str = "aut
         from pallas_kernels import prefix_attention as pk
 
         return pk.prefix_attention_reference(q, k, v, lengths, window_start, sm_scale=sm_scale)
-    return prefix_attention_xla(q, k, v, lengths, window_start, sm_scale=sm_scale)
+    return prefix_attention_xla(q, k, v, lengths, window_start, layer=layer, sm_scale=sm_scale)
 
 
 def tree_attention(q, k, v, mask=None, *, causal=False, backend: str = "auto", sm_scale=None):
@@ -222,7 +241,9 @@ def tree_attention(q, k, v, mask=None, *, causal=False, backend: str = "auto", s
     if backend == "pallas":
         from pallas_kernels import tree_attention as tk
 
-        return tk.tree_attention(q, k, v, mask, causal=causal, sm_scale=sm_scale, interpret=jax.default_backend() == "cpu")
+        return tk.tree_attention(
+            q, k, v, mask, causal=causal, sm_scale=sm_scale, interpret=jax.default_backend() == "cpu"
+        )
     if backend == "reference":
         from pallas_kernels import tree_attention as tk
 
@@ -242,22 +263,35 @@ def hybrid_tree_attention(
     *,
     causal: bool = False,
     window_start=None,
+    layer=None,
     backend: str = "auto",
     sm_scale=None,
 ):
     """q [B,T,N,H] over cache [0, lengths) (no mask) + tree keys (tree_mask or causal), exact LSE merge.
 
-    `backend="reference"` computes the naive masked attention in one softmax instead.
-    Returns out [B, T, N, H].
+    With `layer`, cache_k/v are the whole cache [L, B, K, S, H]. `backend="reference"`
+    computes the naive masked attention in one softmax instead. Returns out [B, T, N, H].
     """
     backend = _resolve(backend)
     if backend == "reference":
+        if layer is not None:
+            cache_k, cache_v = cache_k[layer], cache_v[layer]
         out, _ = hybrid_attention_reference(
-            q, cache_k, cache_v, lengths, tree_k, tree_v, tree_mask, causal=causal, window_start=window_start,
+            q,
+            cache_k,
+            cache_v,
+            lengths,
+            tree_k,
+            tree_v,
+            tree_mask,
+            causal=causal,
+            window_start=window_start,
             sm_scale=sm_scale,
         )
         return out
-    out_p, lse_p = prefix_attention(q, cache_k, cache_v, lengths, window_start, backend=backend, sm_scale=sm_scale)
+    out_p, lse_p = prefix_attention(
+        q, cache_k, cache_v, lengths, window_start, layer=layer, backend=backend, sm_scale=sm_scale
+    )
     out_t, lse_t = tree_attention(q, tree_k, tree_v, tree_mask, causal=causal, backend=backend, sm_scale=sm_scale)
     out, _ = merge_attention(out_p, lse_p, out_t, lse_t)
     return out

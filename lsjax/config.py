@@ -22,8 +22,10 @@ from typing import Any
 
 import yaml
 
+from lsjax.errors import LsjaxError
 
-class ConfigError(ValueError):
+
+class ConfigError(LsjaxError, ValueError):
     """A config field is missing, unknown or out of its allowed range."""
 
 
@@ -150,8 +152,8 @@ class ModelConfig:
             high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
             original_max_position=int(scaling.get("original_max_position_embeddings", 8192)),
         )
-        eos = hf.get("eos_token_id", 2)
-        eos = tuple(eos) if isinstance(eos, list) else (int(eos),)
+        eos = hf.get("eos_token_id")
+        eos = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         num_heads = hf["num_attention_heads"]
         pad = hf.get("pad_token_id")
         return cls(
@@ -171,7 +173,7 @@ class ModelConfig:
             qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos,
-            pad_token_id=pad if pad is not None else eos[0],
+            pad_token_id=pad if pad is not None else (eos[0] if eos else 0),
             name=name,
         )
 
@@ -205,9 +207,7 @@ class SamplingConfig:
             "temperature",
             f"must be a finite number >= 0, got {self.temperature}",
         )
-        _check(
-            isinstance(self.top_k, int) and self.top_k >= 0, "top_k", f"must be an integer >= 0, got {self.top_k}"
-        )
+        _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", f"must be an integer >= 0, got {self.top_k}")
         _check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
         _check(0 <= self.min_p < 1, "min_p", f"must be in [0, 1), got {self.min_p}")
 

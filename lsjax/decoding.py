@@ -133,7 +133,12 @@ def init_state(
     first = sample(sub, last_logits, gen.sampling)
     out = jnp.zeros((B, out_len), jnp.int32)
     out, num_out, done, _ = emit(
-        out, jnp.zeros((B,), jnp.int32), jnp.zeros((B,), bool), first[:, None], jnp.ones((B,), jnp.int32), gen,
+        out,
+        jnp.zeros((B,), jnp.int32),
+        jnp.zeros((B,), bool),
+        first[:, None],
+        jnp.ones((B,), jnp.int32),
+        gen,
         stop_ids(config, gen),
     )
     return DecodeState(cache, first, out, num_out, done, key, jnp.int32(0), jnp.int32(0))

@@ -82,17 +82,27 @@ def forward_hidden(
     eps = config.rms_norm_eps
 
     def layer_fn(x, xs):
-        layer, cache_k, cache_v = xs  # cache_k/v [B, S, K, H]
+        layer, index = xs
         h = rms_norm(x, layer["attn_norm"], eps)
         q, k, v = qkv_projection(layer, config, h, cos, sin)
+        # The whole cache goes in with the layer index: slicing it here would copy a layer per call.
         o = attention.hybrid_tree_attention(
-            q, cache_k, cache_v, cache.lengths, k, v, tree_mask, causal=tree_mask is None, backend=backend
+            q,
+            cache.k,
+            cache.v,
+            cache.lengths,
+            k,
+            v,
+            tree_mask,
+            causal=tree_mask is None,
+            layer=index,
+            backend=backend,
         )
         x = x + jnp.einsum("btnh,nhd->btd", o, layer["wo"])
         x = x + mlp(layer, rms_norm(x, layer["mlp_norm"], eps))
         return x, (k, v)
 
-    x, (new_k, new_v) = jax.lax.scan(layer_fn, x, (params["layers"], cache.k, cache.v))
+    x, (new_k, new_v) = jax.lax.scan(layer_fn, x, (params["layers"], jnp.arange(config.num_layers)))
     return x, new_k, new_v
 
 

@@ -1,0 +1,251 @@
+"""The target model against HF transformers (tiny random configs built here, and the real SmolLM2 GGUF),
+plus invariances: prefill + step decode == full forward, padding / bucket size changes nothing,
+bounded traces."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lsjax import decoding
+from lsjax.cache import KVCache
+from lsjax.config import GenerateConfig, ModelConfig
+from lsjax.loading import load_model
+from lsjax.models import target
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+TINY = dict(
+    vocab_size=160,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-6,
+)
+ROPES = {
+    "default": None,
+    "linear": {"rope_type": "linear", "factor": 2.0},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
+}
+
+
+def tiny_hf(tmp_path, kind: str, tie: bool, rope: str = "default", seed: int = 0):
+    """A tiny random HF model saved with save_pretrained and loaded back through lsjax."""
+    torch.manual_seed(seed)
+    cfg_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    }[kind]
+    extra = {"rope_scaling": ROPES[rope]} if ROPES[rope] else {}
+    model = model_cls(cfg_cls(**TINY, tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2, **extra)).eval()
+    with torch.no_grad():  # norms init to 1 and biases to 0: perturb them so a mix-up would show
+        for name, p in model.named_parameters():
+            if "norm" in name or "bias" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    path = tmp_path / f"{kind}-{rope}-{tie}"
+    model.save_pretrained(path)
+    from lsjax.loading.hf import load_hf
+
+    config, params = load_hf(path)
+    return model, config, jax.tree.map(jnp.asarray, params)
+
+
+forward = jax.jit(target.forward, static_argnames=("config", "backend"))
+prefill = jax.jit(decoding.prefill, static_argnames=("config", "chunk", "backend"))
+generate_ar = jax.jit(decoding.generate_ar, static_argnames=("config", "gen", "capacity", "chunk", "backend"))
+
+CASES = [("llama", False, "llama3"), ("llama", True, "linear"), ("qwen2", True, "default"), ("qwen2", False, "llama3")]
+
+
+@pytest.mark.parametrize("kind,tie,rope", CASES)
+def test_parity_with_transformers(tmp_path, kind, tie, rope):
+    model, config, params = tiny_hf(tmp_path, kind, tie, rope)
+    assert config.rope_scaling.kind == rope
+    B, P, extra = 2, 300, 12
+    toks = np.random.RandomState(1).randint(0, config.vocab_size, size=(B, P + extra))
+    with torch.no_grad():
+        ref = model(torch.tensor(toks)).logits.numpy()  # [B, P + extra, V]
+
+    # No cache: one causal forward over everything.
+    pos = jnp.broadcast_to(jnp.arange(P + extra), (B, P + extra))
+    logits, _ = target.forward(params, config, jnp.asarray(toks), pos, KVCache.zeros(config, B, 1024))
+    np.testing.assert_allclose(np.asarray(logits), ref, atol=1e-4, rtol=0)
+
+    # With cache: chunked prefill then one token at a time.
+    buf = np.zeros((B, 512), np.int32)
+    buf[:, :P] = toks[:, :P]
+    last, cache = prefill(
+        params, config, jnp.asarray(buf), jnp.full((B,), P), KVCache.zeros(config, B, 1024), chunk=128
+    )
+    np.testing.assert_allclose(np.asarray(last), ref[:, P - 1], atol=1e-4, rtol=0)
+    for t in range(P, P + extra):
+        step, cache = forward(params, config, jnp.asarray(toks[:, t : t + 1]), cache.lengths[:, None], cache)
+        np.testing.assert_allclose(np.asarray(step[:, 0]), ref[:, t], atol=1e-4, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    config = ModelConfig(
+        vocab_size=97,
+        hidden_size=48,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=6,
+        num_kv_heads=2,
+        head_dim=8,
+        max_position=2048,
+        rope_theta=10000.0,
+        eos_token_ids=(2,),
+        pad_token_id=0,
+    )
+    return config, target.init_params(config, jax.random.key(3), scale=0.3)
+
+
+def full_logits(params, config, toks, pad_to=None):
+    """Logits of one causal forward; right-padding to `pad_to` keeps one compiled shape (causal: no effect)."""
+    B, T = toks.shape
+    P = pad_to or T
+    buf = np.zeros((B, P), np.int32)
+    buf[:, :T] = toks
+    pos = jnp.broadcast_to(jnp.arange(P), (B, P))
+    logits, _ = forward(params, config, jnp.asarray(buf), pos, KVCache.zeros(config, B, 1024))
+    return np.asarray(logits)[:, :T]
+
+
+def test_prefill_then_decode_equals_full_forward(tiny):
+    config, params = tiny
+    toks = np.random.RandomState(0).randint(0, config.vocab_size, size=(1, 90))
+    ref = full_logits(params, config, toks)
+    buf = np.zeros((1, 256), np.int32)
+    buf[:, :50] = toks[:, :50]
+    last, cache = prefill(params, config, jnp.asarray(buf), jnp.array([50]), KVCache.zeros(config, 1, 512), chunk=32)
+    np.testing.assert_allclose(np.asarray(last), ref[:, 49], atol=5e-5, rtol=1e-5)
+    for t in range(50, 90):
+        step, cache = forward(params, config, jnp.asarray(toks[:, t : t + 1]), cache.lengths[:, None], cache)
+        np.testing.assert_allclose(np.asarray(step[:, 0]), ref[:, t], atol=5e-5, rtol=1e-5)
+    assert int(cache.lengths[0]) == 90
+
+
+@pytest.mark.parametrize("bucket,chunk", [(128, 32), (256, 64), (512, 256)])
+def test_padding_and_bucket_size_do_not_change_logits(tiny, bucket, chunk):
+    """Rows of different lengths, padded with garbage, in buckets and chunks of several sizes."""
+    config, params = tiny
+    rng = np.random.RandomState(0)
+    lengths = [37, 100, 1]
+    rows = [rng.randint(0, config.vocab_size, size=n) for n in lengths]
+    buf = rng.randint(0, config.vocab_size, size=(3, bucket)).astype(np.int32)  # padding is random tokens
+    for b, r in enumerate(rows):
+        buf[b, : len(r)] = r
+    last, cache = prefill(
+        params, config, jnp.asarray(buf), jnp.array(lengths), KVCache.zeros(config, 3, 1024), chunk=chunk
+    )
+    for b, r in enumerate(rows):
+        np.testing.assert_allclose(
+            np.asarray(last[b]), full_logits(params, config, r[None], pad_to=128)[0, -1], atol=5e-5, rtol=1e-5
+        )
+    np.testing.assert_array_equal(np.asarray(cache.lengths), lengths)
+
+
+def greedy_reference(params, config, prompt, n):
+    toks = list(prompt)
+    for _ in range(n):
+        toks.append(int(np.argmax(full_logits(params, config, np.array([toks]), pad_to=128)[0, -1])))
+    return toks[len(prompt) :]
+
+
+def test_generate_ar_matches_naive_greedy(tiny):
+    config, params = tiny
+    prompt = np.random.RandomState(5).randint(3, config.vocab_size, size=40)
+    gen = GenerateConfig(max_new_tokens=12, ignore_eos=True)
+    buf = np.zeros((1, 256), np.int32)
+    buf[0, :40] = prompt
+    state = generate_ar(params, config, jnp.asarray(buf), jnp.array([40]), gen, jax.random.key(0))
+    assert int(state.num_out[0]) == 12
+    assert np.asarray(state.out[0]).tolist() == greedy_reference(params, config, prompt, 12)
+
+
+def test_stop_tokens_end_generation(tiny):
+    config, params = tiny
+    prompt = np.random.RandomState(5).randint(3, config.vocab_size, size=40)
+    free = greedy_reference(params, config, prompt, 12)
+    stop = free[4]
+    first = free.index(stop)
+    gen = GenerateConfig(max_new_tokens=12, stop_token_ids=(stop,), ignore_eos=True)
+    buf = np.zeros((1, 256), np.int32)
+    buf[0, :40] = prompt
+    state = generate_ar(params, config, jnp.asarray(buf), jnp.array([40]), gen, jax.random.key(0))
+    n = int(state.num_out[0])
+    assert n == first + 1  # the stop token is emitted, then the row ends
+    assert np.asarray(state.out[0, :n]).tolist() == free[: first + 1]
+    assert bool(state.done[0])
+
+
+def test_no_recompilation_per_token_or_prompt_length(tiny):
+    config, params = tiny
+    traces = {"n": 0}
+
+    def counted(params, tokens, lengths):
+        traces["n"] += 1
+        return decoding.prefill(params, config, tokens, lengths, KVCache.zeros(config, 1, 512), chunk=64)
+
+    counted_prefill = jax.jit(counted)
+    gen = GenerateConfig(max_new_tokens=40, ignore_eos=True)
+    decode_traces_before = decoding.ar_decode._cache_size()
+    for n in (5, 64, 65, 200):  # one bucket (256): one trace whatever the length
+        buf = np.zeros((1, 256), np.int32)
+        buf[0, :n] = 7
+        last, cache = counted_prefill(params, jnp.asarray(buf), jnp.array([n]))
+        state = decoding.init_state(config, gen, cache, last, jax.random.key(0), gen.max_new_tokens)
+        for limit in (3, 10, 25):  # streaming: raising the step limit must not retrace
+            state = decoding.ar_decode(params, config, gen, state, jnp.int32(limit))
+    assert traces["n"] == 1
+    assert decoding.ar_decode._cache_size() - decode_traces_before == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The real default model against transformers' own GGUF loading
+
+
+@pytest.fixture(scope="module")
+def real():
+    pytest.importorskip("accelerate")
+    ours = load_model()
+    path = ours.path
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    return ours, hf.eval()
+
+
+def test_real_smollm2_matches_transformers(real):
+    import sysconfig
+    from pathlib import Path
+
+    ours, hf = real
+    text = (Path(sysconfig.get_paths()["stdlib"]) / "json" / "decoder.py").read_text()[:2500]
+    ids = ours.tokenizer.encode(text)
+    P = len(ids)
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0].numpy()
+        hf_out = hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False)[0, P:].tolist()
+    params = jax.tree.map(jnp.asarray, ours.params)
+    config = ours.config
+    logits = full_logits(params, config, np.array([ids]))[0]
+    assert np.abs(logits - ref).max() <= 1e-3
+
+    bucket = decoding.prompt_bucket(P)
+    buf = np.zeros((1, bucket), np.int32)
+    buf[0, :P] = ids
+    gen = GenerateConfig(max_new_tokens=32, ignore_eos=True)
+    state = generate_ar(params, config, jnp.asarray(buf), jnp.array([P]), gen, jax.random.key(0))
+    assert np.asarray(state.out[0]).tolist() == hf_out
