@@ -289,7 +289,13 @@ def to_dict(cfg) -> dict:
 
 
 def _parse_scalar(text: str):
-    return yaml.safe_load(text)
+    value = yaml.safe_load(text)
+    if isinstance(value, str):  # YAML 1.1 reads "5e5" as a string; a number was meant
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:

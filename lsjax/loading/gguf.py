@@ -169,7 +169,7 @@ def _rope_scaling(f: GGUFFile, arch: str, theta: float, head_dim: int) -> RopeSc
     m = f.metadata
     kind = m.get(f"{arch}.rope.scaling.type", "none")
     if kind == "linear":
-        return RopeScaling(kind="linear", factor=float(m[f"{arch}.rope.scaling.factor"]))
+        return RopeScaling(kind="linear", factor=_f32_value(m[f"{arch}.rope.scaling.factor"]))
     if kind not in ("none", ""):
         raise UnsupportedModelError(f"{f.path}: rope scaling type {kind!r} is not supported (linear, llama3)")
     if "rope_freqs.weight" not in f.tensors:
@@ -183,6 +183,12 @@ def _rope_scaling(f: GGUFFile, arch: str, theta: float, head_dim: int) -> RopeSc
             if np.allclose(_llama3_divisors(theta, head_dim, rs), stored, rtol=1e-4):
                 return rs
     raise UnsupportedModelError(f"{f.path}: rope_freqs.weight does not match any known llama3 rope scaling")
+
+
+def _f32_value(x) -> float:
+    """GGUF stores these as float32: 1e-5 reads back as 9.99999975e-06. The shortest decimal that
+    round-trips through float32 is what the model's author wrote (and what HF's config.json holds)."""
+    return float(np.format_float_positional(np.float32(x), unique=True, trim="-"))
 
 
 def config_from_gguf(f: GGUFFile, dtype: str = "float32") -> ModelConfig:
@@ -204,7 +210,7 @@ def config_from_gguf(f: GGUFFile, dtype: str = "float32") -> ModelConfig:
     head_dim = int(
         m.get(f"{arch}.attention.key_length") or m.get(f"{arch}.rope.dimension_count") or hidden // num_heads
     )
-    theta = float(get("rope.freq_base", 10000.0))
+    theta = _f32_value(get("rope.freq_base", 10000.0))
     tokens = m.get("tokenizer.ggml.tokens")
     if "token_embd.weight" not in f.tensors:
         raise MissingTensorError(f"{f.path}: tensor token_embd.weight is missing")
@@ -225,7 +231,7 @@ def config_from_gguf(f: GGUFFile, dtype: str = "float32") -> ModelConfig:
         max_position=int(get("context_length", 4096)),
         rope_theta=theta,
         rope_scaling=_rope_scaling(f, arch, theta, head_dim),
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        rms_norm_eps=_f32_value(get("attention.layer_norm_rms_epsilon", 1e-6)),
         tie_embeddings="output.weight" not in f.tensors,
         qkv_bias=arch == "qwen2",
         bos_token_id=None if bos is None else int(bos),

@@ -1,0 +1,142 @@
+"""Generate text with lsjax.
+
+    python decode.py                                  # default model, bundled long prompt, streamed
+    python decode.py --prompt-file doc.txt --chat --max-new-tokens 200
+    python decode.py --model path/to/model.gguf --prompt "def fib(n):" --json
+
+Errors in the input (missing file, empty prompt, a prompt longer than the
+context window, a bad flag value) print one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+METHODS = ("ar",)
+DEFAULT_PROMPT = Path(__file__).resolve().parent / "lsjax" / "assets" / "default_prompt.txt"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="a .gguf file or an HF safetensors directory (default: SmolLM2-135M-Instruct)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", help="the prompt text")
+    src.add_argument("--prompt-file", help="read the prompt from this file")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn in the model's chat template")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="stop after this many new tokens (default 256)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability (0 = off)")
+    p.add_argument("--seed", type=int, default=0, help="RNG seed for sampling")
+    p.add_argument("--method", choices=METHODS, default="ar", help="decoding method (default ar)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+    p.add_argument(
+        "--backend",
+        choices=("auto", "xla", "pallas", "reference"),
+        default="auto",
+        help="attention backend (default: xla on CPU, pallas on TPU/GPU)",
+    )
+    p.add_argument("--json", action="store_true", help="no streaming; print one JSON object with the text and timings")
+    return p.parse_args(argv)
+
+
+def fail(msg: str) -> None:
+    print(f"decode.py: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def read_prompt(args) -> tuple[str, bool]:
+    """The prompt text and whether to apply the chat template."""
+    if args.prompt is not None:
+        return args.prompt, args.chat
+    path = Path(args.prompt_file) if args.prompt_file else DEFAULT_PROMPT
+    if not path.is_file():
+        fail(f"prompt file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        fail(f"prompt file is not UTF-8 text: {path}")
+    # The bundled prompt is an instruction (summarize the speech): it is meant for the chat template.
+    return text, args.chat or args.prompt_file is None
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    # Imports after argument parsing so `--help` and flag errors are instant.
+    from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
+    from lsjax.errors import LsjaxError
+    from lsjax.generation import ARGenerator, check_prompt
+    from lsjax.loading import load_model
+
+    try:
+        gen = GenerateConfig(
+            max_new_tokens=args.max_new_tokens,
+            sampling=SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p),
+            ignore_eos=args.ignore_eos,
+        )
+    except ConfigError as e:
+        fail(str(e))
+    text, chat = read_prompt(args)
+    if not text.strip():
+        fail("the prompt is empty")
+
+    try:
+        t0 = time.perf_counter()
+        model = load_model(args.model)
+        load_s = time.perf_counter() - t0
+        tok = model.tokenizer
+        if chat:
+            rendered = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+            ids = tok.encode(rendered, add_special_tokens=False)  # the template already holds the special tokens
+        else:
+            ids = tok.encode(text)
+        check_prompt(model.config, ids, gen.max_new_tokens)
+        generator = ARGenerator(model.config, model.params, backend=args.backend)
+        if not args.json:
+            print(
+                f"[lsjax] {model.path.name}: {len(ids)} prompt tokens, method {args.method}, "
+                f"loaded in {load_s:.1f}s; compiling...",
+                file=sys.stderr,
+            )
+        stream = tok.stream_decoder(skip_special_tokens=True)
+        on_tokens = None if args.json else (lambda new: print(stream.push(new), end="", flush=True))
+        result = generator.generate(ids, gen, seed=args.seed, on_tokens=on_tokens)
+    except (LsjaxError, FileNotFoundError) as e:
+        fail(str(e))
+
+    out_text = tok.decode(result.tokens, skip_special_tokens=True)
+    summary = {
+        "method": args.method,
+        "model": str(model.path),
+        "prompt_tokens": result.prompt_tokens,
+        "new_tokens": result.new_tokens,
+        "stop_reason": result.stop_reason,
+        "load_s": round(load_s, 3),
+        "compile_s": round(result.compile_s, 3),
+        "prefill_s": round(result.prefill_s, 3),
+        "decode_s": round(result.decode_s, 3),
+        "tokens_per_s": round(result.tokens_per_s, 2),
+        "target_forwards": result.target_forwards,
+        "mean_accepted": round(result.mean_accepted, 3),
+        "text": out_text,
+    }
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(stream.flush())
+        print(
+            f"[lsjax] {result.new_tokens} tokens ({result.stop_reason}); prefill {result.prefill_s:.2f}s "
+            f"({result.prompt_tokens / max(result.prefill_s, 1e-9):.0f} tok/s), decode {result.tokens_per_s:.1f} tok/s, "
+            f"{result.target_forwards} target forwards, compile {result.compile_s:.1f}s",
+            file=sys.stderr,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

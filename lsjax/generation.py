@@ -1,0 +1,157 @@
+"""Host-side driver: text in, text out, with compile / prefill / decode timed separately.
+
+The jitted pieces live in `lsjax.decoding` (and, for speculative methods, the
+engine); this module only pads prompts into buckets, compiles ahead of time so
+compile time is not counted as decode time, streams text, and reports counters.
+Used by `decode.py` and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lsjax import decoding
+from lsjax.config import GenerateConfig, ModelConfig
+from lsjax.errors import LsjaxError
+
+
+class PromptError(LsjaxError, ValueError):
+    """The prompt is empty or does not fit the model's context window."""
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    tokens: list[int]
+    prompt_tokens: int
+    compile_s: float
+    prefill_s: float
+    decode_s: float
+    target_forwards: int  # prefill counts as one
+    stop_reason: str  # "eos" | "max_new_tokens"
+    method: str = "ar"
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode throughput: tokens after the first (which prefill produces) per decode second."""
+        return (self.new_tokens - 1) / self.decode_s if self.decode_s > 0 and self.new_tokens > 1 else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """tau: tokens emitted per target forward during decoding (1.0 for AR)."""
+        steps = self.target_forwards - 1
+        return (self.new_tokens - 1) / steps if steps > 0 else 0.0
+
+
+def check_prompt(config: ModelConfig, prompt_ids: list[int], max_new_tokens: int) -> int:
+    """Validates the prompt length; returns the number of new tokens that fit the context window."""
+    if not prompt_ids:
+        raise PromptError("the prompt is empty: give text with --prompt or --prompt-file")
+    if len(prompt_ids) >= config.max_position:
+        raise PromptError(
+            f"the prompt has {len(prompt_ids)} tokens but the model's context window is {config.max_position}"
+        )
+    return min(max_new_tokens, config.max_position - len(prompt_ids))
+
+
+class ARGenerator:
+    """Compiles AR prefill + decode for one model and runs prompts through them."""
+
+    def __init__(self, config: ModelConfig, params, *, backend: str = "auto"):
+        self.config = config
+        self.params = jax.tree.map(jnp.asarray, params)
+        self.backend = backend
+        self._compiled: dict = {}
+
+    def _compile(self, bucket: int, capacity: int, gen: GenerateConfig, key):
+        sig = (bucket, capacity, gen)
+        if sig in self._compiled:
+            return self._compiled[sig], 0.0
+        t0 = time.perf_counter()
+        tokens = jax.ShapeDtypeStruct((1, bucket), jnp.int32)
+        lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
+        prefill = decoding.prefill_jit.lower(
+            self.params, self.config, tokens, lengths, capacity, backend=self.backend
+        ).compile()
+        logits_shape, cache_shape = jax.eval_shape(
+            lambda p, t, n: decoding.prefill_jit(p, self.config, t, n, capacity, backend=self.backend),
+            self.params,
+            tokens,
+            lengths,
+        )
+        state_shape = jax.eval_shape(
+            lambda c, lg, k: decoding.init_state(self.config, gen, c, lg, k, gen.max_new_tokens),
+            cache_shape,
+            logits_shape,
+            key,
+        )
+        decode = decoding.ar_decode.lower(
+            self.params, self.config, gen, state_shape, jnp.int32(0), backend=self.backend
+        ).compile()
+        self._compiled[sig] = (prefill, decode)
+        return self._compiled[sig], time.perf_counter() - t0
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        gen: GenerateConfig,
+        seed: int = 0,
+        on_tokens: Callable[[list[int]], None] | None = None,
+        stream_every: int = 8,
+    ) -> GenerationResult:
+        max_new = check_prompt(self.config, prompt_ids, gen.max_new_tokens)
+        if max_new != gen.max_new_tokens:
+            gen = dataclasses.replace(gen, max_new_tokens=max_new)
+        P = len(prompt_ids)
+        bucket = decoding.prompt_bucket(P)
+        capacity = decoding.cache_capacity(bucket, gen.max_new_tokens)
+        key = jax.random.key(seed)
+        (prefill, decode), compile_s = self._compile(bucket, capacity, gen, key)
+
+        buf = np.zeros((1, bucket), np.int32)
+        buf[0, :P] = prompt_ids
+        t0 = time.perf_counter()
+        logits, cache = prefill(self.params, jnp.asarray(buf), jnp.array([P], jnp.int32))
+        state = decoding.init_state(self.config, gen, cache, logits, key, gen.max_new_tokens)
+        jax.block_until_ready(state.num_out)
+        prefill_s = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        emitted = 0
+        if on_tokens is None:
+            state = decode(self.params, state, jnp.int32(gen.max_new_tokens))
+        else:
+            limit = 0
+            while True:
+                n = int(state.num_out[0])
+                if n > emitted:
+                    on_tokens(np.asarray(state.out[0, emitted:n]).tolist())
+                    emitted = n
+                if bool(state.done[0]):
+                    break
+                limit += stream_every
+                state = decode(self.params, state, jnp.int32(limit))
+        jax.block_until_ready(state.num_out)
+        decode_s = time.perf_counter() - t0
+
+        n = int(state.num_out[0])
+        tokens = np.asarray(state.out[0, :n]).tolist()
+        stops = set(decoding.stop_ids(self.config, gen))
+        return GenerationResult(
+            tokens=tokens,
+            prompt_tokens=P,
+            compile_s=compile_s,
+            prefill_s=prefill_s,
+            decode_s=decode_s,
+            target_forwards=1 + int(state.steps),
+            stop_reason="eos" if tokens and tokens[-1] in stops else "max_new_tokens",
+        )
