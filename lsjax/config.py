@@ -230,6 +230,24 @@ class GenerateConfig:
         _check(isinstance(self.stop_token_ids, tuple), "stop_token_ids", "must be a tuple of ints")
 
 
+@dataclasses.dataclass(frozen=True)
+class DraftConfig:
+    """The LongSpec draft: one decoder layer (window self-attention, cross-attention on the target's
+    last-layer KV cache, MLP) sharing the target's embedding and LM head."""
+
+    window: int = 512  # self-attention sliding window = the ring cache size (tokens)
+    draft_vocab_size: int = 0  # 0 = the full vocabulary; else the LM head covers the top-K frequent tokens
+    init_from_target_layer: int = -1  # initialise from this target layer (-1 = the last one)
+
+    def __post_init__(self):
+        _positive_int(self.window, "window")
+        _check(
+            isinstance(self.draft_vocab_size, int) and self.draft_vocab_size >= 0,
+            "draft_vocab_size",
+            f"must be an integer >= 0 (0 = full vocabulary), got {self.draft_vocab_size!r}",
+        )
+
+
 # ---------------------------------------------------------------------------
 # YAML <-> dataclasses
 
