@@ -2,7 +2,8 @@
 
 The tree half of LongSpec's hybrid tree attention (the cache half is `prefix_attention.py`). Query i may
 see key j iff `mask[b, i, j]` (a node sees itself and its ancestors), or, for a causal chain (prefill
-chunks, AR decode), iff j <= i without a materialised mask.
+chunks, AR decode), iff j <= i without a materialised mask. With a mask the keys may number Tk != T
+(the draft's frontier queries over every tree node so far).
 
 Layout. q is viewed as [B, N, T, H] and k, v as [B, K, T, H] (transposing the T new tokens is cheap; the
 cache is never touched here). The grid is (B, N, T / block_q): one program owns one query head and one
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +49,7 @@ class TreeTuning:
 
 
 def _tree_kernel(q_ref, k_ref, v_ref, *rest, sm_scale, block_q, block_k, causal):
-    # q_ref [bq, H], k_ref / v_ref [Tp, H], mask_ref [bq, Tp] int32 (absent when causal), o_ref [bq, H], lse_ref [bq]
+    # q_ref [bq, H], k_ref / v_ref [Tkp, H], mask_ref [bq, Tkp] int32 (absent when causal), o_ref [bq, H], lse_ref [bq]
     if causal:
         mask_ref = None
         o_ref, lse_ref = rest
@@ -60,7 +60,7 @@ def _tree_kernel(q_ref, k_ref, v_ref, *rest, sm_scale, block_q, block_k, causal)
     rows, head_dim = q.shape
     num_kb = k_ref.shape[0] // block_k
     # Keys after the last query of this block are never visible in a chain.
-    last = pl.cdiv((qi + 1) * block_q, block_k) if causal else num_kb
+    last = jnp.minimum(pl.cdiv((qi + 1) * block_q, block_k), num_kb) if causal else num_kb
 
     def body(j, carry):
         m, l, acc = carry  # [bq], [bq], [bq, H]
@@ -99,52 +99,54 @@ def _tree_kernel(q_ref, k_ref, v_ref, *rest, sm_scale, block_q, block_k, causal)
 def tree_attention(
     q, k, v, mask=None, *, causal=False, sm_scale=None, tuning: TreeTuning = TreeTuning(), interpret=False
 ):
-    """Attention of q [B, T, N, H] over k, v [B, T, K, H] under mask [B, T, T] (bool) or causal=True.
+    """Attention of q [B, T, N, H] over k, v [B, Tk, K, H] under mask [B, T, Tk] (bool) or causal=True (Tk == T).
 
     Returns out [B, T, N, H] (q.dtype) and lse [B, T, N] (fp32, natural log); a row that sees no key gets
     out = 0 and lse = -inf. With causal=True any mask passed is ignored.
     """
     B, T, N, H = q.shape
-    K = k.shape[2]
+    Tk, K = k.shape[1], k.shape[2]
     if N % K:
         raise ValueError(f"query heads N={N} must be a multiple of kv heads K={K}")
     if mask is None and not causal:
         raise ValueError("tree_attention needs a mask or causal=True")
+    if causal and Tk != T:
+        raise ValueError(f"causal tree_attention needs as many keys as queries, got T={T}, Tk={Tk}")
     G = N // K
     scale = float(sm_scale) if sm_scale is not None else H**-0.5
-    if T == 0:
-        return jnp.zeros_like(q), jnp.zeros((B, 0, N), jnp.float32)
+    if T == 0 or Tk == 0:
+        return jnp.zeros_like(q), jnp.full((B, T, N), NEG_INF, jnp.float32)
 
     block_q = min(tuning.block_q, round_up(T, 8))
-    block_k = min(tuning.block_k, round_up(T, 8))
-    Tp = round_up(T, math.lcm(block_q, block_k))
-    pad = Tp - T
-    qt = jnp.pad(q.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, pad), (0, 0)))  # [B, N, Tp, H]
-    kt = jnp.pad(k.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, pad), (0, 0)))  # [B, K, Tp, H]
-    vt = jnp.pad(v.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, pad), (0, 0)))
+    block_k = min(tuning.block_k, round_up(Tk, 8))
+    Tqp, Tkp = round_up(T, block_q), round_up(Tk, block_k)
+    qt = jnp.pad(q.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, Tqp - T), (0, 0)))  # [B, N, Tqp, H]
+    kt = jnp.pad(k.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, Tkp - Tk), (0, 0)))  # [B, K, Tkp, H]
+    vt = jnp.pad(v.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, Tkp - Tk), (0, 0)))
     in_specs = [
         pl.BlockSpec((None, None, block_q, H), lambda b, n, i: (b, n, i, 0)),
-        pl.BlockSpec((None, None, Tp, H), lambda b, n, i: (b, n // G, 0, 0)),
-        pl.BlockSpec((None, None, Tp, H), lambda b, n, i: (b, n // G, 0, 0)),
+        pl.BlockSpec((None, None, Tkp, H), lambda b, n, i: (b, n // G, 0, 0)),
+        pl.BlockSpec((None, None, Tkp, H), lambda b, n, i: (b, n // G, 0, 0)),
     ]
     args = [qt, kt, vt]
     if not causal:
-        # Padded keys are invisible (False); padded query rows see nothing and are sliced off.
-        args.append(jnp.pad(mask.astype(jnp.int32), ((0, 0), (0, pad), (0, pad))))  # [B, Tp, Tp]
-        in_specs.append(pl.BlockSpec((None, block_q, Tp), lambda b, n, i: (b, i, 0)))
+        # Padded keys are invisible (False); padded query rows see nothing and are sliced off. A causal chain
+        # needs no such care: a real query i only sees keys j <= i < T.
+        args.append(jnp.pad(mask.astype(jnp.int32), ((0, 0), (0, Tqp - T), (0, Tkp - Tk))))  # [B, Tqp, Tkp]
+        in_specs.append(pl.BlockSpec((None, block_q, Tkp), lambda b, n, i: (b, i, 0)))
 
     kernel = functools.partial(_tree_kernel, sm_scale=scale, block_q=block_q, block_k=block_k, causal=causal)
     out, lse = pl.pallas_call(
         kernel,
-        grid=(B, N, Tp // block_q),
+        grid=(B, N, Tqp // block_q),
         in_specs=in_specs,
         out_specs=[
             pl.BlockSpec((None, None, block_q, H), lambda b, n, i: (b, n, i, 0)),
             pl.BlockSpec((None, None, block_q), lambda b, n, i: (b, n, i)),
         ],
         out_shape=[
-            jax.ShapeDtypeStruct((B, N, Tp, H), q.dtype),
-            jax.ShapeDtypeStruct((B, N, Tp), jnp.float32),
+            jax.ShapeDtypeStruct((B, N, Tqp, H), q.dtype),
+            jax.ShapeDtypeStruct((B, N, Tqp), jnp.float32),
         ],
         compiler_params=compiler_params(3, interpret),
         interpret=interpret,
@@ -154,7 +156,7 @@ def tree_attention(
 
 
 def tree_attention_reference(q, k, v, mask=None, *, causal=False, sm_scale=None):
-    """Naive masked attention: repeat kv heads, full [T, T] scores, masked softmax (fp32)."""
+    """Naive masked attention: repeat kv heads, full [T, Tk] scores, masked softmax (fp32)."""
     B, T, N, H = q.shape
     K = k.shape[2]
     scale = sm_scale if sm_scale is not None else H**-0.5
@@ -162,7 +164,7 @@ def tree_attention_reference(q, k, v, mask=None, *, causal=False, sm_scale=None)
         mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
     elif mask is None:
         raise ValueError("tree_attention needs a mask or causal=True")
-    kf = jnp.repeat(k.astype(jnp.float32), N // K, axis=2)  # [B, T, N, H]
+    kf = jnp.repeat(k.astype(jnp.float32), N // K, axis=2)  # [B, Tk, N, H]
     vf = jnp.repeat(v.astype(jnp.float32), N // K, axis=2)
     s = jnp.einsum("btnh,bsnh->bnts", q.astype(jnp.float32), kf) * scale
     s = jnp.where(mask[:, None], s, NEG_INF)

@@ -220,6 +220,20 @@ class AttentionTestBase:
         assert_close(out, want, 1e-5, "tree with blind rows")
         assert_lse_close(lse, want_lse, 1e-5, "tree with blind rows")
 
+    def test_rectangular_mask(self):
+        """The draft's frontier: T queries over Tk != T tree nodes (more keys, and fewer)."""
+        rng = np.random.default_rng(9)
+        for t, tk_len in ((16, 69), (37, 5)):
+            q = jnp.asarray(rng.standard_normal((2, t, 9, 64), dtype=np.float32))
+            k = jnp.asarray(rng.standard_normal((2, tk_len, 3, 64), dtype=np.float32))
+            v = jnp.asarray(rng.standard_normal((2, tk_len, 3, 64), dtype=np.float32))
+            mask = jnp.asarray(rng.random((2, t, tk_len)) < 0.3).at[:, 3, :].set(False)
+            out, lse = self.tree(q, k, v, mask, False)
+            want, want_lse = tk.tree_attention_reference(q, k, v, mask)
+            assert out.shape == q.shape and lse.shape == q.shape[:3]
+            assert_close(out, want, 1e-5, f"rectangular T={t} Tk={tk_len}")
+            assert_lse_close(lse, want_lse, 1e-5, f"rectangular T={t} Tk={tk_len}")
+
     def test_window_excluding_all_keys(self):
         case = Case(2, 5, 4, 2, 64, 300, (100, 250), window=(100, 40))
         q, ck, cv, lengths, _, _, _, window = make_inputs(case, seed=4)
