@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     # Imports after argument parsing so `--help` and flag errors are instant.
     from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
     from lsjax.errors import LsjaxError
-    from lsjax.generation import ARGenerator, check_prompt
+    from lsjax.generation import Generator, check_prompt
     from lsjax.loading import load_model
 
     try:
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
         else:
             ids = tok.encode(text)
         check_prompt(model.config, ids, gen.max_new_tokens)
-        generator = ARGenerator(model.config, model.params, backend=args.backend)
+        generator = Generator(model.config, model.params, backend=args.backend)
         if not args.json:
             print(
                 f"[lsjax] {model.path.name}: {len(ids)} prompt tokens, method {args.method}, "
@@ -131,7 +131,8 @@ def main(argv=None) -> int:
         print(stream.flush())
         print(
             f"[lsjax] {result.new_tokens} tokens ({result.stop_reason}); prefill {result.prefill_s:.2f}s "
-            f"({result.prompt_tokens / max(result.prefill_s, 1e-9):.0f} tok/s), decode {result.tokens_per_s:.1f} tok/s, "
+            f"({result.prompt_tokens / max(result.prefill_s, 1e-9):.0f} tok/s), "
+            f"decode {result.tokens_per_s:.1f} tok/s, "
             f"{result.target_forwards} target forwards, compile {result.compile_s:.1f}s",
             file=sys.stderr,
         )

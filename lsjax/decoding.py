@@ -9,14 +9,15 @@ Everything here is a pure function of explicit state and runs under `jax.jit`:
   the cache), the output buffer and counters; it is donated step to step.
 * `decode_loop` runs a step function under `lax.while_loop` until every row is
   done or a step limit (an array: streaming callers raise it without
-  recompiling) is reached. AR decoding is the step `ar_step`; the speculative
-  engine plugs its own step into the same loop.
+  recompiling) is reached. The step is `lsjax.speculative.spec_step`; AR
+  decoding is that step with a drafter that proposes nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -96,6 +97,7 @@ class DecodeState:
     key: jax.Array
     steps: jax.Array  # [] int32 decode steps run (target forwards after prefill)
     accepted: jax.Array  # [] int32 tokens emitted by decode steps (for tau)
+    draft: Any = ()  # the drafter's state (a pytree; () for AR)
 
 
 def stop_ids(config: ModelConfig, gen: GenerateConfig) -> tuple[int, ...]:
@@ -144,51 +146,12 @@ def init_state(
     return DecodeState(cache, first, out, num_out, done, key, jnp.int32(0), jnp.int32(0))
 
 
-def ar_step(params: dict, config: ModelConfig, gen: GenerateConfig, state: DecodeState, *, backend="auto"):
-    """One target forward on the root; commits it and emits the next token."""
-    cache = state.cache
-    logits, cache = target.forward(params, config, state.root[:, None], cache.lengths[:, None], cache, backend=backend)
-    key, sub = jax.random.split(state.key)
-    nxt = sample(sub, logits[:, 0], gen.sampling)
-    out, num_out, done, n = emit(
-        state.out, state.num_out, state.done, nxt[:, None], jnp.ones_like(nxt), gen, stop_ids(config, gen)
-    )
-    return DecodeState(cache, nxt, out, num_out, done, key, state.steps + 1, state.accepted + jnp.sum(n))
-
-
 def decode_loop(step_fn, state: DecodeState, step_limit: jax.Array) -> DecodeState:
     """Runs `step_fn(state) -> state` until every row is done or `state.steps >= step_limit`."""
     return jax.lax.while_loop(lambda s: (~jnp.all(s.done)) & (s.steps < step_limit), step_fn, state)
-
-
-@functools.partial(jax.jit, static_argnames=("config", "gen", "backend"), donate_argnames=("state",))
-def ar_decode(params, config: ModelConfig, gen: GenerateConfig, state: DecodeState, step_limit, backend="auto"):
-    """Jitted AR decoding up to `step_limit` steps (an array: raising it does not recompile)."""
-    return decode_loop(functools.partial(ar_step, params, config, gen, backend=backend), state, step_limit)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "capacity", "chunk", "backend"))
 def prefill_jit(params, config: ModelConfig, tokens, lengths, capacity: int, chunk=PREFILL_CHUNK, backend="auto"):
     cache = KVCache.zeros(config, tokens.shape[0], capacity)
     return prefill(params, config, tokens, lengths, cache, chunk=chunk, backend=backend)
-
-
-def generate_ar(
-    params: dict,
-    config: ModelConfig,
-    tokens: jax.Array,
-    lengths: jax.Array,
-    gen: GenerateConfig,
-    key: jax.Array,
-    *,
-    capacity: int | None = None,
-    chunk: int = PREFILL_CHUNK,
-    backend: str = "auto",
-) -> DecodeState:
-    """AR generation, jittable end to end (config, gen, capacity static): prompts [B, P] -> final DecodeState."""
-    capacity = capacity or cache_capacity(tokens.shape[1], gen.max_new_tokens)
-    cache = KVCache.zeros(config, tokens.shape[0], capacity)
-    logits, cache = prefill(params, config, tokens, lengths, cache, chunk=chunk, backend=backend)
-    state = init_state(config, gen, cache, logits, key, gen.max_new_tokens)
-    step = functools.partial(ar_step, params, config, gen, backend=backend)
-    return decode_loop(step, state, jnp.int32(gen.max_new_tokens))

@@ -9,6 +9,7 @@ Used by `decode.py` and the benchmarks.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 
@@ -16,8 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lsjax import decoding
+from lsjax import decoding, speculative
 from lsjax.config import GenerateConfig, ModelConfig
+from lsjax.drafters.base import ARDrafter, Drafter
 from lsjax.errors import LsjaxError
 
 
@@ -63,41 +65,63 @@ def check_prompt(config: ModelConfig, prompt_ids: list[int], max_new_tokens: int
     return min(max_new_tokens, config.max_position - len(prompt_ids))
 
 
-class ARGenerator:
-    """Compiles AR prefill + decode for one model and runs prompts through them."""
+class Generator:
+    """Compiles prefill + decode for one model and one drafter (AR by default) and runs prompts through them."""
 
-    def __init__(self, config: ModelConfig, params, *, backend: str = "auto"):
+    def __init__(
+        self, config: ModelConfig, params, drafter: Drafter = ARDrafter(), draft_params=None, *, backend: str = "auto"
+    ):
         self.config = config
         self.params = jax.tree.map(jnp.asarray, params)
+        self.draft_params = jax.tree.map(jnp.asarray, draft_params) if draft_params is not None else ()
+        self.drafter = drafter
         self.backend = backend
         self._compiled: dict = {}
+
+    def _drafter_for(self, capacity: int) -> Drafter:
+        # Drafters that keep their own token history size it like the cache.
+        if hasattr(self.drafter, "capacity"):
+            return dataclasses.replace(self.drafter, capacity=capacity)
+        return self.drafter
 
     def _compile(self, bucket: int, capacity: int, gen: GenerateConfig, key):
         sig = (bucket, capacity, gen)
         if sig in self._compiled:
             return self._compiled[sig], 0.0
         t0 = time.perf_counter()
+        drafter = self._drafter_for(capacity)
         tokens = jax.ShapeDtypeStruct((1, bucket), jnp.int32)
         lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
-        prefill = decoding.prefill_jit.lower(
-            self.params, self.config, tokens, lengths, capacity, backend=self.backend
-        ).compile()
-        logits_shape, cache_shape = jax.eval_shape(
-            lambda p, t, n: decoding.prefill_jit(p, self.config, t, n, capacity, backend=self.backend),
-            self.params,
-            tokens,
-            lengths,
+        start = jax.jit(
+            functools.partial(
+                speculative.start,
+                config=self.config,
+                drafter=drafter,
+                gen=gen,
+                capacity=capacity,
+                backend=self.backend,
+            )
         )
+        start = start.lower(self.params, self.draft_params, tokens=tokens, lengths=lengths, key=key).compile()
         state_shape = jax.eval_shape(
-            lambda c, lg, k: decoding.init_state(self.config, gen, c, lg, k, gen.max_new_tokens),
-            cache_shape,
-            logits_shape,
-            key,
+            functools.partial(
+                speculative.start,
+                config=self.config,
+                drafter=drafter,
+                gen=gen,
+                capacity=capacity,
+                backend=self.backend,
+            ),
+            self.params,
+            self.draft_params,
+            tokens=tokens,
+            lengths=lengths,
+            key=key,
         )
-        decode = decoding.ar_decode.lower(
-            self.params, self.config, gen, state_shape, jnp.int32(0), backend=self.backend
+        decode = speculative.decode.lower(
+            self.params, self.draft_params, self.config, drafter, gen, state_shape, jnp.int32(0), backend=self.backend
         ).compile()
-        self._compiled[sig] = (prefill, decode)
+        self._compiled[sig] = (start, decode)
         return self._compiled[sig], time.perf_counter() - t0
 
     def generate(
@@ -113,15 +137,16 @@ class ARGenerator:
             gen = dataclasses.replace(gen, max_new_tokens=max_new)
         P = len(prompt_ids)
         bucket = decoding.prompt_bucket(P)
-        capacity = decoding.cache_capacity(bucket, gen.max_new_tokens)
+        capacity = speculative.required_capacity(bucket, gen, self.drafter)
         key = jax.random.key(seed)
-        (prefill, decode), compile_s = self._compile(bucket, capacity, gen, key)
+        (start, decode), compile_s = self._compile(bucket, capacity, gen, key)
 
         buf = np.zeros((1, bucket), np.int32)
         buf[0, :P] = prompt_ids
         t0 = time.perf_counter()
-        logits, cache = prefill(self.params, jnp.asarray(buf), jnp.array([P], jnp.int32))
-        state = decoding.init_state(self.config, gen, cache, logits, key, gen.max_new_tokens)
+        state = start(
+            self.params, self.draft_params, tokens=jnp.asarray(buf), lengths=jnp.array([P], jnp.int32), key=key
+        )
         jax.block_until_ready(state.num_out)
         prefill_s = time.perf_counter() - t0
 
@@ -154,4 +179,5 @@ class ARGenerator:
             decode_s=decode_s,
             target_forwards=1 + int(state.steps),
             stop_reason="eos" if tokens and tokens[-1] in stops else "max_new_tokens",
+            method=self.drafter.name,
         )

@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lsjax import decoding
+from lsjax import decoding, speculative
 from lsjax.cache import KVCache
 from lsjax.config import GenerateConfig, ModelConfig
+from lsjax.drafters.base import ARDrafter
 from lsjax.loading import load_model
 from lsjax.models import target
 
@@ -64,7 +65,12 @@ def tiny_hf(tmp_path, kind: str, tie: bool, rope: str = "default", seed: int = 0
 
 forward = jax.jit(target.forward, static_argnames=("config", "backend"))
 prefill = jax.jit(decoding.prefill, static_argnames=("config", "chunk", "backend"))
-generate_ar = jax.jit(decoding.generate_ar, static_argnames=("config", "gen", "capacity", "chunk", "backend"))
+_generate = jax.jit(speculative.generate, static_argnames=("config", "gen", "drafter", "capacity", "chunk", "backend"))
+
+
+def generate_ar(params, config, tokens, lengths, gen, key):
+    return _generate(params, (), config, tokens, lengths, gen, key)
+
 
 CASES = [("llama", False, "llama3"), ("llama", True, "linear"), ("qwen2", True, "default"), ("qwen2", False, "llama3")]
 
@@ -202,16 +208,17 @@ def test_no_recompilation_per_token_or_prompt_length(tiny):
 
     counted_prefill = jax.jit(counted)
     gen = GenerateConfig(max_new_tokens=40, ignore_eos=True)
-    decode_traces_before = decoding.ar_decode._cache_size()
+    drafter = ARDrafter()
+    decode_traces_before = speculative.decode._cache_size()
     for n in (5, 64, 65, 200):  # one bucket (256): one trace whatever the length
         buf = np.zeros((1, 256), np.int32)
         buf[0, :n] = 7
         last, cache = counted_prefill(params, jnp.asarray(buf), jnp.array([n]))
         state = decoding.init_state(config, gen, cache, last, jax.random.key(0), gen.max_new_tokens)
         for limit in (3, 10, 25):  # streaming: raising the step limit must not retrace
-            state = decoding.ar_decode(params, config, gen, state, jnp.int32(limit))
+            state = speculative.decode(params, (), config, drafter, gen, state, jnp.int32(limit))
     assert traces["n"] == 1
-    assert decoding.ar_decode._cache_size() - decode_traces_before == 1
+    assert speculative.decode._cache_size() - decode_traces_before == 1
 
 
 # ---------------------------------------------------------------------------------------------

@@ -69,7 +69,7 @@ def main(argv=None) -> None:
     import transformers
 
     from lsjax.config import GenerateConfig
-    from lsjax.generation import ARGenerator
+    from lsjax.generation import Generator
     from lsjax.loading import load_model
 
     torch.set_num_threads(args.threads)
@@ -77,7 +77,7 @@ def main(argv=None) -> None:
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         model.path.parent, gguf_file=model.path.name, dtype=torch.float32, attn_implementation="sdpa"
     ).eval()
-    gen_ar = ARGenerator(model.config, model.params)
+    gen_ar = Generator(model.config, model.params)
     gen = GenerateConfig(max_new_tokens=args.new_tokens, ignore_eos=True)
     bandwidth = measure_bandwidth()
 
