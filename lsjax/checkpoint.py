@@ -1,0 +1,115 @@
+"""Orbax checkpoints of a draft-training run: params, optimizer state, step, RNG and data-iterator state.
+
+    ckpt = Checkpointer(run_dir / "checkpoints", keep=3)
+    ckpt.save(step, state, rng_key, data_state, meta)       # async-safe: waits before returning
+    state, rng_key, data_state, meta = ckpt.restore(abstract_state)   # the latest step
+    params = load_draft_params(path)                        # a stage's params to start the next stage
+
+A run resumed from step k replays exactly: the step's key is fold_in(rng_key, step), the grain iterator
+continues from its saved position (which also fixes the anchor offsets), and the optimizer state is
+restored bit for bit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from lsjax.train import TrainState
+
+
+class Checkpointer:
+    def __init__(self, directory: str | Path, keep: int = 3):
+        self.directory = Path(directory).absolute()
+        self.manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+        )
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def save(self, step: int, state: TrainState, rng_key: jax.Array, data_state: dict, meta: dict) -> None:
+        tree = {
+            "step": state.step,
+            "params": state.params,
+            "opt_state": state.opt_state,
+            "rng": jax.random.key_data(rng_key) if _is_typed_key(rng_key) else rng_key,
+        }
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(tree),
+                data=ocp.args.JsonSave(_jsonable(data_state)),
+                meta=ocp.args.JsonSave(meta),
+            ),
+        )
+        # Waiting here keeps "the latest checkpoint" meaning a complete one if the run dies right after.
+        self.manager.wait_until_finished()
+
+    def restore(self, abstract_state: TrainState, rng_key: jax.Array, step: int | None = None):
+        """-> (state, rng_key, data_state, meta) at `step` (default: the latest)."""
+        step = self.manager.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        target = {
+            "step": abstract_state.step,
+            "params": abstract_state.params,
+            "opt_state": abstract_state.opt_state,
+            "rng": rng_key,
+        }
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+        out = self.manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()
+            ),
+        )
+        tree = out["state"]
+        state = TrainState(tree["step"], tree["params"], tree["opt_state"])
+        return state, tree["rng"], _from_json(out["data"]), out["meta"]
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+def _is_typed_key(key) -> bool:
+    return jax.dtypes.issubdtype(getattr(key, "dtype", np.float32), jax.dtypes.prng_key)
+
+
+def _jsonable(x: Any):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    return x
+
+
+def _from_json(x):
+    return x
+
+
+def checkpoint_dir(path: str | Path) -> Path:
+    """A run dir (with checkpoints/) or a checkpoints dir -> the checkpoints dir."""
+    path = Path(path)
+    return path / "checkpoints" if (path / "checkpoints").is_dir() else path
+
+
+def load_draft_params(path: str | Path, step: int | None = None) -> dict:
+    """The draft params of a run's latest (or given) checkpoint, as numpy arrays (no optimizer needed)."""
+    directory = checkpoint_dir(path)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"no checkpoints at {path}")
+    manager = ocp.CheckpointManager(directory.absolute())
+    step = manager.latest_step() if step is None else step
+    if step is None:
+        raise FileNotFoundError(f"no checkpoint in {directory}")
+    out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    manager.close()
+    return jax.tree.map(np.asarray, out["state"]["params"])

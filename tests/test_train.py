@@ -1,0 +1,393 @@
+"""Draft training: positions, chunked losses, flash-noisy lag, the run loop (loss, exact resume, NaN stop),
+sharding on 8 fake devices, configs and the train.py CLI. Tiny random targets keep it fast."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import yaml
+
+from lsjax import data as data_lib
+from lsjax import train as tr
+from lsjax.config import ConfigError, ModelConfig, TrainConfig, from_dict, load_yaml, to_dict
+from lsjax.models import draft as draft_lib
+from lsjax.models import target as target_lib
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ModelConfig(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    max_position=256,
+    name="tiny",
+)
+
+
+def tiny_dict(run_dir: Path | str = "", **over) -> dict:
+    d = {
+        "name": "tiny",
+        "run_dir": str(run_dir),
+        "target": {"random_init": True, "model": to_dict(TINY)},
+        "data": {"sources": ["synthetic"], "seq_len": 16, "batch_size": 4, "grad_accum": 2, "synthetic_tokens": 4096},
+        "positions": {"anchor_offset": True},
+        "loss": {"chunk_size": 8},
+        "optim": {"lr": 1e-2, "warmup_steps": 1, "total_steps": 6},
+        "checkpoint": {"every": 2, "keep": 5},
+        "log": {"progress": False, "plot": False, "tensorboard": False},
+    }
+    for path, value in over.items():
+        node = d
+        keys = path.split("__")
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = value
+    return d
+
+
+def tiny_cfg(run_dir="", **over) -> TrainConfig:
+    return from_dict(TrainConfig, tiny_dict(run_dir, **over))
+
+
+# ----------------------------------------------------------------------------- positions
+
+
+def test_anchor_offset_positions_from_data():
+    cfg = tiny_cfg(data__seq_len=16, positions__max_len=200)
+    high = data_lib.max_offset(cfg.positions, 16, TINY.max_position)
+    assert high == 200 - 16
+    offsets = data_lib.offsets_for(0, np.arange(500), high)
+    assert offsets.min() >= 0 and offsets.max() <= high and len(set(offsets.tolist())) > 50
+    assert np.array_equal(offsets, data_lib.offsets_for(0, np.arange(500), high))  # deterministic
+    pos = np.asarray(tr.positions_from_offsets(16, jnp.asarray(offsets[:3])))
+    assert (pos[:, :4] == np.arange(4)).all()
+    assert (pos[:, 4:] == np.arange(4, 16) + offsets[:3, None]).all()
+    assert pos.max() <= 199  # the last position stays inside max_len
+    plain = tiny_cfg(positions__anchor_offset=False)
+    assert data_lib.max_offset(plain.positions, 16, TINY.max_position) == 0
+    assert np.array_equal(
+        np.asarray(tr.positions_from_offsets(16, jnp.zeros(2, jnp.int32))), np.tile(np.arange(16), (2, 1))
+    )
+
+
+def test_batches_carry_offsets_and_resume_from_state():
+    cfg = tiny_cfg()
+    seqs, mask = data_lib.load_sequences(cfg, None, 2, TINY.vocab_size)
+    ds = data_lib.batches(seqs, mask, cfg, TINY.max_position)
+    it = iter(ds.to_iter_dataset())
+    b0 = next(it)
+    assert b0["tokens"].shape == (2, 4, 16) and b0["offset"].shape == (2, 4)
+    assert b0["offset"].max() > 0
+    state = it.get_state()
+    want = [next(it) for _ in range(3)]
+    it2 = iter(ds.to_iter_dataset())
+    it2.set_state(state)
+    for w in want:
+        got = next(it2)
+        assert all(np.array_equal(got[k], w[k]) for k in w)
+
+
+# ----------------------------------------------------------------------------- chunked LM loss
+
+
+@pytest.fixture(scope="module")
+def tiny_models():
+    tp = target_lib.init_params(TINY, jax.random.PRNGKey(0), scale=0.3)
+    dp = draft_lib.init_draft_params(TINY, tiny_cfg().draft, tp)
+    return tp, dp
+
+
+@pytest.mark.parametrize("pruned", [False, True])
+def test_chunked_ce_equals_dense(tiny_models, pruned):
+    tp, dp = tiny_models
+    B, T = 2, 10  # T not a multiple of the chunk: the padded tail must not count
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(3), 3)
+    hidden = jax.random.normal(k1, (B, T, TINY.hidden_size))
+    labels = jax.random.randint(k2, (B, T), 0, TINY.vocab_size)
+    weights = (jax.random.uniform(k3, (B, T)) > 0.2).astype(jnp.float32)
+    vocab = jnp.arange(0, TINY.vocab_size, 2, dtype=jnp.int32) if pruned else None  # odd labels fall outside
+
+    def chunked(p, h):
+        s = tr.lm_losses(p, tp, TINY, h, labels, weights, chunk_size=4, vocab_ids=vocab)
+        return s["ce"] / s["weight"]
+
+    def dense(p, h):
+        s = tr.dense_lm_losses(p, tp, TINY, h, labels, weights, vocab_ids=vocab)
+        return s["ce"] / s["weight"]
+
+    (v1, g1) = jax.value_and_grad(chunked, argnums=(0, 1))(dp, hidden), None
+    (v2, g2) = jax.value_and_grad(dense, argnums=(0, 1))(dp, hidden), None
+    np.testing.assert_allclose(v1[0], v2[0], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(v1[1]), jax.tree.leaves(v2[1])):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    s = tr.lm_losses(dp, tp, TINY, hidden, labels, weights, chunk_size=4, vocab_ids=vocab)
+    expect = float(jnp.sum(weights * ((labels % 2 == 0) if pruned else 1)))
+    assert float(s["weight"]) == expect  # labels outside the pruned vocabulary are ignored
+
+
+def test_distillation_losses(tiny_models):
+    """argmax distillation equals CE on the target's argmax labels; KL is 0 when the draft is the target."""
+    tp, dp = tiny_models
+    B, T = 2, 8
+    th = jax.random.normal(jax.random.PRNGKey(5), (B, T, TINY.hidden_size))
+    w = jnp.ones((B, T))
+    labels = jnp.zeros((B, T), jnp.int32)
+    tlabels = jnp.argmax(tr._target_logits(tp, TINY, th, None), -1)
+    a = tr.lm_losses(dp, tp, TINY, th, labels, w, chunk_size=4, distill="argmax", target_hidden=th)
+    b = tr.dense_lm_losses(dp, tp, TINY, th, tlabels, w)
+    np.testing.assert_allclose(a["distill"], b["ce"], rtol=1e-5)
+    same = {**dp, "final_norm": tp["final_norm"]}
+    kl = tr.lm_losses(same, tp, TINY, th, labels, w, chunk_size=4, distill="kl", target_hidden=th)
+    assert abs(float(kl["distill"])) < 1e-4
+    kl2 = tr.lm_losses(same, tp, TINY, th[:, ::-1], labels, w, chunk_size=4, distill="kl", target_hidden=th)
+    assert float(kl2["distill"]) > 1e-3
+
+
+# ----------------------------------------------------------------------------- the step
+
+
+def _batch(cfg, n=1):
+    seqs, mask = data_lib.load_sequences(cfg, None, 2, TINY.vocab_size)
+    it = iter(data_lib.batches(seqs, mask, cfg, TINY.max_position).to_iter_dataset())
+    return [{k: v for k, v in next(it).items() if k != "index"} for _ in range(n)]
+
+
+def test_flash_noisy_shift_is_traced_not_static(tiny_models):
+    tp, dp = tiny_models
+    cfg = tiny_cfg(loss__gamma=4)
+    traces = []
+    inner = tr.make_train_step(TINY, cfg)
+
+    def step(*a):
+        traces.append(1)
+        return inner(*a)
+
+    jitted = jax.jit(step)
+    state = tr.init_state(dp, tr.make_optimizer(cfg.optim))
+    (batch,) = _batch(cfg)
+    shifts = set()
+    for i in range(6):
+        _, m = jitted(state, tp, batch, jax.random.PRNGKey(i))
+        shifts.add(float(m["shift"]))
+    assert len(traces) == 1
+    assert len(shifts) > 1 and all(1 <= s <= 3 for s in shifts)  # per-micro-batch mean of j in {1, 2, 3}
+    no_noise = tiny_cfg(loss__flash_noisy=False)
+    assert int(tr.draw_shift(jax.random.PRNGKey(0), no_noise)) == 0
+
+
+def test_lag_changes_what_the_draft_sees(tiny_models):
+    """The step's loss depends on j: the cross-attention really is lagged (not a no-op argument)."""
+    tp, dp = tiny_models
+    cfg = tiny_cfg()
+    (batch,) = _batch(cfg)
+    micro = jax.tree.map(lambda x: x[0], batch)
+    l1 = tr.micro_losses(dp, tp, TINY, cfg, micro, jnp.int32(1))["ce"]
+    l3 = tr.micro_losses(dp, tp, TINY, cfg, micro, jnp.int32(3))["ce"]
+    assert abs(float(l1) - float(l3)) > 1e-4
+
+
+# ----------------------------------------------------------------------------- the run loop
+
+
+def test_loss_decreases(tmp_path):
+    cfg = tiny_cfg(tmp_path / "run", steps=30, optim__total_steps=30, optim__lr=1e-2, checkpoint__every=30)
+    out = tr.fit(cfg, log=lambda *_: None)
+    losses = out["losses"]
+    assert len(losses) == 30
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.3, losses
+    recs = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == list(range(1, 31))
+
+
+def test_exact_resume(tmp_path):
+    full = tr.fit(tiny_cfg(tmp_path / "a"), log=lambda *_: None)
+    killed = tr.fit(tiny_cfg(tmp_path / "b"), stop_after=3, log=lambda *_: None)  # checkpoint at 2, dies after 3
+    assert killed["last_checkpoint"] == 2
+    resumed = tr.fit(tiny_cfg(tmp_path / "b"), resume=True, log=lambda *_: None)
+    assert resumed["start"] == 2
+    assert resumed["losses"] == full["losses"][2:]  # bit-identical from step 3 on
+    assert killed["losses"][:3] == full["losses"][:3]
+    for a, b in zip(jax.tree.leaves(full["state"].params), jax.tree.leaves(resumed["state"].params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    recs = [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert recs == list(range(1, 7))  # the killed run's step 3 record was replaced, not duplicated
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+    real = tr.make_train_step
+
+    def poisoned(*a, **k):
+        step = real(*a, **k)
+
+        def f(state, target_params, batch, key):
+            new, m = step(state, target_params, batch, key)
+            bad = jnp.where(state.step >= 2, jnp.nan, 0.0)
+            return new, {**m, "loss": m["loss"] + bad}
+
+        return f
+
+    monkeypatch.setattr(tr, "make_train_step", poisoned)
+    with pytest.raises(tr.TrainingDiverged, match=r"non-finite loss .* at step 3; .*last good checkpoint: step 2"):
+        tr.fit(tiny_cfg(tmp_path / "r"), log=lambda *_: None)
+    from lsjax.checkpoint import Checkpointer
+
+    assert Checkpointer(tmp_path / "r" / "checkpoints").latest_step() == 2
+
+
+# ----------------------------------------------------------------------------- sharding
+
+
+SHARDED = textwrap.dedent(
+    """
+    import os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    sys.path.insert(0, {tests!r})
+    import jax, jax.numpy as jnp, numpy as np
+    assert jax.device_count() == 8
+    from test_train import TINY, tiny_cfg, _batch
+    from lsjax import sharding, train as tr
+    from lsjax.models import draft as draft_lib, target as target_lib
+    cfg = tiny_cfg(data__batch_size=8, mesh__data=2, mesh__fsdp=4, loss__distill="kl", loss__distill_weight=0.5)
+    tp = target_lib.init_params(TINY, jax.random.PRNGKey(0), scale=0.3)
+    dp = draft_lib.init_draft_params(TINY, cfg.draft, tp)
+    opt = tr.make_optimizer(cfg.optim)
+    (batch,) = _batch(cfg)
+    step = tr.make_train_step(TINY, cfg)
+    key = jax.random.PRNGKey(1)
+    single = jax.jit(step)
+    s1, m1 = single(tr.init_state(dp, opt), tp, batch, key)
+    mesh = sharding.make_mesh(cfg.mesh)
+    state = tr.init_state(dp, opt)
+    jitted, ssh, tsh, bsh = sharding.shard_train_step(step, mesh, state, tp, batch)
+    state, tps = sharding.place(state, ssh), sharding.place(tp, tsh)
+    s2, m2 = jitted(state, tps, sharding.place(batch, bsh), key)
+    sharded_leaves = [x for x in jax.tree.leaves(s2.params) if not x.sharding.is_fully_replicated]
+    assert sharded_leaves, "nothing was sharded"
+    np.testing.assert_allclose(float(m1["loss"]), float(m2["loss"]), rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+    print("OK", float(m1["loss"]), len(sharded_leaves))
+    """
+)
+
+
+def test_sharded_step_matches_single_device(tmp_path):
+    script = tmp_path / "sharded.py"
+    script.write_text(SHARDED.format(tests=str(ROOT / "tests")))
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith("OK")
+
+
+def test_partition_specs():
+    from lsjax import sharding
+
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1), ("data", "fsdp"))
+    assert sharding.spec_for("w_gate", (32, 64), mesh) == jax.sharding.PartitionSpec("fsdp", None)
+    assert sharding.spec_for("wq", (2, 32, 4, 8), mesh) == jax.sharding.PartitionSpec(None, "fsdp", None, None)
+    assert sharding.spec_for("count", (), mesh) == jax.sharding.PartitionSpec()
+    with pytest.raises(ConfigError, match="mesh"):
+        sharding.make_mesh(from_dict(TrainConfig, {"mesh": {"data": 3, "fsdp": 1}}).mesh)
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs" / "train").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_train_config_parses(path):
+    cfg = load_yaml(TrainConfig, path)
+    assert from_dict(TrainConfig, to_dict(cfg)) == cfg
+    hash(cfg)
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ({"data": {"seq_len": 4}}, "data.seq_len"),
+        ({"data": {"sources": ["wiki"]}}, "data.sources"),
+        ({"loss": {"gamma": 1}}, "loss.gamma"),
+        ({"loss": {"distill": "mse"}}, "loss.distill"),
+        ({"optim": {"lr": 2.0}}, "optim.lr"),
+        ({"optim": {"warmup_steps": 10, "total_steps": 5}}, "optim.warmup_steps"),
+        ({"mesh": {"data": 0}}, "mesh.data"),
+        ({"loss": {"distill": "kl"}}, "loss.distill_weight"),
+        ({"data": {"bogus": 1}}, "data.bogus"),
+        ({"bogus": 1}, "bogus"),
+    ],
+)
+def test_config_validation_names_the_field(override, field):
+    import re
+
+    with pytest.raises(ConfigError, match="^" + re.escape(field)):
+        from_dict(TrainConfig, override)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def _cli(args, cwd, timeout=240):
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args], capture_output=True, text=True, cwd=cwd, timeout=timeout
+    )
+
+
+def test_cli_bad_config_exits_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data: {seq_len: 2}\n")
+    out = _cli(["--config", str(bad)], tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "data.seq_len" in out.stderr
+    out = _cli(["--config", str(ROOT / "configs/train/smollm2-smoke.yaml"), "--set", "optim.nope=1"], tmp_path)
+    assert out.returncode == 2 and "optim.nope" in out.stderr
+
+
+def test_cli_end_to_end_tiny(tmp_path):
+    cfg = tmp_path / "tiny.yaml"
+    d = tiny_dict(tmp_path / "run", log={"plot": True, "progress": True, "tensorboard": False})
+    cfg.write_text(yaml.safe_dump(d))
+    out = _cli(["--config", str(cfg), "--set", "steps=4"], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 4 and summary["loss"] > 0
+    run = tmp_path / "run"
+    assert (run / "loss.png").stat().st_size > 1000
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 4
+    assert "it" in out.stderr or "step" in out.stderr  # the tqdm bar
+
+
+@pytest.mark.slow
+def test_cli_smoke_config_real_target(tmp_path):
+    """configs/train/smollm2-smoke.yaml with the real SmolLM2 target: end to end in < 60 s."""
+    import time
+
+    t0 = time.perf_counter()
+    out = _cli(["--config", str(ROOT / "configs/train/smollm2-smoke.yaml"), "--set", f"run_dir={tmp_path}/run"], ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert time.perf_counter() - t0 < 60
+    assert json.loads(out.stdout.strip().splitlines()[-1])["last_checkpoint"] == 3
+
+
+def test_init_from_previous_stage(tmp_path):
+    tr.fit(tiny_cfg(tmp_path / "s1", steps=2), log=lambda *_: None)
+    from lsjax.checkpoint import load_draft_params
+
+    p1 = load_draft_params(tmp_path / "s1")
+    cfg2 = tiny_cfg(tmp_path / "s2", steps=1, checkpoint__init_from=str(tmp_path / "s1"), optim__lr=1e-9)
+    cfg2 = dataclasses.replace(cfg2, positions=dataclasses.replace(cfg2.positions, anchor_offset=False))
+    out = tr.fit(cfg2, log=lambda *_: None)
+    for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(out["state"].params)):
+        np.testing.assert_allclose(a, np.asarray(b), atol=1e-6)
