@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-METHODS = ("ar",)
+METHODS = ("ar", "pld", "longspec")
 DEFAULT_PROMPT = Path(__file__).resolve().parent / "lsjax" / "assets" / "default_prompt.txt"
 
 
@@ -33,7 +33,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability (0 = off)")
     p.add_argument("--seed", type=int, default=0, help="RNG seed for sampling")
-    p.add_argument("--method", choices=METHODS, default="ar", help="decoding method (default ar)")
+    p.add_argument("--method", choices=METHODS, default=None,
+                   help="decoding method: ar, pld (prompt lookup), longspec (draft model); default longspec when "
+                   "a draft for the target is found, else ar")
+    p.add_argument("--draft", help="a LongSpec draft checkpoint (directory) for --method longspec")
+    p.add_argument("--tree", default=None,
+                   help="speculation tree for longspec: a preset (paper, gpu, cpu, cpu-small, chain4, chain8) or "
+                   "comma-separated widths per depth, e.g. 2,2,2")
+    p.add_argument("--pld-tokens", type=int, default=8, help="pld: tokens proposed per step (default 8)")
+    p.add_argument("--pld-ngram", type=int, default=3, help="pld: longest n-gram matched (default 3)")
+    p.add_argument("--compare", choices=("ar",), help="also run AR on the same prompt; print speedup and equality")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     p.add_argument(
         "--backend",
@@ -69,6 +78,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     # Imports after argument parsing so `--help` and flag errors are instant.
     from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
+    from lsjax.drafters.base import ARDrafter
+    from lsjax.drafters.pld import PLDDrafter
     from lsjax.errors import LsjaxError
     from lsjax.generation import Generator, check_prompt
     from lsjax.loading import load_model
@@ -96,22 +107,41 @@ def main(argv=None) -> int:
         else:
             ids = tok.encode(text)
         check_prompt(model.config, ids, gen.max_new_tokens)
-        generator = Generator(model.config, model.params, backend=args.backend)
+        method = args.method or ("longspec" if args.draft else "ar")
+        draft_params = None
+        if method == "ar":
+            drafter = ARDrafter()
+        elif method == "pld":
+            if args.pld_tokens < 1 or args.pld_ngram < 1:
+                fail("--pld-tokens and --pld-ngram must be >= 1")
+            drafter = PLDDrafter(num_tokens=args.pld_tokens, ngram_max=args.pld_ngram)
+        else:
+            from lsjax.drafters.longspec import load_longspec
+
+            drafter, draft_params = load_longspec(model, args.draft, args.tree)
+        generator = Generator(model.config, model.params, drafter, draft_params, backend=args.backend)
         if not args.json:
             print(
-                f"[lsjax] {model.path.name}: {len(ids)} prompt tokens, method {args.method}, "
+                f"[lsjax] {model.path.name}: {len(ids)} prompt tokens, method {method}, "
                 f"loaded in {load_s:.1f}s; compiling...",
                 file=sys.stderr,
             )
         stream = tok.stream_decoder(skip_special_tokens=True)
         on_tokens = None if args.json else (lambda new: print(stream.push(new), end="", flush=True))
         result = generator.generate(ids, gen, seed=args.seed, on_tokens=on_tokens)
+        if not args.json:
+            print(stream.flush())
+        baseline = split = None
+        if args.compare == "ar":
+            baseline = Generator(model.config, model.params, backend=args.backend).generate(ids, gen, seed=args.seed)
+        if args.json and method != "ar":
+            split = generator.time_split(ids, gen, seed=args.seed)
     except (LsjaxError, FileNotFoundError) as e:
         fail(str(e))
 
     out_text = tok.decode(result.tokens, skip_special_tokens=True)
     summary = {
-        "method": args.method,
+        "method": method,
         "model": str(model.path),
         "prompt_tokens": result.prompt_tokens,
         "new_tokens": result.new_tokens,
@@ -123,17 +153,33 @@ def main(argv=None) -> int:
         "tokens_per_s": round(result.tokens_per_s, 2),
         "target_forwards": result.target_forwards,
         "mean_accepted": round(result.mean_accepted, 3),
-        "text": out_text,
     }
+    if split:
+        summary.update(split)
+    if baseline is not None:
+        speedup = result.tokens_per_s / baseline.tokens_per_s if baseline.tokens_per_s else 0.0
+        summary.update(
+            ar_tokens_per_s=round(baseline.tokens_per_s, 2),
+            speedup_vs_ar=round(speedup, 3),
+            identical_to_ar=baseline.tokens == result.tokens,
+        )
+    summary["text"] = out_text
     if args.json:
         print(json.dumps(summary))
     else:
-        print(stream.flush())
+        if baseline is not None:
+            same = "identical" if summary["identical_to_ar"] else "DIFFERENT"
+            print(
+                f"[lsjax] vs AR: {baseline.tokens_per_s:.1f} tok/s -> {result.tokens_per_s:.1f} tok/s "
+                f"({summary['speedup_vs_ar']:.2f}x), outputs {same}",
+                file=sys.stderr,
+            )
         print(
             f"[lsjax] {result.new_tokens} tokens ({result.stop_reason}); prefill {result.prefill_s:.2f}s "
             f"({result.prompt_tokens / max(result.prefill_s, 1e-9):.0f} tok/s), "
             f"decode {result.tokens_per_s:.1f} tok/s, "
-            f"{result.target_forwards} target forwards, compile {result.compile_s:.1f}s",
+            f"{result.target_forwards} target forwards (tau {result.mean_accepted:.2f}), "
+            f"compile {result.compile_s:.1f}s",
             file=sys.stderr,
         )
     return 0

@@ -19,7 +19,7 @@ import numpy as np
 
 from lsjax import decoding, speculative
 from lsjax.config import GenerateConfig, ModelConfig
-from lsjax.drafters.base import ARDrafter, Drafter
+from lsjax.drafters.base import ARDrafter, DraftContext, Drafter
 from lsjax.errors import LsjaxError
 
 
@@ -121,7 +121,7 @@ class Generator:
         decode = speculative.decode.lower(
             self.params, self.draft_params, self.config, drafter, gen, state_shape, jnp.int32(0), backend=self.backend
         ).compile()
-        self._compiled[sig] = (start, decode)
+        self._compiled[sig] = (start, decode, drafter)
         return self._compiled[sig], time.perf_counter() - t0
 
     def generate(
@@ -139,7 +139,7 @@ class Generator:
         bucket = decoding.prompt_bucket(P)
         capacity = speculative.required_capacity(bucket, gen, self.drafter)
         key = jax.random.key(seed)
-        (start, decode), compile_s = self._compile(bucket, capacity, gen, key)
+        (start, decode, _), compile_s = self._compile(bucket, capacity, gen, key)
 
         buf = np.zeros((1, bucket), np.int32)
         buf[0, :P] = prompt_ids
@@ -153,7 +153,7 @@ class Generator:
         t0 = time.perf_counter()
         emitted = 0
         if on_tokens is None:
-            state = decode(self.params, state, jnp.int32(gen.max_new_tokens))
+            state = decode(self.params, self.draft_params, state, jnp.int32(gen.max_new_tokens))
         else:
             limit = 0
             while True:
@@ -164,7 +164,7 @@ class Generator:
                 if bool(state.done[0]):
                     break
                 limit += stream_every
-                state = decode(self.params, state, jnp.int32(limit))
+                state = decode(self.params, self.draft_params, state, jnp.int32(limit))
         jax.block_until_ready(state.num_out)
         decode_s = time.perf_counter() - t0
 
@@ -181,3 +181,48 @@ class Generator:
             stop_reason="eos" if tokens and tokens[-1] in stops else "max_new_tokens",
             method=self.drafter.name,
         )
+
+    def time_split(self, prompt_ids: list[int], gen: GenerateConfig, seed: int = 0, steps: int = 16) -> dict:
+        """Mean ms per step spent drafting, verifying (target forward + acceptance) and committing, measured
+        by running the step's three phases as separate jitted calls for `steps` steps (the fused step used
+        for the real timings runs them in one program, so this split is a profile, not the total)."""
+        gen = dataclasses.replace(gen, max_new_tokens=check_prompt(self.config, prompt_ids, gen.max_new_tokens))
+        P = len(prompt_ids)
+        bucket = decoding.prompt_bucket(P)
+        capacity = speculative.required_capacity(bucket, gen, self.drafter)
+        key = jax.random.key(seed)
+        (start, _, drafter), _ = self._compile(bucket, capacity, gen, key)
+        buf = np.zeros((1, bucket), np.int32)
+        buf[0, :P] = prompt_ids
+        state = start(
+            self.params, self.draft_params, tokens=jnp.asarray(buf), lengths=jnp.array([P], jnp.int32), key=key
+        )
+        config, backend = self.config, self.backend
+
+        def ctx(tp, dp):
+            return DraftContext(tp, dp, config, backend)
+
+        draft = jax.jit(lambda tp, dp, st: speculative.draft_phase(ctx(tp, dp), drafter, st))
+        verify = jax.jit(lambda tp, dp, st, tr: speculative.verify_phase(ctx(tp, dp), drafter, gen, st, tr))
+        commit = jax.jit(  # donated, as in the fused step: the cache is updated in place, not copied
+            lambda tp, dp, st, tr, v: speculative.commit_phase(ctx(tp, dp), drafter, gen, st, tr, v),
+            donate_argnums=(2,),
+        )
+        totals = np.zeros(3)
+        counted = 0
+        for i in range(steps + 1):  # step 0 compiles and is not counted
+            if bool(state.done[0]):
+                break
+            t0 = time.perf_counter()
+            tree = jax.block_until_ready(draft(self.params, self.draft_params, state))
+            t1 = time.perf_counter()
+            verified = jax.block_until_ready(verify(self.params, self.draft_params, state, tree))
+            t2 = time.perf_counter()
+            state = jax.block_until_ready(commit(self.params, self.draft_params, state, tree, verified))
+            t3 = time.perf_counter()
+            if i > 0:
+                totals += (t1 - t0, t2 - t1, t3 - t2)
+                counted += 1
+        ms = totals / max(counted, 1) * 1e3
+        return {"draft_ms": round(ms[0], 3), "verify_ms": round(ms[1], 3), "commit_ms": round(ms[2], 3),
+                "steps_profiled": counted}
