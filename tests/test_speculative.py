@@ -19,10 +19,12 @@ from scipy import stats
 
 from lsjax import speculative
 from lsjax.cache import KVCache
-from lsjax.config import GenerateConfig, ModelConfig, SamplingConfig
+from lsjax.config import DraftConfig, GenerateConfig, ModelConfig, SamplingConfig
 from lsjax.drafters.base import ARDrafter, DraftContext, Drafter
+from lsjax.drafters.longspec import LongSpecDrafter
 from lsjax.drafters.pld import PLDDrafter, find_continuation
 from lsjax.models import target
+from lsjax.models.draft import init_draft_params, pruned_vocab
 from lsjax.sampling import processed_logprobs
 from lsjax.tree import Tree, TreeConfig, ancestor_mask, make_tree, parse_tree
 from lsjax.verify import accept
@@ -72,7 +74,7 @@ def tiny_model(vocab=97, seed=3, scale=0.3):
     return config, target.init_params(config, jax.random.key(seed), scale=scale)
 
 
-def run(params, config, prompts, gen, drafter, key=0, chunk=64, capacity=None):
+def run(params, config, prompts, gen, drafter, key=0, chunk=64, capacity=None, draft_params=None):
     B = len(prompts)
     P = max(64, -(-max(len(p) for p in prompts) // chunk) * chunk)
     buf = np.zeros((B, P), np.int32)
@@ -81,9 +83,21 @@ def run(params, config, prompts, gen, drafter, key=0, chunk=64, capacity=None):
     lengths = jnp.array([len(p) for p in prompts], jnp.int32)
     if isinstance(drafter, PLDDrafter):
         drafter = dataclasses.replace(drafter, capacity=P + gen.max_new_tokens + 32)
+    if isinstance(drafter, LongSpecDrafter) and draft_params is None:
+        draft_params = longspec_params(params, config, drafter)
+    dp = () if draft_params is None else draft_params
     return generate(
-        params, (), config, jnp.asarray(buf), lengths, gen, jax.random.key(key), drafter, chunk=chunk, capacity=capacity
+        params, dp, config, jnp.asarray(buf), lengths, gen, jax.random.key(key), drafter, chunk=chunk, capacity=capacity
     )
+
+
+def longspec_params(params, config, drafter, pruned=0):
+    """An untrained draft: the target's last layer, optionally with a pruned vocabulary."""
+    dp = init_draft_params(config, drafter.draft, params)
+    if pruned:
+        counts = np.random.RandomState(0).randint(0, 100, size=config.vocab_size)
+        dp["vocab_ids"] = jnp.asarray(pruned_vocab(config, pruned, token_counts=counts))
+    return dp
 
 
 # ---------------------------------------------------------------------------------------------- trees
@@ -169,6 +183,8 @@ DRAFTERS = [
     PLDDrafter(num_tokens=5, ngram_max=3),
     RandomTreeDrafter(TreeConfig((1,)), vocab=97),
     RandomTreeDrafter(TreeConfig((4, 4, 3)), vocab=97),
+    LongSpecDrafter(TreeConfig((1, 1, 1)), DraftConfig(window=16)),
+    LongSpecDrafter(TreeConfig((3, 4, 4)), DraftConfig(window=8)),
 ]
 
 
@@ -267,11 +283,24 @@ SAMPLINGS = [
 SAMPLERS = [
     RandomTreeDrafter(TreeConfig((3, 3)), vocab=6),
     PLDDrafter(num_tokens=3, ngram_max=2),
+    LongSpecDrafter(TreeConfig((2, 3)), DraftConfig(window=4)),
 ]
 
 
-@pytest.mark.parametrize("sampling", SAMPLINGS, ids=lambda s: f"T{s.temperature}-p{s.top_p}-m{s.min_p}-k{s.top_k}")
-@pytest.mark.parametrize("drafter", SAMPLERS, ids=lambda d: d.name)
+# Every drafter at plain temperature sampling, and every filter with the LongSpec drafter, run by default;
+# the full cross product is in the slow set.
+SAMPLING_CASES = [
+    pytest.param(s, d, marks=() if (d.name == "longspec" or s == SAMPLINGS[0]) else pytest.mark.slow)
+    for d in SAMPLERS
+    for s in SAMPLINGS
+]
+
+
+@pytest.mark.parametrize(
+    "sampling,drafter",
+    SAMPLING_CASES,
+    ids=lambda x: getattr(x, "name", None) or f"T{x.temperature}-p{x.top_p}-m{x.min_p}-k{x.top_k}",
+)
 def test_speculative_sampling_matches_target_distribution(sampling, drafter):
     config, params = tiny_model(vocab=6, seed=1, scale=0.6)
     prompt = [3, 4, 5, 3, 4]
@@ -299,3 +328,78 @@ def test_chi_square_detects_a_two_percent_bias():
     biased[low] -= 0.02
     draws = rng.choice(len(keys), size=16000, p=biased / biased.sum())
     assert chi_square_pvalue(np.array([keys[i] for i in draws]), probs) < 1e-3
+
+
+def test_longspec_pruned_vocab_is_lossless_and_draft_memory_is_constant():
+    config, params = tiny_model()
+    drafter = LongSpecDrafter(TreeConfig((2, 2, 2)), DraftConfig(window=16))
+    gen = GenerateConfig(max_new_tokens=20, ignore_eos=True)
+    prompts = repetitive_prompts(config, 3, 60, seed=2)
+    ar = run(params, config, prompts, gen, ARDrafter())
+    sp = run(params, config, prompts, gen, drafter, draft_params=longspec_params(params, config, drafter, pruned=40))
+    np.testing.assert_array_equal(np.asarray(sp.out), np.asarray(ar.out))
+    short = run(params, config, [prompts[0][:20]], gen, drafter)
+    long = run(params, config, [np.resize(prompts[0], 500)], gen, drafter)
+    assert short.draft.nbytes() == long.draft.nbytes()  # the ring does not grow with the context
+    assert short.cache.capacity < long.cache.capacity
+
+
+def test_longspec_beam_matches_brute_force():
+    """Each level holds the global top-w children by cumulative draft log-prob."""
+    from lsjax.drafters.base import DraftContext
+    from lsjax.models.draft import draft_logits, draft_self_kv, draft_step
+
+    config, params = tiny_model(vocab=11, scale=0.6)
+    drafter = LongSpecDrafter(TreeConfig((3, 4)), DraftConfig(window=8))
+    dp = longspec_params(params, config, drafter)
+    gen = GenerateConfig(max_new_tokens=2, ignore_eos=True)
+    prompt = [3, 4, 5, 6, 7, 8, 9, 3, 4]
+    state = speculative.start(
+        params,
+        dp,
+        config,
+        drafter,
+        gen,
+        jnp.asarray([prompt + [0] * 7]),
+        jnp.array([9]),
+        jax.random.key(0),
+        capacity=64,
+        chunk=16,
+    )
+    ctx = DraftContext(params, dp, config)
+    tree = drafter.propose(ctx, state)
+    # Brute force: score every (depth-1, depth-2) pair with the draft directly.
+    n, root = int(state.cache.lengths[0]), int(state.root[0])
+
+    @jax.jit
+    def chain_logp(toks):  # the draft's log-probs after a chain [1, t] starting at the root
+        t = toks.shape[1]
+        pos = n + jnp.arange(t)[None]
+        k, v = draft_self_kv(dp, params, config, toks, pos)
+        mask = jnp.tril(jnp.ones((t, t), bool))[None]
+        h = draft_step(
+            dp,
+            params,
+            config,
+            drafter.draft,
+            toks,
+            pos,
+            state.draft,
+            k,
+            v,
+            mask,
+            state.cache.k,
+            state.cache.v,
+            state.cache.lengths,
+        )
+        return jax.nn.log_softmax(draft_logits(dp, params, config, h), -1)[0, -1]
+
+    def logp_after(path):
+        return np.asarray(chain_logp(jnp.asarray([[root, *path]])))
+
+    lp1 = logp_after([])
+    level1 = sorted(range(11), key=lambda t: -lp1[t])[:3]
+    assert sorted(np.asarray(tree.tokens[0, 1:4]).tolist()) == sorted(level1)
+    cands = sorted(((lp1[a] + logp_after([a])[b], a, b) for a in level1 for b in range(11)), reverse=True)[:4]
+    got = {(int(tree.tokens[0, int(tree.parents[0, i])]), int(tree.tokens[0, i])) for i in range(4, 8)}
+    assert got == {(a, b) for _, a, b in cands}
