@@ -403,3 +403,30 @@ def test_longspec_beam_matches_brute_force():
     cands = sorted(((lp1[a] + logp_after([a])[b], a, b) for a in level1 for b in range(11)), reverse=True)[:4]
     got = {(int(tree.tokens[0, int(tree.parents[0, i])]), int(tree.tokens[0, i])) for i in range(4, 8)}
     assert got == {(a, b) for _, a, b in cands}
+
+
+def test_public_generate_jits_inside_user_code():
+    """Research-code style: lsjax.generate inside the user's own jitted function, twice without retracing."""
+    import lsjax
+
+    config, params = tiny_model()
+    cfg = lsjax.SpecConfig(
+        model=config,
+        gen=GenerateConfig(max_new_tokens=10, ignore_eos=True),
+        drafter=lsjax.PLDDrafter(num_tokens=4),
+        chunk=32,
+    )
+    traces = []
+
+    @jax.jit
+    def user_fn(params, prompts, key):
+        traces.append(1)
+        out = lsjax.generate(params, (), prompts, cfg, key)
+        return out.tokens, out.num_tokens, out.mean_accepted
+
+    prompts = jnp.asarray(np.stack([np.resize([5, 9, 14, 20], 64), np.arange(3, 67)]), jnp.int32)
+    toks, n, tau = user_fn(params, prompts, jax.random.key(0))
+    ar = run(params, config, list(np.asarray(prompts)), cfg.gen, ARDrafter(), chunk=32)
+    np.testing.assert_array_equal(np.asarray(toks), np.asarray(ar.out))
+    user_fn(params, prompts + 1, jax.random.key(1))
+    assert len(traces) == 1 and float(tau) >= 1.0

@@ -1,0 +1,77 @@
+"""The jittable entry point for research code: one frozen config, arrays in, arrays out.
+
+    cfg = lsjax.SpecConfig(model=model.config, drafter=lsjax.PLDDrafter(), gen=lsjax.GenerateConfig(64))
+    out = jax.jit(lsjax.generate, static_argnames="config")(params, (), prompt_ids, cfg, key)
+    out.tokens[b, : out.num_tokens[b]]
+
+`generate` composes freely with the caller's own `jax.jit`, `vmap`-free batching
+(rows of `prompt_ids` are independent sequences) and donation; the step
+functions (`speculative.spec_step`, `draft_phase`, `verify_phase`, `commit_phase`)
+are exported for finer control.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from lsjax import decoding, speculative
+from lsjax.config import GenerateConfig, ModelConfig
+from lsjax.drafters.base import ARDrafter, Drafter
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecConfig:
+    """Everything static about a generation call (hashable: a `jax.jit` static argument)."""
+
+    model: ModelConfig
+    gen: GenerateConfig = GenerateConfig()
+    drafter: Drafter = ARDrafter()
+    capacity: int | None = None  # cache slots; default: prompt buffer + max_new_tokens + one step of slack
+    chunk: int = decoding.PREFILL_CHUNK  # prefill chunk; the prompt buffer length must be a multiple of it
+    backend: str = "auto"
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class GenerateOutput:
+    tokens: jax.Array  # [B, max_new_tokens] generated ids (valid up to num_tokens)
+    num_tokens: jax.Array  # [B] int32
+    target_forwards: jax.Array  # [] int32, prefill included
+    mean_accepted: jax.Array  # [] float32: tokens emitted per decode-step target forward (tau)
+
+
+def generate(
+    target_params,
+    draft_params,
+    prompt_ids: jax.Array,
+    config: SpecConfig,
+    key: jax.Array,
+    prompt_lengths: jax.Array | None = None,
+) -> GenerateOutput:
+    """prompt_ids [B, P] (right-padded; P a multiple of config.chunk), prompt_lengths [B] (default P)."""
+    B, P = prompt_ids.shape
+    if P % config.chunk:
+        raise ValueError(f"prompt_ids length {P} must be a multiple of config.chunk={config.chunk}; pad it")
+    lengths = jnp.full((B,), P, jnp.int32) if prompt_lengths is None else prompt_lengths.astype(jnp.int32)
+    drafter = config.drafter
+    if hasattr(drafter, "capacity"):  # drafters with a token history size it like the cache
+        cap = config.capacity or speculative.required_capacity(P, config.gen, drafter)
+        drafter = dataclasses.replace(drafter, capacity=cap)
+    state = speculative.generate(
+        target_params,
+        draft_params,
+        config.model,
+        prompt_ids,
+        lengths,
+        config.gen,
+        key,
+        drafter,
+        capacity=config.capacity,
+        chunk=config.chunk,
+        backend=config.backend,
+    )
+    tau = state.accepted / jnp.maximum(state.steps * B, 1)
+    return GenerateOutput(state.out, state.num_out, state.steps + 1, tau.astype(jnp.float32))
