@@ -33,13 +33,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability (0 = off)")
     p.add_argument("--seed", type=int, default=0, help="RNG seed for sampling")
-    p.add_argument("--method", choices=METHODS, default=None,
-                   help="decoding method: ar, pld (prompt lookup), longspec (draft model); default longspec when "
-                   "a draft for the target is found, else ar")
+    p.add_argument(
+        "--method",
+        choices=METHODS,
+        default=None,
+        help="decoding method: ar, pld (prompt lookup), longspec (draft model); default longspec when "
+        "a draft for the target is found, else ar",
+    )
     p.add_argument("--draft", help="a LongSpec draft checkpoint (directory) for --method longspec")
-    p.add_argument("--tree", default=None,
-                   help="speculation tree for longspec: a preset (paper, gpu, cpu, cpu-small, chain4, chain8) or "
-                   "comma-separated widths per depth, e.g. 2,2,2")
+    p.add_argument(
+        "--tree",
+        default=None,
+        help="speculation tree for longspec: a preset (paper, gpu, cpu, cpu-small, chain4, chain8) or "
+        "comma-separated widths per depth, e.g. 2,2,2",
+    )
     p.add_argument("--pld-tokens", type=int, default=8, help="pld: tokens proposed per step (default 8)")
     p.add_argument("--pld-ngram", type=int, default=3, help="pld: longest n-gram matched (default 3)")
     p.add_argument("--compare", choices=("ar",), help="also run AR on the same prompt; print speedup and equality")
@@ -107,7 +114,9 @@ def main(argv=None) -> int:
         else:
             ids = tok.encode(text)
         check_prompt(model.config, ids, gen.max_new_tokens)
-        method = args.method or ("longspec" if args.draft else "ar")
+        from lsjax.drafters.longspec import default_draft_path
+
+        method = args.method or ("longspec" if args.draft or default_draft_path(model.path) else "ar")
         draft_params = None
         if method == "ar":
             drafter = ARDrafter()

@@ -170,9 +170,15 @@ def load_draft(path: str | Path) -> tuple[dict, DraftConfig, dict]:
     return params, from_dict(DraftConfig, meta["draft_config"]), meta
 
 
-def default_draft_path(target_name: str) -> Path | None:
+def target_key(model_path: str | Path) -> str:
+    """The name drafts are filed under: the checkpoint's name without quantization and extension
+    ("SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct"; an HF directory's name)."""
+    return Path(model_path).name.split(".")[0]
+
+
+def default_draft_path(model_path: str | Path) -> Path | None:
     """The draft shipped in the package for this target, if any."""
-    p = DRAFTS_DIR / target_name
+    p = DRAFTS_DIR / target_key(model_path)
     return p if (p / "params.npz").is_file() else None
 
 
@@ -184,10 +190,10 @@ def load_longspec(model, draft: str | None, tree_spec: str | None):
         params = init_draft_params(model.config, dcfg, jax.tree.map(jnp.asarray, model.params))
         meta = {}
     else:
-        path = Path(draft) if draft else default_draft_path(model.config.name)
+        path = Path(draft) if draft else default_draft_path(model.path)
         if path is None:
             raise ModelNotFoundError(
-                f"no shipped LongSpec draft for {model.config.name}; pass --draft DIR (or --draft random)"
+                f"no shipped LongSpec draft for {target_key(model.path)}; pass --draft DIR (or --draft random)"
             )
         params, dcfg, meta = load_draft(path)
     tree = (
