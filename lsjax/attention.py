@@ -140,8 +140,10 @@ def tree_attention_xla(q, k, v, mask=None, *, causal: bool = False, sm_scale=Non
     """Masked attention of the T new queries over the T new keys.
 
     `mask` [B, T, T] bool, or `causal=True` for a chain without materialising a
-    mask. Long inputs (prefill chunks) are processed in query blocks so the
-    score tensor stays [B, K, G*block_q, T].
+    mask. A rectangular mask [B, T, Tk] over Tk keys works too (the draft's
+    frontier queries over every tree node so far). Long inputs (prefill
+    chunks) are processed in query blocks so the score tensor stays
+    [B, K, G*block_q, T].
     """
     B, T, N, H = q.shape
     K = k.shape[2]
@@ -236,7 +238,10 @@ def prefix_attention(q, k, v, lengths, window_start=None, *, layer=None, backend
 
 
 def tree_attention(q, k, v, mask=None, *, causal=False, backend: str = "auto", sm_scale=None):
-    """Attention of the T new queries over the T new keys under a tree/causal mask."""
+    """Attention of the T new queries over the T new keys under a tree/causal mask.
+
+    With a mask the keys may number Tk != T (mask [B, T, Tk]); causal needs Tk == T.
+    """
     backend = _resolve(backend)
     if backend == "pallas":
         from pallas_kernels import tree_attention as tk

@@ -1,0 +1,473 @@
+"""The LongSpec draft model: one decoder layer that reads the target's last-layer KV cache.
+
+    h0 = embed(token)                                   the TARGET's embedding (shared, frozen, never copied)
+    h1 = h0 + SelfAttn(rms_norm(h0))                    sliding-window causal attention over the draft's own K/V
+    h2 = h1 + CrossAttn(rms_norm(h1))                   queries from the draft; keys/values = the TARGET's
+                                                        last-layer cache, already RoPE-rotated (no wk/wv here)
+    h3 = h2 + MLP(rms_norm(h2))                         SwiGLU
+    logits = lm_head(rms_norm(h3, final_norm))          the TARGET's LM head, optionally on a pruned vocabulary
+
+Parameters (a dict pytree in the target's dtype):
+
+    self_norm [D]; self_wq [D, N, H]; self_wk, self_wv [D, K, H]; self_wo [N, H, D]
+    (+ self_bq [N, H], self_bk, self_bv [K, H] with config.qkv_bias)
+    cross_norm [D]; cross_wq [D, N, H]; cross_wo [N, H, D] (+ cross_bq [N, H] with qkv_bias)
+    mlp_norm [D]; w_gate, w_up [D, F]; w_down [F, D]; final_norm [D]
+
+The self-attention layer's input is the embedding, so a token's draft K/V depend
+only on (token, position): `draft_self_kv` computes them for committed tokens and
+tree nodes ahead of attention, and the drafter keeps the committed ones in a
+`RingCache` of the window size.
+
+Two modes share every projection:
+* training (`draft_forward_train`): the whole sequence at once; self-attention
+  is causal within the window (query p sees keys p - W .. p), cross-attention is
+  LongSpec's flash noisy training (query t sees target keys s <= t - j, so the
+  first j outputs are exactly zero; j is an array and never retraces). Both
+  run blocked over queries with masks from sequence indices, never from
+  `positions` (those may be anchor-offset indices); RoPE uses `positions`.
+* inference (`draft_step`): T query tokens (a tree frontier) attend to the ring
+  (no mask) + the tree's K/V (under a mask), merged by LSE, then to the
+  committed target cache [0, target_len) (no mask).
+
+Where we deliberately differ from the official code (sail-sg/LongSpec,
+`models/llama_glide.py`, read to understand the architecture):
+* a constant-size ring buffer for the draft's self-attention cache; the official
+  code allocates a full-length draft cache and limits attention with a window;
+* a final RMSNorm (initialised from the target's `final_norm`) before the shared
+  LM head; the official draft feeds its last hidden state to the LM head
+  un-normalised, which only works after training;
+* q/k/v biases only when the target has them (`config.qkv_bias`); the official
+  GlideAttention always has them;
+* optional pruned draft vocabulary (`vocab_ids`), our own;
+* at inference a tree node at depth d sees the W ring entries plus its d + 1
+  ancestors (up to W + d + 1 keys); training's window is W + 1 keys. The ring
+  stays constant-size; for W = 512 and depths <= 5 the difference is a few of
+  the oldest keys.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lsjax import attention
+from lsjax.cache import RingCache
+from lsjax.config import DraftConfig, ModelConfig
+from lsjax.models.target import embed, mlp, rms_norm
+from lsjax.rope import apply_rope, inverse_frequencies, rope_angles
+
+NEG_INF = float("-inf")
+
+# ---------------------------------------------------------------------------
+# Parameters
+
+
+def _layer_index(config: ModelConfig, index: int) -> int:
+    L = config.num_layers
+    if not -L <= index < L:
+        raise ValueError(f"init_from_target_layer={index} outside [-{L}, {L}) for a {L}-layer target")
+    return index % L
+
+
+def init_draft_params(
+    config: ModelConfig,
+    draft_config: DraftConfig,
+    target_params: dict | None = None,
+    key: jax.Array | None = None,
+    *,
+    from_target: bool = True,
+) -> dict:
+    """Draft parameters initialised from target layer `draft_config.init_from_target_layer`, or random.
+
+    From the target: self_* and cross_wq/cross_wo from that layer's attention
+    (the cross-attention's keys come from the target's last layer, whose queries
+    live in the same space when the layer is the last one), the MLP and its norm
+    from that layer, `self_norm`/`cross_norm` from its attention norm and
+    `final_norm` from the target's final norm. Tensors are copied, not aliased:
+    a trainer that donates the draft params must not invalidate the target's
+    buffers. With `from_target=False`, `key` gives random parameters.
+    """
+    if not from_target:
+        if key is None:
+            raise ValueError("init_draft_params(from_target=False) needs a PRNG key")
+        return random_draft_params(config, key)
+    if target_params is None:
+        raise ValueError("init_draft_params(from_target=True) needs target_params")
+    i = _layer_index(config, draft_config.init_from_target_layer)
+    layer = {name: leaf[i] for name, leaf in target_params["layers"].items()}
+
+    def copy(x):
+        return jnp.array(x, dtype=jnp.dtype(config.dtype), copy=True)
+
+    params = {
+        "self_norm": copy(layer["attn_norm"]),
+        "self_wq": copy(layer["wq"]),
+        "self_wk": copy(layer["wk"]),
+        "self_wv": copy(layer["wv"]),
+        "self_wo": copy(layer["wo"]),
+        "cross_norm": copy(layer["attn_norm"]),
+        "cross_wq": copy(layer["wq"]),
+        "cross_wo": copy(layer["wo"]),
+        "mlp_norm": copy(layer["mlp_norm"]),
+        "w_gate": copy(layer["w_gate"]),
+        "w_up": copy(layer["w_up"]),
+        "w_down": copy(layer["w_down"]),
+        "final_norm": copy(target_params["final_norm"]),
+    }
+    if config.qkv_bias:
+        params |= {
+            "self_bq": copy(layer["bq"]),
+            "self_bk": copy(layer["bk"]),
+            "self_bv": copy(layer["bv"]),
+            "cross_bq": copy(layer["bq"]),
+        }
+    return params
+
+
+def random_draft_params(config: ModelConfig, key: jax.Array, scale: float = 0.02) -> dict:
+    """Random draft parameters (normal * scale for matrices, ones for norms, zeros for biases)."""
+    D, F, N, K, H = (
+        config.hidden_size,
+        config.intermediate_size,
+        config.num_heads,
+        config.num_kv_heads,
+        config.head_dim,
+    )
+    dtype = jnp.dtype(config.dtype)
+    shapes = {
+        "self_wq": (D, N, H),
+        "self_wk": (D, K, H),
+        "self_wv": (D, K, H),
+        "self_wo": (N, H, D),
+        "cross_wq": (D, N, H),
+        "cross_wo": (N, H, D),
+        "w_gate": (D, F),
+        "w_up": (D, F),
+        "w_down": (F, D),
+    }
+    keys = jax.random.split(key, len(shapes))
+    params = {name: (scale * jax.random.normal(k, s)).astype(dtype) for k, (name, s) in zip(keys, shapes.items())}
+    for name in ("self_norm", "cross_norm", "mlp_norm", "final_norm"):
+        params[name] = jnp.ones((D,), dtype)
+    if config.qkv_bias:
+        params |= {
+            "self_bq": jnp.zeros((N, H), dtype),
+            "self_bk": jnp.zeros((K, H), dtype),
+            "self_bv": jnp.zeros((K, H), dtype),
+            "cross_bq": jnp.zeros((N, H), dtype),
+        }
+    return params
+
+
+# ---------------------------------------------------------------------------
+# Vocabulary
+
+
+def pruned_vocab(
+    config: ModelConfig,
+    size: int,
+    *,
+    token_counts: np.ndarray | None = None,
+    corpus_ids: np.ndarray | None = None,
+    always: tuple[int, ...] = (),
+) -> np.ndarray:
+    """The draft's vocabulary: the `size` most frequent tokens, [Vd] int32, most frequent first.
+
+    Give either `token_counts` [V] or `corpus_ids` (any shape, token ids). The
+    EOS ids (and `always`) are always kept — a draft that cannot propose EOS
+    cannot end a generation early — and take the place of the least frequent
+    otherwise-selected tokens. Ties break by token id, so the result is
+    deterministic. Host-side numpy: this runs once, before jit.
+    """
+    V = config.vocab_size
+    if (token_counts is None) == (corpus_ids is None):
+        raise ValueError("pruned_vocab needs exactly one of token_counts or corpus_ids")
+    if token_counts is None:
+        ids = np.asarray(corpus_ids).reshape(-1).astype(np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= V):
+            raise ValueError(f"corpus_ids has ids outside [0, {V})")
+        counts = np.bincount(ids, minlength=V)
+    else:
+        counts = np.asarray(token_counts)
+        if counts.shape != (V,):
+            raise ValueError(f"token_counts must have shape [{V}], got {counts.shape}")
+    forced = sorted(set(config.eos_token_ids) | set(always))
+    if not len(forced) <= size <= V:
+        raise ValueError(f"size must be in [{len(forced)}, {V}] (it must hold the forced ids {forced}), got {size}")
+    by_freq = np.lexsort((np.arange(V), -counts.astype(np.float64)))  # count desc, then id asc
+    rest = by_freq[~np.isin(by_freq, forced)][: size - len(forced)]
+    chosen = np.concatenate([rest, np.asarray(forced, np.int64)])
+    order = np.lexsort((chosen, -counts[chosen].astype(np.float64)))
+    return chosen[order].astype(np.int32)
+
+
+def draft_logits(
+    draft_params: dict, target_params: dict, config: ModelConfig, hidden: jax.Array, vocab_ids: jax.Array | None = None
+) -> jax.Array:
+    """hidden [..., D] (before the final norm) -> fp32 logits [..., V], or [..., Vd] over `vocab_ids` [Vd].
+
+    The LM head is the target's (the embedding when tied). With `vocab_ids`,
+    logit i is the full vocabulary's logit at vocab_ids[i]; the [Vd, D] rows
+    are gathered per call, which a jitted caller hoists out of its loop.
+    """
+    h = rms_norm(hidden, draft_params["final_norm"], config.rms_norm_eps)
+    if config.tie_embeddings:
+        head = target_params["embed"] if vocab_ids is None else jnp.take(target_params["embed"], vocab_ids, axis=0)
+        logits = jnp.einsum("...d,vd->...v", h, head)
+    else:
+        head = target_params["lm_head"] if vocab_ids is None else jnp.take(target_params["lm_head"], vocab_ids, axis=1)
+        logits = jnp.einsum("...d,dv->...v", h, head)
+    return logits.astype(jnp.float32)
+
+
+# ---------------------------------------------------------------------------
+# Projections shared by training and inference
+
+
+def _rope(config: ModelConfig, positions: jax.Array):
+    return rope_angles(positions, inverse_frequencies(config))  # (cos, sin) [B, T, H]
+
+
+def _self_qkv(draft_params: dict, config: ModelConfig, x: jax.Array, cos, sin):
+    """x [B, T, D] (the embedding) -> q [B, T, N, H], k, v [B, T, K, H], RoPE on q and k."""
+    h = rms_norm(x, draft_params["self_norm"], config.rms_norm_eps)
+    q = jnp.einsum("btd,dnh->btnh", h, draft_params["self_wq"])
+    k = jnp.einsum("btd,dkh->btkh", h, draft_params["self_wk"])
+    v = jnp.einsum("btd,dkh->btkh", h, draft_params["self_wv"])
+    if config.qkv_bias:
+        q, k, v = q + draft_params["self_bq"], k + draft_params["self_bk"], v + draft_params["self_bv"]
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def _self_q(draft_params: dict, config: ModelConfig, x: jax.Array, cos, sin):
+    h = rms_norm(x, draft_params["self_norm"], config.rms_norm_eps)
+    q = jnp.einsum("btd,dnh->btnh", h, draft_params["self_wq"])
+    if config.qkv_bias:
+        q = q + draft_params["self_bq"]
+    return apply_rope(q, cos, sin)
+
+
+def _cross_q(draft_params: dict, config: ModelConfig, x: jax.Array, cos, sin):
+    """x [B, T, D] -> q [B, T, N, H] RoPE'd at the query's absolute position (the target keys already are)."""
+    h = rms_norm(x, draft_params["cross_norm"], config.rms_norm_eps)
+    q = jnp.einsum("btd,dnh->btnh", h, draft_params["cross_wq"])
+    if config.qkv_bias:
+        q = q + draft_params["cross_bq"]
+    return apply_rope(q, cos, sin)
+
+
+def draft_self_kv(draft_params: dict, target_params: dict, config: ModelConfig, tokens, positions):
+    """The draft's self-attention K/V of tokens [B, T] at positions [B, T]: (k RoPE'd, v), each [B, T, K, H].
+
+    They depend on (token, position) only, so committed tokens and tree nodes get
+    theirs before any attention runs.
+    """
+    cos, sin = _rope(config, positions)
+    x = embed(target_params, tokens).astype(jnp.dtype(config.dtype))
+    _, k, v = _self_qkv(draft_params, config, x, cos, sin)
+    return k, v
+
+
+# ---------------------------------------------------------------------------
+# Training mode
+
+
+def band_attention(q, k, v, *, shift=0, window: int | None = None, block_q: int = 512, block_k: int | None = None):
+    """Causal attention with a lag and an optional window, by sequence index.
+
+    q [B, T, N, H]; k, v [B, K, S, H] (heads-major, like the caches), key s for
+    sequence index s. Query t sees keys s with `t - window <= s <= t - shift`
+    (no lower bound when window is None). `shift` may be a traced int32 scalar.
+    A query that sees no key gets exactly zero. Returns [B, T, N, H] in q.dtype
+    (fp32 inside).
+
+    A map over query blocks of `block_q`; each block is rematerialised under
+    autodiff, so the backward pass never stores [T, S] probabilities. With a
+    window that is short next to S, a block's keys are one static slice of
+    window + block_q keys. Otherwise the block runs an online softmax over key
+    blocks of `block_k` (default block_q) and skips, with `lax.cond`, the key
+    blocks no row of it can see: for the causal lagged cross-attention that
+    halves the work at long T.
+    """
+    B, T, N, H = q.shape
+    K, S = k.shape[1], k.shape[2]
+    G = N // K
+    scale = H**-0.5
+    bq = min(block_q, T)
+    nb = -(-T // bq)
+    Tp = nb * bq
+    shift = jnp.asarray(shift, jnp.int32)
+    qg = q.astype(jnp.float32).reshape(B, T, K, G, H) * scale
+    qg = jnp.pad(qg, ((0, 0), (0, Tp - T), (0, 0), (0, 0), (0, 0)))
+    qg = qg.reshape(B, nb, bq, K, G, H).swapaxes(0, 1)  # [nb, B, bq, K, G, H]
+    kf, vf = k.astype(jnp.float32), v.astype(jnp.float32)
+
+    def allowed_at(t, s_idx):  # [bq, s] bool
+        ok = (s_idx[None, :] >= 0) & (s_idx[None, :] < S) & (s_idx[None, :] <= t[:, None] - shift)
+        if window is not None:
+            ok &= s_idx[None, :] >= t[:, None] - window
+        return ok
+
+    if window is not None and window + bq < S:
+        # Left-pad by the window so block i's keys are the static-size slice [i*bq, i*bq + W + bq),
+        # i.e. sequence indices [i*bq - W, i*bq + bq); right-pad so the last slice stays in bounds.
+        span = window + bq
+        right = max(0, Tp - S)
+        kf = jnp.pad(kf, ((0, 0), (0, 0), (window, right), (0, 0)))
+        vf = jnp.pad(vf, ((0, 0), (0, 0), (window, right), (0, 0)))
+
+        @jax.checkpoint
+        def attend(q_blk, i):  # q_blk [B, bq, K, G, H]
+            kb = jax.lax.dynamic_slice_in_dim(kf, i * bq, span, axis=2)
+            vb = jax.lax.dynamic_slice_in_dim(vf, i * bq, span, axis=2)
+            allowed = allowed_at(i * bq + jnp.arange(bq), i * bq - window + jnp.arange(span))
+            s = jnp.where(allowed, jnp.einsum("bqkgh,bksh->bkgqs", q_blk, kb), NEG_INF)
+            # The softmax does not depend on the max it subtracts: no gradient through it (and no NaN
+            # from rows that see nothing, whose max is -inf).
+            m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
+            p = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0))
+            l = jnp.sum(p, axis=-1, keepdims=True)
+            return jnp.einsum("bkgqs,bksh->bqkgh", p / jnp.where(l > 0, l, 1.0), vb)
+
+    else:
+        bk = min(block_k or bq, S)
+        nk = -(-S // bk)
+        kb_all = jnp.pad(kf, ((0, 0), (0, 0), (0, nk * bk - S), (0, 0))).reshape(B, K, nk, bk, H)
+        vb_all = jnp.pad(vf, ((0, 0), (0, 0), (0, nk * bk - S), (0, 0))).reshape(B, K, nk, bk, H)
+        kb_all, vb_all = jnp.moveaxis(kb_all, 2, 0), jnp.moveaxis(vb_all, 2, 0)  # [nk, B, K, bk, H]
+
+        @jax.checkpoint
+        def attend(q_blk, i):
+            t = i * bq + jnp.arange(bq)
+            hi = i * bq + bq - 1 - shift  # the last key any row of the block may see
+            lo = i * bq - window if window is not None else 0
+
+            def update(carry, kb, vb, c):
+                m, l, acc = carry  # m, l [B, K, G, bq]; acc [B, K, G, bq, H]
+                s = jnp.einsum("bqkgh,bksh->bkgqs", q_blk, kb)
+                s = jnp.where(allowed_at(t, c * bk + jnp.arange(bk)), s, NEG_INF)
+                # Online softmax; the running max is a constant for autodiff (the result does not depend on it).
+                m_new = jax.lax.stop_gradient(jnp.maximum(m, jnp.max(s, axis=-1)))
+                m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+                p = jnp.exp(s - m_safe[..., None])
+                corr = jnp.exp(jnp.where(jnp.isfinite(m), m - m_safe, NEG_INF))
+                l = l * corr + jnp.sum(p, axis=-1)
+                acc = acc * corr[..., None] + jnp.einsum("bkgqs,bksh->bkgqh", p, vb)
+                return m_new, l, acc
+
+            def step(carry, xs):
+                kb, vb, c = xs
+                needed = (c * bk <= hi) & (c * bk + bk - 1 >= lo)
+                return jax.lax.cond(needed, lambda cr: update(cr, kb, vb, c), lambda cr: cr, carry), None
+
+            init = (
+                jnp.full((B, K, G, bq), NEG_INF, jnp.float32),
+                jnp.zeros((B, K, G, bq), jnp.float32),
+                jnp.zeros((B, K, G, bq, H), jnp.float32),
+            )
+            (_, l, acc), _ = jax.lax.scan(step, init, (kb_all, vb_all, jnp.arange(nk)))
+            out = acc / jnp.where(l > 0, l, 1.0)[..., None]
+            return out.transpose(0, 3, 1, 2, 4)  # [B, bq, K, G, H]
+
+    out = jax.lax.map(lambda xs: attend(*xs), (qg, jnp.arange(nb)))  # [nb, B, bq, K, G, H]
+    out = out.swapaxes(0, 1).reshape(B, Tp, N, H)[:, :T]
+    return out.astype(q.dtype)
+
+
+def self_attention_train(draft_params, target_params, config, draft_config, tokens, positions, *, block_q=512):
+    """The self-attention branch in training mode: SelfAttn(rms_norm(h0)) [B, T, D] (after self_wo)."""
+    cos, sin = _rope(config, positions)
+    x = embed(target_params, tokens).astype(jnp.dtype(config.dtype))
+    q, k, v = _self_qkv(draft_params, config, x, cos, sin)
+    o = band_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), window=draft_config.window, block_q=block_q)
+    return jnp.einsum("btnh,nhd->btd", o, draft_params["self_wo"])
+
+
+def cross_attention_train(draft_params, config, x, positions, target_k, target_v, shift, *, block_q=512):
+    """Flash noisy cross-attention: x [B, T, D] (h1); target_k/v [B, K, T, H]; query t sees keys s <= t - shift.
+
+    Equals the paper's O[j:] = attn(Q[j:], K[:-j], V[:-j]) with zeros for the
+    first j rows (Appendix G), computed with a mask by sequence index so that j
+    can be an array. Returns CrossAttn(rms_norm(x)) [B, T, D] (after cross_wo).
+    """
+    cos, sin = _rope(config, positions)
+    q = _cross_q(draft_params, config, x, cos, sin)
+    o = band_attention(q, target_k, target_v, shift=shift, block_q=block_q)
+    return jnp.einsum("btnh,nhd->btd", o, draft_params["cross_wo"])
+
+
+def draft_forward_train(
+    draft_params: dict,
+    target_params: dict,
+    config: ModelConfig,
+    draft_config: DraftConfig,
+    tokens: jax.Array,
+    positions: jax.Array,
+    target_k: jax.Array,
+    target_v: jax.Array,
+    shift: jax.Array,
+    *,
+    block_q: int = 512,
+) -> jax.Array:
+    """The draft over a whole sequence: hidden [B, T, D] before the final norm.
+
+    tokens, positions [B, T] (positions may be anchor-offset indices; they only
+    drive RoPE); target_k (post-RoPE), target_v [B, K, T, H]: the target's
+    last-layer K/V of the same tokens; shift: int32 scalar j >= 1 (an array:
+    new values do not retrace).
+    """
+    x = embed(target_params, tokens).astype(jnp.dtype(config.dtype))
+    x = x + self_attention_train(draft_params, target_params, config, draft_config, tokens, positions, block_q=block_q)
+    x = x + cross_attention_train(draft_params, config, x, positions, target_k, target_v, shift, block_q=block_q)
+    return x + mlp(draft_params, rms_norm(x, draft_params["mlp_norm"], config.rms_norm_eps))
+
+
+# ---------------------------------------------------------------------------
+# Inference mode
+
+
+def draft_step(
+    draft_params: dict,
+    target_params: dict,
+    config: ModelConfig,
+    draft_config: DraftConfig,
+    tokens: jax.Array,
+    positions: jax.Array,
+    ring: RingCache,
+    tree_k: jax.Array,
+    tree_v: jax.Array,
+    tree_mask: jax.Array,
+    target_k: jax.Array,
+    target_v: jax.Array,
+    target_len: jax.Array,
+    *,
+    layer: int | None = None,
+    backend: str = "auto",
+) -> jax.Array:
+    """The draft on T query tokens (a tree frontier): hidden [B, T, D] before the final norm.
+
+    Self-attention: over every filled ring slot (all committed tokens of the
+    window, no mask) and over the tree's K/V tree_k/v [B, Tk, K, H] under
+    tree_mask [B, T, Tk] — the caller has put the queries' own K/V in there
+    (from `draft_self_kv`) and set mask[self] = True — merged exactly by LSE.
+    Cross-attention: over the target's committed last-layer cache
+    [0, target_len) [B], no mask. target_k/v are [B, K, S, H], or the whole
+    target cache [L, B, K, S, H]: then `layer` (default the last) is read in
+    place, with no copy of that layer.
+    """
+    del draft_config  # the window is the ring's size
+    if target_k.ndim == 5 and layer is None:
+        layer = config.num_layers - 1
+    cos, sin = _rope(config, positions)
+    x = embed(target_params, tokens).astype(jnp.dtype(config.dtype))
+    q = _self_q(draft_params, config, x, cos, sin)
+    out_r, lse_r = attention.prefix_attention(q, ring.k, ring.v, ring.lengths, backend=backend)
+    out_t, lse_t = attention.tree_attention(q, tree_k, tree_v, tree_mask, backend=backend)
+    o, _ = attention.merge_attention(out_r, lse_r, out_t, lse_t)
+    x = x + jnp.einsum("btnh,nhd->btd", o, draft_params["self_wo"])
+    qc = _cross_q(draft_params, config, x, cos, sin)
+    oc, _ = attention.prefix_attention(qc, target_k, target_v, target_len, layer=layer, backend=backend)
+    x = x + jnp.einsum("btnh,nhd->btd", oc, draft_params["cross_wo"])
+    return x + mlp(draft_params, rms_norm(x, draft_params["mlp_norm"], config.rms_norm_eps))
