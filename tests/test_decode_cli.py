@@ -1,0 +1,76 @@
+"""decode.py: bad input gives one clear line and exit status 2; a short real run produces JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def decode(*args, timeout=600):
+    return subprocess.run(
+        [sys.executable, str(ROOT / "decode.py"), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+
+
+def one_error_line(proc) -> str:
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.strip().splitlines() if "error" in line.lower()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
+def test_missing_prompt_file(tmp_path):
+    assert "prompt file not found" in one_error_line(decode("--prompt-file", str(tmp_path / "nope.txt")))
+
+
+def test_empty_prompt(tmp_path):
+    f = tmp_path / "empty.txt"
+    f.write_text("   \n")
+    assert "empty" in one_error_line(decode("--prompt-file", str(f)))
+
+
+def test_missing_model(tmp_path):
+    assert "not found" in one_error_line(decode("--model", str(tmp_path / "m.gguf"), "--prompt", "hi"))
+
+
+def test_bad_flag_values():
+    assert "temperature" in one_error_line(decode("--prompt", "hi", "--temperature", "-1"))
+    assert "top_p" in one_error_line(decode("--prompt", "hi", "--top-p", "0"))
+    assert "tree" in one_error_line(
+        decode("--prompt", "hi", "--method", "longspec", "--draft", "random", "--tree", "wide")
+    )
+
+
+def test_prompt_longer_than_context(tmp_path):
+    f = tmp_path / "long.txt"
+    f.write_text("word " * 9000)  # > 8192 tokens
+    line = one_error_line(decode("--prompt-file", str(f)))
+    assert "context window is 8192" in line
+
+
+@pytest.mark.parametrize("method", ["pld"])
+def test_json_run_matches_ar(method):
+    proc = decode(
+        "--prompt", "def fibonacci(n):", "--max-new-tokens", "8", "--method", method, "--compare", "ar", "--json"
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in (
+        "new_tokens",
+        "prefill_s",
+        "decode_s",
+        "tokens_per_s",
+        "target_forwards",
+        "text",
+        "mean_accepted",
+        "speedup_vs_ar",
+        "identical_to_ar",
+    ):
+        assert key in out
+    assert out["new_tokens"] == 8 and out["identical_to_ar"] is True
