@@ -238,6 +238,10 @@ class DraftConfig:
     window: int = 512  # self-attention sliding window = the ring cache size (tokens)
     draft_vocab_size: int = 0  # 0 = the full vocabulary; else the LM head covers the top-K frequent tokens
     init_from_target_layer: int = -1  # initialise from this target layer (-1 = the last one)
+    # Zero the three output projections at init, so an untrained draft is the identity on the embedding
+    # (predicts through the shared head) rather than the last layer applied to inputs it never saw:
+    # measured 45-50 nats of CE at step 0 without it.
+    zero_init_outputs: bool = True
 
     def __post_init__(self):
         _positive_int(self.window, "window")

@@ -93,7 +93,8 @@ def run(params, config, prompts, gen, drafter, key=0, chunk=64, capacity=None, d
 
 def longspec_params(params, config, drafter, pruned=0):
     """An untrained draft: the target's last layer, optionally with a pruned vocabulary."""
-    dp = init_draft_params(config, drafter.draft, params)
+    # The full last layer (not the zero-output default), so the tree depends on attention over the context.
+    dp = init_draft_params(config, dataclasses.replace(drafter.draft, zero_init_outputs=False), params)
     if pruned:
         counts = np.random.RandomState(0).randint(0, 100, size=config.vocab_size)
         dp["vocab_ids"] = jnp.asarray(pruned_vocab(config, pruned, token_counts=counts))

@@ -116,6 +116,9 @@ def init_draft_params(
         "w_down": copy(layer["w_down"]),
         "final_norm": copy(target_params["final_norm"]),
     }
+    if draft_config.zero_init_outputs:
+        for name in ("self_wo", "cross_wo", "w_down"):
+            params[name] = jnp.zeros_like(params[name])
     if config.qkv_bias:
         params |= {
             "self_bq": copy(layer["bq"]),
