@@ -362,8 +362,8 @@ def test_init_from_target_layer(layer, qkv_bias):
     config = dataclasses.replace(TINY, qkv_bias=qkv_bias)
     tp = host_params(target.init_params, config, 0)
     dp = draft.init_draft_params(config, DraftConfig(init_from_target_layer=layer, zero_init_outputs=False), tp)
-    zeroed = draft.init_draft_params(config, DraftConfig(init_from_target_layer=layer), tp)
-    for name in ("self_wo", "cross_wo", "w_down"):  # the default: an identity draft at step 0
+    zeroed = draft.init_draft_params(config, DraftConfig(init_from_target_layer=layer, zero_init_outputs=True), tp)
+    for name in ("self_wo", "cross_wo", "w_down"):  # the option: an identity draft at step 0
         assert not np.any(np.asarray(zeroed[name])) and np.any(np.asarray(dp[name]))
     lt = {k: v[layer] for k, v in tp["layers"].items()}
     expect = {
