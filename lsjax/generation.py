@@ -92,32 +92,12 @@ class Generator:
         drafter = self._drafter_for(capacity)
         tokens = jax.ShapeDtypeStruct((1, bucket), jnp.int32)
         lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
-        start = jax.jit(
-            functools.partial(
-                speculative.start,
-                config=self.config,
-                drafter=drafter,
-                gen=gen,
-                capacity=capacity,
-                backend=self.backend,
-            )
+        start_fn = functools.partial(
+            speculative.start, config=self.config, drafter=drafter, gen=gen, capacity=capacity, backend=self.backend
         )
-        start = start.lower(self.params, self.draft_params, tokens=tokens, lengths=lengths, key=key).compile()
-        state_shape = jax.eval_shape(
-            functools.partial(
-                speculative.start,
-                config=self.config,
-                drafter=drafter,
-                gen=gen,
-                capacity=capacity,
-                backend=self.backend,
-            ),
-            self.params,
-            self.draft_params,
-            tokens=tokens,
-            lengths=lengths,
-            key=key,
-        )
+        start = jax.jit(start_fn).lower(self.params, self.draft_params, tokens=tokens, lengths=lengths, key=key)
+        start = start.compile()
+        state_shape = jax.eval_shape(start_fn, self.params, self.draft_params, tokens=tokens, lengths=lengths, key=key)
         decode = speculative.decode.lower(
             self.params, self.draft_params, self.config, drafter, gen, state_shape, jnp.int32(0), backend=self.backend
         ).compile()
@@ -182,6 +162,52 @@ class Generator:
             method=self.drafter.name,
         )
 
+    def _phases(self, bucket: int, capacity: int, gen: GenerateConfig, drafter: Drafter):
+        # Cached per shape signature like the fused programs, so profiling many prompts compiles once per bucket.
+        sig = ("phases", bucket, capacity, gen)
+        if sig in self._compiled:
+            return self._compiled[sig]
+        config, backend = self.config, self.backend
+
+        def ctx(tp, dp):
+            return DraftContext(tp, dp, config, backend)
+
+        draft = jax.jit(lambda tp, dp, st: speculative.draft_phase(ctx(tp, dp), drafter, st))
+        verify = jax.jit(lambda tp, dp, st, tr: speculative.verify_phase(ctx(tp, dp), drafter, gen, st, tr))
+        commit = jax.jit(  # donated, as in the fused step: the cache is updated in place, not copied
+            lambda tp, dp, st, tr, v: speculative.commit_phase(ctx(tp, dp), drafter, gen, st, tr, v),
+            donate_argnums=(2,),
+        )
+        self._compiled[sig] = (draft, verify, commit)
+        return self._compiled[sig]
+
+    def state_nbytes(self, prompt_len: int, gen: GenerateConfig) -> dict[str, int]:
+        """Bytes of the decode state for a prompt of this length: the target's KV cache and the drafter's own
+        state (ring cache, token history; 0 for AR). Shapes are static, so this is also their peak."""
+        gen = dataclasses.replace(gen, max_new_tokens=min(gen.max_new_tokens, self.config.max_position - prompt_len))
+        bucket = decoding.prompt_bucket(prompt_len)
+        capacity = speculative.required_capacity(bucket, gen, self.drafter)
+        shape = jax.eval_shape(
+            functools.partial(
+                speculative.start,
+                config=self.config,
+                drafter=self._drafter_for(capacity),
+                gen=gen,
+                capacity=capacity,
+                backend=self.backend,
+            ),
+            self.params,
+            self.draft_params,
+            tokens=jax.ShapeDtypeStruct((1, bucket), jnp.int32),
+            lengths=jax.ShapeDtypeStruct((1,), jnp.int32),
+            key=jax.random.key(0),
+        )
+
+        def nbytes(tree) -> int:
+            return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
+
+        return {"kv_cache": nbytes(shape.cache), "draft": nbytes(shape.draft)}
+
     def time_split(self, prompt_ids: list[int], gen: GenerateConfig, seed: int = 0, steps: int = 16) -> dict:
         """Mean ms per step spent drafting, verifying (target forward + acceptance) and committing, measured
         by running the step's three phases as separate jitted calls for `steps` steps (the fused step used
@@ -197,17 +223,7 @@ class Generator:
         state = start(
             self.params, self.draft_params, tokens=jnp.asarray(buf), lengths=jnp.array([P], jnp.int32), key=key
         )
-        config, backend = self.config, self.backend
-
-        def ctx(tp, dp):
-            return DraftContext(tp, dp, config, backend)
-
-        draft = jax.jit(lambda tp, dp, st: speculative.draft_phase(ctx(tp, dp), drafter, st))
-        verify = jax.jit(lambda tp, dp, st, tr: speculative.verify_phase(ctx(tp, dp), drafter, gen, st, tr))
-        commit = jax.jit(  # donated, as in the fused step: the cache is updated in place, not copied
-            lambda tp, dp, st, tr, v: speculative.commit_phase(ctx(tp, dp), drafter, gen, st, tr, v),
-            donate_argnums=(2,),
-        )
+        draft, verify, commit = self._phases(bucket, capacity, gen, drafter)
         totals = np.zeros(3)
         counted = 0
         for i in range(steps + 1):  # step 0 compiles and is not counted
@@ -224,5 +240,9 @@ class Generator:
                 totals += (t1 - t0, t2 - t1, t3 - t2)
                 counted += 1
         ms = totals / max(counted, 1) * 1e3
-        return {"draft_ms": round(ms[0], 3), "verify_ms": round(ms[1], 3), "commit_ms": round(ms[2], 3),
-                "steps_profiled": counted}
+        return {
+            "draft_ms": round(ms[0], 3),
+            "verify_ms": round(ms[1], 3),
+            "commit_ms": round(ms[2], 3),
+            "steps_profiled": counted,
+        }

@@ -19,7 +19,7 @@ from scipy import stats
 
 from lsjax import speculative
 from lsjax.cache import KVCache
-from lsjax.config import DraftConfig, GenerateConfig, ModelConfig, SamplingConfig
+from lsjax.config import DraftConfig, GenerateConfig, SamplingConfig
 from lsjax.drafters.base import ARDrafter, DraftContext, Drafter
 from lsjax.drafters.longspec import LongSpecDrafter
 from lsjax.drafters.pld import PLDDrafter, find_continuation
@@ -28,6 +28,7 @@ from lsjax.models.draft import init_draft_params, pruned_vocab
 from lsjax.sampling import processed_logprobs
 from lsjax.tree import Tree, TreeConfig, ancestor_mask, make_tree, parse_tree
 from lsjax.verify import accept
+from tests.tiny import tiny_model
 
 generate = jax.jit(speculative.generate, static_argnames=("config", "gen", "drafter", "capacity", "chunk", "backend"))
 
@@ -55,23 +56,6 @@ class RandomTreeDrafter(Drafter):
         parents = jnp.broadcast_to(jnp.concatenate(parents), (B, T))
         tokens = jax.random.randint(k_tok, (B, T), 0, self.vocab).at[:, 0].set(state.root)
         return make_tree(tokens, parents, jnp.ones((B, T), bool), self.tree)
-
-
-def tiny_model(vocab=97, seed=3, scale=0.3):
-    config = ModelConfig(
-        vocab_size=vocab,
-        hidden_size=48,
-        intermediate_size=64,
-        num_layers=2,
-        num_heads=6,
-        num_kv_heads=2,
-        head_dim=8,
-        max_position=2048,
-        rope_theta=10000.0,
-        eos_token_ids=(2,),
-        pad_token_id=0,
-    )
-    return config, target.init_params(config, jax.random.key(seed), scale=scale)
 
 
 def run(params, config, prompts, gen, drafter, key=0, chunk=64, capacity=None, draft_params=None):

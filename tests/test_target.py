@@ -11,10 +11,11 @@ import pytest
 
 from lsjax import decoding, speculative
 from lsjax.cache import KVCache
-from lsjax.config import GenerateConfig, ModelConfig
+from lsjax.config import GenerateConfig
 from lsjax.drafters.base import ARDrafter
 from lsjax.loading import load_model
 from lsjax.models import target
+from tests.tiny import tiny_model
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -103,20 +104,7 @@ def test_parity_with_transformers(tmp_path, kind, tie, rope):
 
 @pytest.fixture(scope="module")
 def tiny():
-    config = ModelConfig(
-        vocab_size=97,
-        hidden_size=48,
-        intermediate_size=64,
-        num_layers=2,
-        num_heads=6,
-        num_kv_heads=2,
-        head_dim=8,
-        max_position=2048,
-        rope_theta=10000.0,
-        eos_token_ids=(2,),
-        pad_token_id=0,
-    )
-    return config, target.init_params(config, jax.random.key(3), scale=0.3)
+    return tiny_model()
 
 
 def full_logits(params, config, toks, pad_to=None):

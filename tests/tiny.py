@@ -1,0 +1,27 @@
+"""A tiny random Llama-family target shared by the engine tests (no checkpoint, compiles in seconds)."""
+
+from __future__ import annotations
+
+import jax
+
+from lsjax.config import ModelConfig
+from lsjax.models import target
+
+
+def tiny_model(vocab: int = 97, seed: int = 3, scale: float = 0.3):
+    """(config, params): 2 layers, 6 query heads over 2 kv heads (GQA 3), head dim 8. A large init `scale`
+    makes the logits peaky, so greedy output loops and retrieval drafters get hits."""
+    config = ModelConfig(
+        vocab_size=vocab,
+        hidden_size=48,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=6,
+        num_kv_heads=2,
+        head_dim=8,
+        max_position=2048,
+        rope_theta=10000.0,
+        eos_token_ids=(2,),
+        pad_token_id=0,
+    )
+    return config, target.init_params(config, jax.random.key(seed), scale=scale)
