@@ -54,6 +54,7 @@ def test_prompt_longer_than_context(tmp_path):
     assert "context window is 8192" in line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["pld"])
 def test_json_run_matches_ar(method):
     proc = decode(

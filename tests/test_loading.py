@@ -259,22 +259,7 @@ def test_load_gguf_roundtrip_quantized(tmp_path, quant):
 # (b) the real SmolLM2 GGUF against transformers' own GGUF loading
 
 
-@pytest.fixture(scope="module")
-def hf_gguf():
-    """transformers' model and tokenizer from the default GGUF (slow: ~20 s, so once per module)."""
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("accelerate")
-    import transformers
-
-    path = default_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    return model, tok
-
-
-@pytest.fixture(scope="module")
-def ours():
-    return load_model()
+# `ours` and `hf_gguf` are session fixtures (tests/conftest.py).
 
 
 def test_real_gguf_config(ours, hf_gguf):

@@ -13,7 +13,6 @@ from lsjax import decoding, speculative
 from lsjax.cache import KVCache
 from lsjax.config import GenerateConfig
 from lsjax.drafters.base import ARDrafter
-from lsjax.loading import load_model
 from lsjax.models import target
 from tests.tiny import tiny_model
 
@@ -214,12 +213,8 @@ def test_no_recompilation_per_token_or_prompt_length(tiny):
 
 
 @pytest.fixture(scope="module")
-def real():
-    pytest.importorskip("accelerate")
-    ours = load_model()
-    path = ours.path
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    return ours, hf.eval()
+def real(ours, hf_gguf):  # session fixtures from conftest.py
+    return ours, hf_gguf[0]
 
 
 def test_real_smollm2_matches_transformers(real):

@@ -1,0 +1,28 @@
+"""Session-wide fixtures: the real default model, ours and transformers', loaded once for every test file."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ours():
+    """lsjax's load of the default SmolLM2 GGUF: config, params (numpy), tokenizer."""
+    from lsjax.loading import load_model
+
+    return load_model()
+
+
+@pytest.fixture(scope="session")
+def hf_gguf():
+    """transformers' model (eval, fp32) and tokenizer from the same GGUF (~20 s: once per session)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("accelerate")
+    import transformers
+
+    from lsjax.loading import default_model_path
+
+    path = default_model_path()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return model.eval(), tok
