@@ -1,0 +1,342 @@
+"""The evaluation harness: every method on the same prompts, in one run, with tables and plots.
+
+    python -m lsjax.bench.run --suite quick                       # CI: 4 short prompts, lsjax methods, seconds
+    python -m lsjax.bench.run --suite dev --per-cell 1 --max-new-tokens 64
+    python -m lsjax.bench.run --prompts mine.jsonl --methods lsjax-ar lsjax-pld --temperatures 0
+
+Per prompt and temperature the methods run back to back (so machine noise hits all of them alike) with
+the same seed and max tokens. At T=0 every lossless method's output must equal lsjax-ar's: a mismatch is
+reported as it happens and makes the run exit with status 1 (after the results are written), naming the
+prompt. Outputs in --out: results.json (per-prompt rows + aggregates + machine/command), results.md and
+PNGs (table1, table5, latency, accepted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shlex
+import sys
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+METHOD_ORDER = ("lsjax-ar", "lsjax-longspec", "lsjax-pld", "hf-ar", "hf-pld")
+
+
+def _lsjax(name: str, drafter_fn: Callable, speculative: bool):
+    def factory(ctx):
+        from lsjax.bench.methods import LsjaxMethod
+        from lsjax.generation import Generator
+
+        drafter, draft_params = drafter_fn(ctx)
+        gen = Generator(ctx["model"].config, ctx["params"], drafter, draft_params)
+        return LsjaxMethod(name, gen, speculative)
+
+    return factory
+
+
+def _hf(name: str, lookup: int):
+    def factory(ctx):
+        from lsjax.bench.methods import HFMethod
+
+        return HFMethod(name, ctx["hf"](), lookup)
+
+    return factory
+
+
+def _ar(ctx):
+    from lsjax.drafters.base import ARDrafter
+
+    return ARDrafter(), None
+
+
+def _pld(ctx):
+    from lsjax.drafters.pld import PLDDrafter
+
+    return PLDDrafter(num_tokens=8, ngram_max=3), None
+
+
+def _longspec(ctx):
+    return ctx["longspec"]()
+
+
+# name -> factory(ctx) -> Method. Tests add fakes here; the CLI's choices are read from it at parse time.
+METHODS: dict[str, Callable] = {
+    "lsjax-ar": _lsjax("lsjax-ar", _ar, False),
+    "lsjax-longspec": _lsjax("lsjax-longspec", _longspec, True),
+    "lsjax-pld": _lsjax("lsjax-pld", _pld, True),
+    "hf-ar": _hf("hf-ar", 0),
+    "hf-pld": _hf("hf-pld", 10),
+}
+SUITE_DEFAULTS = {  # max new tokens, methods, profiled temperatures (None: all)
+    "dev": (128, [m for m in METHOD_ORDER], None),
+    # Quick profiles the step split at T=0 only: each profiled temperature compiles three more programs.
+    "quick": (16, [m for m in METHOD_ORDER if m.startswith("lsjax-")], (0.0,)),
+}
+
+
+class EqualityError(RuntimeError):
+    pass
+
+
+def parse_args(argv):
+    from lsjax.bench.prompts import BUCKETS, TASKS
+    from lsjax.bench.suites import SUITES
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suite", choices=SUITES, default="quick")
+    p.add_argument("--prompts", help='a JSONL file of {"id", "prompt"[, "chat": true]} instead of the suite prompts')
+    p.add_argument("--methods", nargs="+", choices=list(METHODS), help="default: all (quick: the lsjax ones)")
+    p.add_argument("--no-hf", action="store_true", help="drop the HF transformers peers")
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    p.add_argument("--max-new-tokens", type=int, help="default 128 (dev), 16 (quick)")
+    p.add_argument("--stop-at-eos", action="store_true", help="stop at EOS (default: ignore it, equal lengths)")
+    p.add_argument("--per-cell", type=int, help="prompts per (task, bucket) (dev, default 2) or per task (quick, 2)")
+    p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS), help="dev suite tasks")
+    p.add_argument("--buckets", nargs="+", choices=list(BUCKETS), default=list(BUCKETS), help="dev suite buckets")
+    p.add_argument("--limit", type=int, help="keep only the first N prompts")
+    p.add_argument("--seed", type=int, default=0, help="prompt selection and sampling seed")
+    p.add_argument("--draft", help="LongSpec draft dir or 'random' (default: the shipped draft, else random)")
+    p.add_argument("--tree", help="LongSpec tree preset or widths (default: the draft's own, else the CPU preset)")
+    p.add_argument("--split-steps", type=int, default=8, help="steps profiled for the draft/verify/commit split")
+    p.add_argument("--hf-threads", type=int, default=2)
+    p.add_argument("--out", type=Path, help="output directory (default bench_results/<suite>-<time>)")
+    args = p.parse_args(argv)
+    if args.max_new_tokens is not None and args.max_new_tokens < 2:
+        p.error("--max-new-tokens must be >= 2 (the first token comes from prefill)")
+    return args
+
+
+def machine_info() -> dict:
+    import jax
+
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    info = {
+        "cpu": cpu,
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "loadavg_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+    }
+    for mod in ("torch", "transformers"):
+        if mod in sys.modules:
+            info[mod] = sys.modules[mod].__version__
+    return info
+
+
+def prompt_seed(seed: int, prompt_id: str) -> int:
+    # Stable across processes (unlike hash()), so a prompt samples the same way in every run.
+    return zlib.crc32(f"{seed}/{prompt_id}".encode()) & 0x7FFFFFFF
+
+
+def first_difference(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+# In-process reuse across runs (the tests run the harness several times): the model, the shared context
+# and the methods with their compiled programs. A CLI run fills it once.
+_SHARED: dict = {}
+
+
+def _shared(key, make):
+    if key not in _SHARED:
+        _SHARED[key] = make()
+    return _SHARED[key]
+
+
+def _context(model, args):
+    """Lazy shared resources: device params once for every lsjax method, the HF model only if asked for."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+
+    from lsjax.bench.methods import load_hf
+    from lsjax.drafters.longspec import default_draft_path, load_longspec
+
+    draft = args.draft
+    if draft is None:
+        shipped = default_draft_path(model.path)
+        draft = str(shipped) if shipped else "random"
+    params = jax.tree.map(jnp.asarray, model.params)
+    ctx = {"model": model, "params": params, "draft": draft}
+    ctx["longspec"] = functools.cache(lambda: load_longspec(model, draft, args.tree))
+    ctx["hf"] = functools.cache(lambda: load_hf(model, args.hf_threads))
+    return ctx
+
+
+def run(argv=None) -> dict:
+    """Runs the harness; returns the result dict (also written to disk). Raises EqualityError at the end
+    when a lossless method's T=0 output differs from lsjax-ar's."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+
+    from tqdm import tqdm
+
+    from lsjax.bench import plots, report
+    from lsjax.bench.prompts import BUCKETS
+    from lsjax.bench.suites import encode, load_suite
+    from lsjax.config import GenerateConfig, SamplingConfig
+    from lsjax.loading import load_model
+
+    suite = "file" if args.prompts else args.suite
+    default_new, default_methods, split_temps = SUITE_DEFAULTS[args.suite]
+    max_new = args.max_new_tokens or default_new
+    names = args.methods or default_methods
+    if args.no_hf:
+        names = [n for n in names if not n.startswith("hf-")]
+    # lsjax-ar is the reference for equality and the first baseline: always run it, first.
+    names = ["lsjax-ar", *[n for n in dict.fromkeys(names) if n != "lsjax-ar"]]
+    temps = sorted(set(args.temperatures))
+    started = datetime.datetime.now(datetime.UTC)
+    out_dir = args.out or Path("bench_results") / f"{suite}-{started:%Y%m%d-%H%M%S}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    machine = machine_info()
+    model = _shared("model", load_model)
+    tok = model.tokenizer
+    prompts = load_suite(tok, args.suite, args.prompts, args.per_cell, args.tasks, args.buckets, args.seed)
+    prompts = prompts[: args.limit] if args.limit else prompts
+    ctx_key = ("ctx", args.draft, args.tree, args.hf_threads)
+    ctx = _shared(ctx_key, lambda: _context(model, args))
+    methods = {n: _shared(("method", n, METHODS[n], ctx_key), lambda n=n: METHODS[n](ctx)) for n in names}
+    lossless = [n for n, m in methods.items() if m.lossless]
+    uses_longspec = "lsjax-longspec" in methods
+    draft_note = f"; LongSpec draft {ctx['draft']}" if uses_longspec else ""
+    print(
+        f"[bench] suite {suite}: {len(prompts)} prompts x {len(names)} methods x T={temps}, {max_new} new tokens"
+        f"{draft_note} -> {out_dir}",
+        file=sys.stderr,
+    )
+
+    rows, failures, nbytes_cache = [], [], {}
+    bar = tqdm(total=len(prompts) * len(temps) * len(names), desc="bench", unit="run", file=sys.stderr)
+    for prompt in prompts:
+        ids = encode(tok, prompt)
+        seed = prompt_seed(args.seed, prompt.id)
+        for t in temps:
+            gen = GenerateConfig(
+                max_new_tokens=max_new, sampling=SamplingConfig(temperature=t), ignore_eos=not args.stop_at_eos
+            )
+            group = {}
+            for name, method in methods.items():
+                bar.set_postfix_str(f"{prompt.id} T={t} {name}")
+                o = method.run(ids, gen, seed)
+                row = {
+                    "prompt_id": prompt.id,
+                    "task": prompt.task,
+                    "bucket": prompt.bucket,
+                    "prompt_tokens": len(ids),
+                    "method": name,
+                    "temperature": t,
+                    "seed": seed,
+                    "new_tokens": len(o.tokens),
+                    "prefill_s": o.prefill_s,
+                    "decode_s": o.decode_s,
+                    "compile_s": o.compile_s,
+                    "target_forwards": o.target_forwards,
+                    "tokens_per_s": (len(o.tokens) - 1) / o.decode_s if o.decode_s > 0 else None,
+                    "tau": (len(o.tokens) - 1) / (o.target_forwards - 1)
+                    if o.target_forwards and o.target_forwards > 1
+                    else None,
+                    "tokens": o.tokens,
+                }
+                if hasattr(method, "split") and (split_temps is None or t in split_temps):
+                    row.update(method.split(ids, gen, seed, args.split_steps))
+                if hasattr(method, "state_nbytes"):
+                    key = (name, prompt.bucket, gen)
+                    if key not in nbytes_cache:
+                        nbytes_cache[key] = method.state_nbytes(len(ids), gen)
+                    row["draft_state_bytes"] = nbytes_cache[key]["draft"]
+                    row["kv_cache_bytes"] = nbytes_cache[key]["kv_cache"]
+                if method.speculative and hasattr(method, "step_tokens"):
+                    steps, stepped = method.step_tokens(ids, gen, seed)
+                    row["step_tokens"] = steps
+                    # The host-stepped rerun is the same computation: at T=0 it is held to AR's output too.
+                    row["stepped_tokens"] = stepped if stepped != o.tokens else None
+                group[name] = row
+                bar.update()
+            ref = group["lsjax-ar"]
+            for name, row in group.items():
+                row["equal_to_lsjax_ar"] = row["tokens"] == ref["tokens"] if t == 0 and name != "lsjax-ar" else None
+                for base in ("lsjax-ar", "hf-ar"):
+                    b = group.get(base, {}).get("tokens_per_s")
+                    row[f"speedup_vs_{base.replace('-', '_')}"] = (
+                        row["tokens_per_s"] / b if b and row["tokens_per_s"] else None
+                    )
+                if t == 0 and name in lossless and name != "lsjax-ar":
+                    runs = [("", row["tokens"])] + [(" (step-by-step rerun)", row.get("stepped_tokens"))]
+                    for what, toks in runs:
+                        if toks is not None and toks != ref["tokens"]:
+                            i = first_difference(toks, ref["tokens"])
+                            msg = f"{name}{what} differs from lsjax-ar at T=0 on prompt {prompt.id} (new token {i})"
+                            failures.append(msg)
+                            tqdm.write(f"[bench] EQUALITY FAILURE: {msg}", file=sys.stderr)
+                rows.append(row)
+    bar.close()
+
+    machine["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    result = {
+        "meta": {
+            "suite": suite,
+            "date": started.isoformat(timespec="seconds"),
+            "command": "python -m lsjax.bench.run " + shlex.join(argv),
+            "machine": machine,
+            "model": str(model.path),
+            "methods": names,
+            "lossless": lossless,
+            "temperatures": temps,
+            "max_new_tokens": max_new,
+            "ignore_eos": not args.stop_at_eos,
+            "num_prompts": len(prompts),
+            "draft": ctx["draft"] if uses_longspec else "n/a",
+            "tree": _tree_name(methods) if uses_longspec else "n/a",
+            "bucket_order": ["<1K", *BUCKETS, "7K+"],
+            "prompts": [{"id": p.id, "task": p.task, "bucket": p.bucket, "tokens": p.num_tokens} for p in prompts],
+        },
+        "rows": rows,
+        "aggregates": report.aggregates(rows),
+        "passed": not failures,
+        "failures": failures,
+    }
+    _write(result, out_dir, report, plots)
+    if failures:
+        raise EqualityError("; ".join(failures))
+    return result
+
+
+def _tree_name(methods) -> str:
+    drafter = methods["lsjax-longspec"].generator.drafter
+    return ",".join(map(str, drafter.tree.widths))
+
+
+def _write(result: dict, out_dir: Path, report, plots) -> None:
+    import json
+
+    (out_dir / "results.json").write_text(json.dumps(result, indent=1, default=float))
+    (out_dir / "results.md").write_text(report.markdown(result))
+    plots.write_all(result, out_dir)
+    print(f"[bench] wrote {out_dir}/results.json, results.md, {', '.join(plots.FIGURES)}", file=sys.stderr)
+
+
+def main(argv=None) -> int:
+    try:
+        run(argv)
+    except EqualityError as e:
+        print(f"[bench] FAILED: T=0 output not equal to lsjax-ar: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
