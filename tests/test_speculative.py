@@ -415,3 +415,62 @@ def test_public_generate_jits_inside_user_code():
     np.testing.assert_array_equal(np.asarray(toks), np.asarray(ar.out))
     user_fn(params, prompts + 1, jax.random.key(1))
     assert len(traces) == 1 and float(tau) >= 1.0
+
+
+def test_draft_sees_only_committed_target_kv():
+    """Garbage in the target cache past the committed length must not change the tree the draft builds."""
+    from lsjax.drafters.base import DraftContext
+
+    config, params = tiny_model()
+    drafter = LongSpecDrafter(TreeConfig((2, 3)), DraftConfig(window=8))
+    dp = longspec_params(params, config, drafter)
+    gen = GenerateConfig(max_new_tokens=4, ignore_eos=True)
+    prompt = jnp.asarray([list(range(3, 30)) + [0] * 5])
+    state = speculative.start(
+        params, dp, config, drafter, gen, prompt, jnp.array([27]), jax.random.key(0), capacity=64, chunk=32
+    )
+    clean = drafter.propose(DraftContext(params, dp, config), state)
+    n = int(state.cache.lengths[0])
+    noise = jax.random.normal(jax.random.key(9), state.cache.k.shape) * 5
+    past_n = (jnp.arange(state.cache.capacity) >= n)[None, None, None, :, None]
+    dirty_cache = dataclasses.replace(
+        state.cache, k=jnp.where(past_n, noise, state.cache.k), v=jnp.where(past_n, -noise, state.cache.v)
+    )
+    dirty = drafter.propose(DraftContext(params, dp, config), dataclasses.replace(state, cache=dirty_cache))
+    np.testing.assert_array_equal(np.asarray(dirty.tokens), np.asarray(clean.tokens))
+    np.testing.assert_array_equal(np.asarray(dirty.parents), np.asarray(clean.parents))
+
+
+@pytest.mark.parametrize("drafter", [PLDDrafter(num_tokens=4, capacity=320), DRAFTERS[-1]], ids=lambda d: d.name)
+def test_no_recompilation_per_step(drafter):
+    config, params = tiny_model()
+    dp = longspec_params(params, config, drafter) if isinstance(drafter, LongSpecDrafter) else ()
+    gen = GenerateConfig(max_new_tokens=30, ignore_eos=True)
+    before = speculative.decode._cache_size()
+    for prompt_len in (20, 50):  # one prompt bucket: the same compiled program
+        prompt = jnp.asarray([list(np.resize([5, 9, 14, 20, 7], prompt_len)) + [0] * (64 - prompt_len)])
+        state = speculative.start(
+            params, dp, config, drafter, gen, prompt, jnp.array([prompt_len]), jax.random.key(0), capacity=320, chunk=32
+        )
+        for limit in (2, 5, 9):
+            state = speculative.decode(params, dp, config, drafter, gen, state, jnp.int32(limit))
+    assert speculative.decode._cache_size() - before == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["pld", "longspec"])
+def test_real_smollm2_greedy_speculative_equals_ar(ours, method):
+    """On the real model and a dev code prompt (~1K tokens), every drafter reproduces AR exactly."""
+    from lsjax.bench.prompts import stdlib_code_prompt
+    from lsjax.drafters.longspec import load_longspec
+    from lsjax.generation import Generator
+
+    ids = ours.tokenizer.encode(stdlib_code_prompt(ours.tokenizer, 1024).text)
+    gen = GenerateConfig(max_new_tokens=48, ignore_eos=True)
+    if method == "pld":
+        drafter, dp = PLDDrafter(num_tokens=6), None
+    else:
+        drafter, dp = load_longspec(ours, "random", "2,2,2")
+    ar = Generator(ours.config, ours.params).generate(ids, gen)
+    sp = Generator(ours.config, ours.params, drafter, dp).generate(ids, gen)
+    assert sp.tokens == ar.tokens
