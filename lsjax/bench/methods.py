@@ -71,6 +71,7 @@ class HFMethod:
     speculative: bool = False
     lossless: bool = False  # another implementation in another framework: equality is reported, not enforced
     _stamps: list = dataclasses.field(default_factory=list)
+    _warm: bool = False
 
     def __post_init__(self):
         # A forward hook counts target forwards (HF does not report them) and stamps the end of the prefill
@@ -93,6 +94,12 @@ class HFMethod:
             kw.update(do_sample=False)
         if self.lookup:
             kw["prompt_lookup_num_tokens"] = self.lookup
+        if not self._warm:
+            # torch's first generate pays one-off setup (lazy init, allocator growth); lsjax's compile is excluded
+            # from its timings, so the peer gets an untimed warm-up on a short prefix with the same options.
+            with torch.no_grad():
+                self.model.generate(torch.tensor([ids[:64]]), **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})
+            self._warm = True
         torch.manual_seed(seed)
         self._stamps.clear()
         with torch.no_grad():

@@ -25,6 +25,13 @@ def _bars(ax, groups: list[str], series: dict[str, list], ylabel: str) -> None:
     ax.grid(axis="y", alpha=0.3)
 
 
+def _legend(fig, ax) -> None:
+    # One legend for the figure, above the panels, so it never covers a bar.
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=max(len(labels), 1), fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+
+
 def table1_png(result: dict, path: Path) -> None:
     """Method x task: tau, tok/s, speedup vs lsjax AR; one row of panels per temperature."""
     meta, rows = result["meta"], result["aggregates"]["task"]
@@ -39,8 +46,7 @@ def table1_png(result: dict, path: Path) -> None:
             series = {m: [by.get((m, k), {}).get(key) for k in tasks] for m in methods}
             _bars(axes[i, j], tasks, series, label)
             axes[i, j].set_title(f"{label}, T={t}")
-    axes[0, 0].legend(fontsize=8)
-    fig.tight_layout()
+    _legend(fig, axes[0, 0])
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -65,8 +71,7 @@ def table5_png(result: dict, path: Path) -> None:
         _bars(ax, buckets, {m: [by.get((m, b), {}).get(key) for b in buckets] for m in methods}, label)
         ax.set_title(f"{label}, T={t}")
         ax.set_xlabel("prompt tokens")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+    _legend(fig, axes[0])
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
