@@ -33,6 +33,7 @@ def test_quick_json(quick):
     out, result = quick
     data = json.loads((out / "results.json").read_text())
     assert data["passed"] and not data["failures"]
+    assert not (out / "rows.partial.jsonl").exists()  # the crash-safety log is dropped once results are written
     meta = data["meta"]
     assert meta["methods"] == LSJAX and meta["temperatures"] == [0.0]
     assert meta["command"].startswith("python -m lsjax.bench.run --suite quick")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import shlex
@@ -220,6 +221,9 @@ def run(argv=None) -> dict:
     )
 
     rows, failures, nbytes_cache = [], [], {}
+    # Rows are appended here as they are measured, so a long run that dies still leaves its data behind.
+    partial = out_dir / "rows.partial.jsonl"
+    partial.unlink(missing_ok=True)
     bar = tqdm(total=len(prompts) * len(temps) * len(names), desc="bench", unit="run", file=sys.stderr)
     for prompt in prompts:
         ids = encode(tok, prompt)
@@ -283,6 +287,8 @@ def run(argv=None) -> dict:
                             failures.append(msg)
                             tqdm.write(f"[bench] EQUALITY FAILURE: {msg}", file=sys.stderr)
                 rows.append(row)
+                with partial.open("a") as f:
+                    f.write(json.dumps(row, default=float) + "\n")
     bar.close()
 
     machine["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -310,6 +316,7 @@ def run(argv=None) -> dict:
         "failures": failures,
     }
     _write(result, out_dir, report, plots)
+    partial.unlink(missing_ok=True)
     if failures:
         raise EqualityError("; ".join(failures))
     return result
@@ -321,8 +328,6 @@ def _tree_name(methods) -> str:
 
 
 def _write(result: dict, out_dir: Path, report, plots) -> None:
-    import json
-
     (out_dir / "results.json").write_text(json.dumps(result, indent=1, default=float))
     (out_dir / "results.md").write_text(report.markdown(result))
     plots.write_all(result, out_dir)
