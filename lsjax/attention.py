@@ -72,7 +72,9 @@ def _grouped(q, num_kv_heads):
 # XLA backend
 
 
-def prefix_attention_xla(q, k, v, lengths, window_start=None, *, layer=None, block_size: int = 512, sm_scale=None):
+def prefix_attention_xla(
+    q, k, v, lengths, window_start=None, *, layer=None, block_size: int | None = None, sm_scale=None
+):
     """Flash-decoding in plain XLA: a while loop over the valid cache blocks only.
 
     k, v [B, K, S, H], or the whole multi-layer cache [L, B, K, S, H] with a
@@ -91,6 +93,10 @@ def prefix_attention_xla(q, k, v, lengths, window_start=None, *, layer=None, blo
     scale = sm_scale if sm_scale is not None else H**-0.5
     if S == 0:  # a zero-capacity cache: nothing to attend to (and no block size to divide by)
         return jnp.zeros_like(q), jnp.full((B, T, N), NEG_INF, jnp.float32)
+    if block_size is None:
+        # Bigger blocks amortise the loop's per-iteration work (4-8% at 8K+); only a block that divides the
+        # capacity avoids padding (= copying) the cache, and capacities are multiples of 256.
+        block_size = next((b for b in (1024, 512, 256) if S % b == 0), 512)
     block = min(block_size, S)
     if S % block:
         # Pad the view so every block is full (the length mask drops the pad); callers size
