@@ -474,3 +474,33 @@ def test_real_smollm2_greedy_speculative_equals_ar(ours, method):
     ar = Generator(ours.config, ours.params).generate(ids, gen)
     sp = Generator(ours.config, ours.params, drafter, dp).generate(ids, gen)
     assert sp.tokens == ar.tokens
+
+
+def test_trained_draft_greedy_equals_ar(tmp_path):
+    """A draft trained by lsjax.train (tiny target, synthetic data, 30 steps) is as lossless as any other."""
+    from lsjax import train as tr
+    from lsjax.config import TrainConfig, from_dict, to_dict
+
+    tiny_cfg, _ = tiny_model()
+    cfg = from_dict(
+        TrainConfig,
+        {
+            "name": "tiny-draft",
+            "run_dir": str(tmp_path / "run"),
+            "target": {"random_init": True, "model": to_dict(tiny_cfg)},
+            "draft": {"window": 16},
+            "data": {"sources": ["synthetic"], "seq_len": 32, "batch_size": 4, "synthetic_tokens": 8192},
+            "optim": {"lr": 1e-2, "warmup_steps": 1, "total_steps": 30},
+            "checkpoint": {"every": 30},
+            "log": {"progress": False, "plot": False, "tensorboard": False},
+        },
+    )
+    out = tr.fit(cfg, log=lambda *_: None)
+    assert np.mean(out["losses"][-5:]) < np.mean(out["losses"][:5])  # it did learn something
+    config, target_params, _ = tr.load_target(cfg)
+    drafter = LongSpecDrafter(TreeConfig((2, 2, 2)), cfg.draft)
+    gen = GenerateConfig(max_new_tokens=20, ignore_eos=True)
+    prompts = repetitive_prompts(config, 3, 40, seed=7)
+    ar = run(target_params, config, prompts, gen, ARDrafter())
+    sp = run(target_params, config, prompts, gen, drafter, draft_params=out["state"].params)
+    np.testing.assert_array_equal(np.asarray(sp.out), np.asarray(ar.out))
