@@ -239,3 +239,19 @@ def test_real_smollm2_matches_transformers(real):
     gen = GenerateConfig(max_new_tokens=32, ignore_eos=True)
     state = generate_ar(params, config, jnp.asarray(buf), jnp.array([P]), gen, jax.random.key(0))
     assert np.asarray(state.out[0]).tolist() == hf_out
+
+
+def test_bfloat16_model_runs_close_to_float32(tiny):
+    """bf16 weights/cache (the accelerator setting): same program, bf16 storage, logits within bf16 error."""
+    import dataclasses
+
+    config, params = tiny
+    c16 = dataclasses.replace(config, dtype="bfloat16")
+    p16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+    toks = jnp.asarray(np.random.RandomState(0).randint(0, config.vocab_size, (1, 40)))
+    pos = jnp.arange(40)[None]
+    l32, _ = forward(params, config, toks, pos, KVCache.zeros(config, 1, 64))
+    l16, cache = forward(p16, c16, toks, pos, KVCache.zeros(c16, 1, 64))
+    assert cache.k.dtype == jnp.bfloat16 and l16.dtype == jnp.float32
+    assert float(jnp.abs(l32 - l16).max()) < 0.05 * float(jnp.abs(l32).max())
+    assert float(jnp.mean(jnp.argmax(l32, -1) == jnp.argmax(l16, -1))) > 0.9
