@@ -104,6 +104,21 @@ class Generator:
         self._compiled[sig] = (start, decode, drafter)
         return self._compiled[sig], time.perf_counter() - t0
 
+    def _prepare(self, prompt_ids: list[int], gen: GenerateConfig, seed: int):
+        """Validates the prompt, caps max_new_tokens to the context, pads the prompt into its bucket and
+        compiles (once per bucket). Returns (gen, P, buf [1, bucket], key, compiled, compile_s)."""
+        max_new = check_prompt(self.config, prompt_ids, gen.max_new_tokens)
+        if max_new != gen.max_new_tokens:
+            gen = dataclasses.replace(gen, max_new_tokens=max_new)
+        P = len(prompt_ids)
+        bucket = decoding.prompt_bucket(P)
+        capacity = speculative.required_capacity(bucket, gen, self.drafter)
+        key = jax.random.key(seed)
+        compiled, compile_s = self._compile(bucket, capacity, gen, key)
+        buf = np.zeros((1, bucket), np.int32)
+        buf[0, :P] = prompt_ids
+        return gen, P, buf, key, compiled, compile_s
+
     def generate(
         self,
         prompt_ids: list[int],
@@ -112,17 +127,7 @@ class Generator:
         on_tokens: Callable[[list[int]], None] | None = None,
         stream_every: int = 8,
     ) -> GenerationResult:
-        max_new = check_prompt(self.config, prompt_ids, gen.max_new_tokens)
-        if max_new != gen.max_new_tokens:
-            gen = dataclasses.replace(gen, max_new_tokens=max_new)
-        P = len(prompt_ids)
-        bucket = decoding.prompt_bucket(P)
-        capacity = speculative.required_capacity(bucket, gen, self.drafter)
-        key = jax.random.key(seed)
-        (start, decode, _), compile_s = self._compile(bucket, capacity, gen, key)
-
-        buf = np.zeros((1, bucket), np.int32)
-        buf[0, :P] = prompt_ids
+        gen, P, buf, key, (start, decode, _), compile_s = self._prepare(prompt_ids, gen, seed)
         t0 = time.perf_counter()
         state = start(
             self.params, self.draft_params, tokens=jnp.asarray(buf), lengths=jnp.array([P], jnp.int32), key=key
@@ -212,18 +217,14 @@ class Generator:
         """Mean ms per step spent drafting, verifying (target forward + acceptance) and committing, measured
         by running the step's three phases as separate jitted calls for `steps` steps (the fused step used
         for the real timings runs them in one program, so this split is a profile, not the total)."""
-        gen = dataclasses.replace(gen, max_new_tokens=check_prompt(self.config, prompt_ids, gen.max_new_tokens))
-        P = len(prompt_ids)
-        bucket = decoding.prompt_bucket(P)
-        capacity = speculative.required_capacity(bucket, gen, self.drafter)
-        key = jax.random.key(seed)
-        (start, _, drafter), _ = self._compile(bucket, capacity, gen, key)
-        buf = np.zeros((1, bucket), np.int32)
-        buf[0, :P] = prompt_ids
+        gen, P, buf, key, (start, _, drafter), _ = self._prepare(prompt_ids, gen, seed)
         state = start(
             self.params, self.draft_params, tokens=jnp.asarray(buf), lengths=jnp.array([P], jnp.int32), key=key
         )
-        draft, verify, commit = self._phases(bucket, capacity, gen, drafter)
+        bucket = buf.shape[1]
+        draft, verify, commit = self._phases(
+            bucket, speculative.required_capacity(bucket, gen, self.drafter), gen, drafter
+        )
         totals = np.zeros(3)
         counted = 0
         for i in range(steps + 1):  # step 0 compiles and is not counted
