@@ -379,7 +379,7 @@ def test_init_from_target_layer(layer, qkv_bias):
         "w_gate": lt["w_gate"],
         "w_up": lt["w_up"],
         "w_down": lt["w_down"],
-        "final_norm": tp["final_norm"],
+        "final_norm": tp["final_norm"] * DraftConfig().init_head_scale,  # the tempered head
     }
     if qkv_bias:
         expect |= {"self_bq": lt["bq"], "self_bk": lt["bk"], "self_bv": lt["bv"], "cross_bq": lt["bq"]}

@@ -114,7 +114,7 @@ def init_draft_params(
         "w_gate": copy(layer["w_gate"]),
         "w_up": copy(layer["w_up"]),
         "w_down": copy(layer["w_down"]),
-        "final_norm": copy(target_params["final_norm"]),
+        "final_norm": copy(target_params["final_norm"]) * draft_config.init_head_scale,
     }
     if draft_config.zero_init_outputs:
         for name in ("self_wo", "cross_wo", "w_down"):
