@@ -396,3 +396,16 @@ def test_cli_smoke_config_real_target(tmp_path):
     # CPU seconds, not wall: the 2 shared cores are often busy with other runs (~37 s wall when idle).
     assert (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) < 60
     assert json.loads(out.stdout.strip().splitlines()[-1])["last_checkpoint"] == 3
+
+
+def test_feature_cache_builds_once_and_reuses(tmp_path):
+    """features.enabled: the target's K/V are written once to npy; a run pointed at an existing cache trains
+    exactly as the run that built it (same losses), without running the target again."""
+    quiet = dict(log=lambda *_: None)
+    common = dict(steps=8, optim__total_steps=8, features__enabled=True, checkpoint__every=8)
+    built = tr.fit(tiny_cfg(tmp_path / "a", **common), **quiet)
+    cache = tmp_path / "a" / "features"
+    assert {"target_k.npy", "target_v.npy", "meta.json"} <= {p.name for p in cache.iterdir()}
+    assert all(np.isfinite(built["losses"]))
+    reused = tr.fit(tiny_cfg(tmp_path / "b", features__dir=str(cache), **common), **quiet)
+    assert reused["losses"] == built["losses"]
