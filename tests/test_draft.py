@@ -102,7 +102,7 @@ def reference_forward(s, j, window=W, tokens=None):
     o = dense_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), jnp.asarray((u <= t) & (u >= t - window)))
     self_out = jnp.einsum("btnh,nhd->btd", o, dp["self_wo"])
     x = x + self_out
-    qc = draft._cross_q(dp, config, x, cos, sin)
+    qc = draft._query(dp, config, x, cos, sin, "cross")
     oc = dense_attention(qc, s["tk"], s["tv"], jnp.asarray(u <= t - j))
     cross_out = jnp.einsum("btnh,nhd->btd", oc, dp["cross_wo"])
     x = x + cross_out
@@ -201,12 +201,12 @@ def test_step_tree_rectangular_mask_backends(setup):
     # Naive: self-attention over [ring slots, tree nodes] in one softmax.
     cos, sin = draft._rope(config, tree_pos[:, 3:])
     x = target.embed(tp, tree_tokens[:, 3:])
-    q = draft._self_q(dp, config, x, cos, sin)
+    q = draft._query(dp, config, x, cos, sin, "self")
     keys = jnp.concatenate([ring.k, tree_k.swapaxes(1, 2)], axis=2)
     vals = jnp.concatenate([ring.v, tree_v.swapaxes(1, 2)], axis=2)
     allowed = jnp.concatenate([jnp.ones((3, W), bool), jnp.asarray(anc[3:])], axis=1)
     x = x + jnp.einsum("btnh,nhd->btd", dense_attention(q, keys, vals, allowed), dp["self_wo"])
-    qc = draft._cross_q(dp, config, x, cos, sin)
+    qc = draft._query(dp, config, x, cos, sin, "cross")
     oc = jnp.stack(
         [
             dense_attention(qc[b : b + 1], s["tk"][b : b + 1], s["tv"][b : b + 1], jnp.arange(T)[None] < tl[b])
@@ -328,7 +328,7 @@ def test_flash_noisy_zero_rows_and_paper_slicing(setup):
         assert np.all(np.abs(np.asarray(out[:, j:])).max(-1) > 0)
         # The paper's formulation (Appendix G): O[j:] = causal attn(Q[j:], K[:-j], V[:-j]).
         cos, sin = draft._rope(TINY, s["pos"])
-        q = draft._cross_q(s["dp"], TINY, x, cos, sin)
+        q = draft._query(s["dp"], TINY, x, cos, sin, "cross")
         o = dense_attention(q[:, j:], s["tk"][:, :, :-j], s["tv"][:, :, :-j], jnp.tril(jnp.ones((T - j, T - j), bool)))
         np.testing.assert_allclose(out[:, j:], jnp.einsum("btnh,nhd->btd", o, s["dp"]["cross_wo"]), atol=2e-5)
 

@@ -244,20 +244,13 @@ def _self_qkv(draft_params: dict, config: ModelConfig, x: jax.Array, cos, sin):
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
-def _self_q(draft_params: dict, config: ModelConfig, x: jax.Array, cos, sin):
-    h = rms_norm(x, draft_params["self_norm"], config.rms_norm_eps)
-    q = jnp.einsum("btd,dnh->btnh", h, draft_params["self_wq"])
+def _query(draft_params: dict, config: ModelConfig, x: jax.Array, cos, sin, part: str):
+    """x [B, T, D] -> q [B, T, N, H] of the `part` ("self" or "cross") attention, RoPE'd at the query's absolute
+    position (the cross-attention's target keys already are)."""
+    h = rms_norm(x, draft_params[f"{part}_norm"], config.rms_norm_eps)
+    q = jnp.einsum("btd,dnh->btnh", h, draft_params[f"{part}_wq"])
     if config.qkv_bias:
-        q = q + draft_params["self_bq"]
-    return apply_rope(q, cos, sin)
-
-
-def _cross_q(draft_params: dict, config: ModelConfig, x: jax.Array, cos, sin):
-    """x [B, T, D] -> q [B, T, N, H] RoPE'd at the query's absolute position (the target keys already are)."""
-    h = rms_norm(x, draft_params["cross_norm"], config.rms_norm_eps)
-    q = jnp.einsum("btd,dnh->btnh", h, draft_params["cross_wq"])
-    if config.qkv_bias:
-        q = q + draft_params["cross_bq"]
+        q = q + draft_params[f"{part}_bq"]
     return apply_rope(q, cos, sin)
 
 
@@ -396,7 +389,7 @@ def cross_attention_train(draft_params, config, x, positions, target_k, target_v
     can be an array. Returns CrossAttn(rms_norm(x)) [B, T, D] (after cross_wo).
     """
     cos, sin = _rope(config, positions)
-    q = _cross_q(draft_params, config, x, cos, sin)
+    q = _query(draft_params, config, x, cos, sin, "cross")
     o = band_attention(q, target_k, target_v, shift=shift, block_q=block_q)
     return jnp.einsum("btnh,nhd->btd", o, draft_params["cross_wo"])
 
@@ -465,12 +458,12 @@ def draft_step(
         layer = config.num_layers - 1
     cos, sin = _rope(config, positions)
     x = embed(target_params, tokens).astype(jnp.dtype(config.dtype))
-    q = _self_q(draft_params, config, x, cos, sin)
+    q = _query(draft_params, config, x, cos, sin, "self")
     out_r, lse_r = attention.prefix_attention(q, ring.k, ring.v, ring.lengths, backend=backend)
     out_t, lse_t = attention.tree_attention(q, tree_k, tree_v, tree_mask, backend=backend)
     o, _ = attention.merge_attention(out_r, lse_r, out_t, lse_t)
     x = x + jnp.einsum("btnh,nhd->btd", o, draft_params["self_wo"])
-    qc = _cross_q(draft_params, config, x, cos, sin)
+    qc = _query(draft_params, config, x, cos, sin, "cross")
     oc, _ = attention.prefix_attention(qc, target_k, target_v, target_len, layer=layer, backend=backend)
     x = x + jnp.einsum("btnh,nhd->btd", oc, draft_params["cross_wo"])
     return x + mlp(draft_params, rms_norm(x, draft_params["mlp_norm"], config.rms_norm_eps))
