@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="do not train: write the run's latest checkpoint as a decode.py draft (params.npz + draft.json)",
     )
+    p.add_argument("--tree", help="with --export: the tree preset or widths decode.py uses for this draft by default")
     args = p.parse_args(argv)
 
     from lsjax.config import ConfigError, TrainConfig, apply_overrides, from_dict, to_dict
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     if args.export:
-        return export(cfg, args.export, args.config)
+        return export(cfg, args.export, args.config, args.tree)
 
     from lsjax.train import TrainingDiverged, fit
 
@@ -64,29 +65,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def export(cfg, out_dir: str, config_path: str) -> int:
+def export(cfg, out_dir: str, config_path: str, tree: str | None = None) -> int:
     """Latest checkpoint of the run -> a draft directory `decode.py --draft DIR` (or the shipped one) loads."""
-    from pathlib import Path
-
-    import numpy as np
-
-    from lsjax.checkpoint import load_draft_params
-    from lsjax.drafters.longspec import save_draft
+    from lsjax.config import ConfigError
+    from lsjax.drafters.longspec import export_run
     from lsjax.errors import LsjaxError
+    from lsjax.tree import parse_tree
 
-    run_dir = Path(cfg.resolved_run_dir)
+    run_dir = cfg.resolved_run_dir
     try:
-        params = load_draft_params(run_dir)
+        tree_cfg = parse_tree(tree) if tree else None
+    except ConfigError as e:
+        print(f"error: --tree: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    try:
+        params = export_run(cfg, out_dir, extra={"train_config": config_path}, tree=tree_cfg)
     except (LsjaxError, FileNotFoundError, ValueError) as e:
         print(f"error: no checkpoint to export in {run_dir}: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
-    params = {k: np.asarray(v) for k, v in params.items()}
-    vocab = run_dir / "vocab_ids.npy"
-    if vocab.is_file():  # a pruned draft vocabulary travels with the params
-        params["vocab_ids"] = np.load(vocab)
-    target = Path(cfg.target.path).name.split(".")[0] if cfg.target.path else "SmolLM2-135M-Instruct"
-    save_draft(out_dir, params, cfg.draft, target, extra={"train_config": config_path, "run_dir": str(run_dir)})
-    print(json.dumps({"exported": out_dir, "from": str(run_dir), "tensors": len(params)}))
+    print(json.dumps({"exported": out_dir, "from": run_dir, "tensors": len(params)}))
     return 0
 
 

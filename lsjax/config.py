@@ -390,6 +390,7 @@ class DataConfig:
     grad_accum: int = 1  # micro-batches per optimizer step
     chat: bool = False  # SFT: render dialogues with the chat template, loss on assistant tokens only
     max_docs: int = 0  # per source; 0 = all (smoke runs)
+    max_sequences: int = 0  # a seeded random subset of the packed sequences; 0 = all (a token budget)
     seed: int = 0  # shuffling and offsets
     cache_dir: str = ""  # tokenized corpora; "" = ~/.cache/lsjax/tokens
     synthetic_tokens: int = 65536  # length of the random stream for source "synthetic"
@@ -408,6 +409,11 @@ class DataConfig:
         _positive_int(self.batch_size, "data.batch_size")
         _positive_int(self.grad_accum, "data.grad_accum")
         _check(self.max_docs >= 0, "data.max_docs", f"must be >= 0 (0 = all), got {self.max_docs}")
+        _check(
+            isinstance(self.max_sequences, int) and self.max_sequences >= 0,
+            "data.max_sequences",
+            f"must be an integer >= 0 (0 = all), got {self.max_sequences!r}",
+        )
         _positive_int(self.synthetic_tokens, "data.synthetic_tokens")
 
 

@@ -269,7 +269,12 @@ def load_sequences(cfg: TrainConfig, tokenizer, eos_id: int, vocab_size: int, *,
     toks, mask = token_stream(d, tokenizer, eos_id, vocab_size, log=log)
     if len(toks) and int(toks.max()) >= vocab_size:
         raise ValueError(f"data: token id {int(toks.max())} >= the target's vocab_size {vocab_size}")
-    return pack(toks, mask, d.seq_len)
+    seqs, mask = pack(toks, mask, d.seq_len)
+    if d.max_sequences and len(seqs) > d.max_sequences:
+        # A fixed subset (same seed -> same sequences), kept in stream order.
+        keep = np.sort(np.random.default_rng(d.seed).permutation(len(seqs))[: d.max_sequences])
+        seqs, mask = seqs[keep], mask[keep]
+    return seqs, mask
 
 
 def describe(tokens: np.ndarray, mask: np.ndarray) -> dict:

@@ -608,6 +608,25 @@ def fit(
     }
 
 
+def training_summary(run_dir) -> dict:
+    """What the run's metrics say about it: steps, the last train and dev numbers, the training wall time."""
+    path = Path(run_dir) / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    if not rows:
+        return {}
+    last = rows[-1]
+    dev = [r for r in rows if "dev_ce" in r]
+    out = {
+        "steps": last["step"],
+        "train_steps_s": round(sum(r["step_s"] for r in rows), 1),
+        **{f"final_{k}": round(last[k], 4) for k in ("loss", "ce", "distill", "acc") if k in last},
+    }
+    if dev:
+        d = dev[-1]
+        out |= {"dev_step": d["step"], "dev_ce": round(d["dev_ce"], 4), "dev_acc": round(d["dev_acc"], 4)}
+    return out
+
+
 def _make_dev_eval(cfg: TrainConfig, config, target_params, tokenizer, eos, vocab_ids, log):
     """Dev-split loss at plain positions and the smallest lag (what inference sees), fixed batches."""
     from lsjax import data as data_lib

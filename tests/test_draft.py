@@ -415,6 +415,10 @@ def test_pruned_vocab_logits(setup, tie):
     pruned = draft.draft_logits(setup["dp"], tp, config, hidden, jnp.asarray(ids8))
     assert full.shape == (2, 3, config.vocab_size) and pruned.shape == (2, 3, 8) and pruned.dtype == jnp.float32
     np.testing.assert_allclose(pruned, full[..., ids8], atol=1e-6)
+    # the head gathered once at load gives the same logits, and is not saved with the draft
+    with_head = draft.with_vocab_head({**setup["dp"], "vocab_ids": ids8}, tp, config)
+    assert with_head["vocab_head"].shape == (8, config.hidden_size)
+    np.testing.assert_allclose(draft.draft_logits(with_head, tp, config, hidden, jnp.asarray(ids8)), pruned, atol=1e-6)
 
 
 def test_rectangular_tree_attention_backends():

@@ -382,6 +382,14 @@ def test_cli_end_to_end_tiny(tmp_path):
     assert (run / "loss.png").stat().st_size > 1000
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 4
     assert "it" in out.stderr or "step" in out.stderr  # the tqdm bar
+    # --export: the run as a draft directory decode.py loads, with its training summary and default tree
+    out = _cli(["--config", str(cfg), "--export", str(tmp_path / "draft"), "--tree", "2,1"], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    from lsjax.drafters.longspec import load_draft
+
+    params, dcfg, meta = load_draft(tmp_path / "draft")
+    assert meta["tree"] == [2, 1] and meta["training"]["steps"] == 4 and meta["training"]["final_loss"] > 0
+    assert set(params) >= {"cross_wq", "self_wq", "final_norm"} and dcfg == tiny_cfg().draft
 
 
 @pytest.mark.slow

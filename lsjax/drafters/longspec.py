@@ -28,7 +28,7 @@ from lsjax.cache import RingCache, ring_write
 from lsjax.config import DraftConfig, from_dict, to_dict
 from lsjax.drafters.base import DraftContext, Drafter
 from lsjax.errors import ModelNotFoundError
-from lsjax.models.draft import draft_logits, draft_self_kv, draft_step, init_draft_params
+from lsjax.models.draft import draft_logits, draft_self_kv, draft_step, init_draft_params, with_vocab_head
 from lsjax.tree import Tree, TreeConfig, parse_tree
 
 DRAFTS_DIR = Path(__file__).resolve().parents[1] / "drafts"
@@ -150,7 +150,7 @@ def save_draft(
 ) -> None:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    np.savez(path / "params.npz", **{k: np.asarray(v) for k, v in draft_params.items()})
+    np.savez(path / "params.npz", **{k: np.asarray(v) for k, v in draft_params.items() if k != "vocab_head"})
     meta = {
         "target": target_name,
         "draft_config": to_dict(draft_config),
@@ -158,6 +158,24 @@ def save_draft(
         **(extra or {}),
     }
     (path / "draft.json").write_text(json.dumps(meta, indent=2))
+
+
+def export_run(cfg, out_dir: str | Path, extra: dict | None = None, tree: TreeConfig | None = None) -> dict:
+    """A training run's latest checkpoint (TrainConfig `cfg`) -> a draft directory `load_draft` reads; returns
+    the exported params. The run's pruned vocabulary (vocab_ids.npy) travels with them; draft.json records
+    the run's training summary and the default `tree` decode.py should use with this draft."""
+    from lsjax.checkpoint import load_draft_params
+    from lsjax.train import training_summary
+
+    run_dir = Path(cfg.resolved_run_dir)
+    params = {k: np.asarray(v) for k, v in load_draft_params(run_dir).items()}
+    vocab = run_dir / "vocab_ids.npy"
+    if vocab.is_file():
+        params["vocab_ids"] = np.load(vocab)
+    target = target_key(cfg.target.path) if cfg.target.path else "SmolLM2-135M-Instruct"
+    extra = {"run_dir": str(run_dir), "training": training_summary(run_dir), **(extra or {})}
+    save_draft(out_dir, params, cfg.draft, target, tree=tree, extra=extra)
+    return params
 
 
 def load_draft(path: str | Path) -> tuple[dict, DraftConfig, dict]:
@@ -196,6 +214,7 @@ def load_longspec(model, draft: str | None, tree_spec: str | None):
                 f"no shipped LongSpec draft for {target_key(model.path)}; pass --draft DIR (or --draft random)"
             )
         params, dcfg, meta = load_draft(path)
+        params = with_vocab_head(params, model.params, model.config)
     tree = (
         parse_tree(tree_spec)
         if tree_spec

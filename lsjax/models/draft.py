@@ -206,6 +206,20 @@ def pruned_vocab(
     return chosen[order].astype(np.int32)
 
 
+def with_vocab_head(draft_params: dict, target_params: dict, config: ModelConfig) -> dict:
+    """Adds "vocab_head" [Vd, D], the LM-head rows of a pruned vocabulary, so drafting does not gather them
+    from the [V, D] head at every step (19 MB of reads per step for SmolLM2 at Vd = 8192). Derived, never
+    saved; a no-op without `vocab_ids`."""
+    if draft_params.get("vocab_ids") is None:
+        return draft_params
+    ids = jnp.asarray(draft_params["vocab_ids"], jnp.int32)
+    if config.tie_embeddings:
+        head = jnp.take(jnp.asarray(target_params["embed"]), ids, axis=0)
+    else:
+        head = jnp.take(jnp.asarray(target_params["lm_head"]), ids, axis=1).T
+    return {**draft_params, "vocab_head": head}
+
+
 def draft_logits(
     draft_params: dict, target_params: dict, config: ModelConfig, hidden: jax.Array, vocab_ids: jax.Array | None = None
 ) -> jax.Array:
@@ -216,6 +230,8 @@ def draft_logits(
     are gathered per call, which a jitted caller hoists out of its loop.
     """
     h = rms_norm(hidden, draft_params["final_norm"], config.rms_norm_eps)
+    if vocab_ids is not None and "vocab_head" in draft_params:  # gathered once at load (with_vocab_head)
+        return jnp.einsum("...d,vd->...v", h, draft_params["vocab_head"]).astype(jnp.float32)
     if config.tie_embeddings:
         head = target_params["embed"] if vocab_ids is None else jnp.take(target_params["embed"], vocab_ids, axis=0)
         logits = jnp.einsum("...d,vd->...v", h, head)
