@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-METHODS = ("ar", "pld", "longspec")
+METHODS = ("ar", "pld", "longspec", "hybrid")
 DEFAULT_PROMPT = Path(__file__).resolve().parent / "lsjax" / "assets" / "default_prompt.txt"
 
 
@@ -37,18 +37,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--method",
         choices=METHODS,
         default=None,
-        help="decoding method: ar, pld (prompt lookup), longspec (draft model); default longspec when "
-        "a draft for the target is found, else ar",
+        help="decoding method: ar, pld (prompt lookup), longspec (draft model), hybrid (the draft's tree plus a "
+        "prompt-lookup chain, verified together); default longspec when a draft for the target is found, else ar",
     )
-    p.add_argument("--draft", help="a LongSpec draft checkpoint (directory) for --method longspec")
+    p.add_argument("--draft", help="a LongSpec draft checkpoint (directory) for --method longspec|hybrid")
     p.add_argument(
         "--tree",
         default=None,
         help="speculation tree for longspec: a preset (paper, gpu, cpu, cpu-small, chain4, chain8) or "
         "comma-separated widths per depth, e.g. 2,2,2",
     )
-    p.add_argument("--pld-tokens", type=int, default=8, help="pld: tokens proposed per step (default 8)")
-    p.add_argument("--pld-ngram", type=int, default=3, help="pld: longest n-gram matched (default 3)")
+    p.add_argument("--pld-tokens", type=int, default=None, help="pld|hybrid: tokens per lookup chain (8 | 6)")
+    p.add_argument("--pld-ngram", type=int, default=3, help="pld|hybrid: longest n-gram matched (default 3)")
     p.add_argument("--compare", choices=("ar",), help="also run AR on the same prompt; print speedup and equality")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     p.add_argument(
@@ -83,6 +83,8 @@ def read_prompt(args) -> tuple[str, bool]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if (args.pld_tokens is not None and args.pld_tokens < 1) or args.pld_ngram < 1:
+        fail("--pld-tokens and --pld-ngram must be >= 1")
     # Imports after argument parsing so `--help` and flag errors are instant.
     from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
     from lsjax.drafters.base import ARDrafter
@@ -121,13 +123,15 @@ def main(argv=None) -> int:
         if method == "ar":
             drafter = ARDrafter()
         elif method == "pld":
-            if args.pld_tokens < 1 or args.pld_ngram < 1:
-                fail("--pld-tokens and --pld-ngram must be >= 1")
-            drafter = PLDDrafter(num_tokens=args.pld_tokens, ngram_max=args.pld_ngram)
+            drafter = PLDDrafter(num_tokens=args.pld_tokens or 8, ngram_max=args.pld_ngram)
         else:
             from lsjax.drafters.longspec import load_longspec
 
             drafter, draft_params = load_longspec(model, args.draft, args.tree)
+            if method == "hybrid":
+                from lsjax.drafters.hybrid import HybridDrafter
+
+                drafter = HybridDrafter(drafter, PLDDrafter(num_tokens=args.pld_tokens or 6, ngram_max=args.pld_ngram))
         generator = Generator(model.config, model.params, drafter, draft_params, backend=args.backend)
         if not args.json:
             print(

@@ -5,7 +5,8 @@ The public API — pure functions under `jax.jit`, frozen configs static:
     generate, SpecConfig, GenerateOutput          one call: prompts in, tokens out (api.py)
     prefill, spec_step, draft_phase, verify_phase, commit_phase, decode
     ModelConfig, GenerateConfig, SamplingConfig, DraftConfig, TreeConfig
-    ARDrafter, PLDDrafter, LongSpecDrafter        proposers on one verify engine
+    ARDrafter, PLDDrafter, LongSpecDrafter,       proposers on one verify engine
+    HybridDrafter (LongSpec tree + PLD chain)
     load_model                                    GGUF / HF safetensors -> config, params, tokenizer
 """
 
@@ -13,6 +14,7 @@ from lsjax.api import GenerateOutput, SpecConfig, generate
 from lsjax.config import DraftConfig, GenerateConfig, ModelConfig, SamplingConfig
 from lsjax.decoding import DecodeState, prefill
 from lsjax.drafters.base import ARDrafter, Drafter
+from lsjax.drafters.hybrid import HybridDrafter
 from lsjax.drafters.longspec import LongSpecDrafter
 from lsjax.drafters.pld import PLDDrafter
 from lsjax.loading import load_model
@@ -26,6 +28,7 @@ __all__ = [
     "Drafter",
     "GenerateConfig",
     "GenerateOutput",
+    "HybridDrafter",
     "LongSpecDrafter",
     "ModelConfig",
     "PLDDrafter",

@@ -45,6 +45,7 @@ def test_bad_flag_values():
     assert "tree" in one_error_line(
         decode("--prompt", "hi", "--method", "longspec", "--draft", "random", "--tree", "wide")
     )
+    assert "--pld-tokens" in one_error_line(decode("--prompt", "hi", "--method", "hybrid", "--pld-tokens", "0"))
 
 
 def test_prompt_longer_than_context(tmp_path):
@@ -55,10 +56,20 @@ def test_prompt_longer_than_context(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["pld"])
+@pytest.mark.parametrize("method", ["pld", "hybrid"])
 def test_json_run_matches_ar(method):
+    draft = ["--draft", "random", "--tree", "2,1"] if method == "hybrid" else []
     proc = decode(
-        "--prompt", "def fibonacci(n):", "--max-new-tokens", "8", "--method", method, "--compare", "ar", "--json"
+        "--prompt",
+        "def fibonacci(n):",
+        "--max-new-tokens",
+        "8",
+        "--method",
+        method,
+        "--compare",
+        "ar",
+        "--json",
+        *draft,
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])

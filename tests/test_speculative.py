@@ -21,6 +21,7 @@ from lsjax import speculative
 from lsjax.cache import KVCache
 from lsjax.config import DraftConfig, GenerateConfig, SamplingConfig
 from lsjax.drafters.base import ARDrafter, DraftContext, Drafter
+from lsjax.drafters.hybrid import HybridDrafter, union_layout
 from lsjax.drafters.longspec import LongSpecDrafter
 from lsjax.drafters.pld import PLDDrafter, find_continuation
 from lsjax.models import target
@@ -65,10 +66,10 @@ def run(params, config, prompts, gen, drafter, key=0, chunk=64, capacity=None, d
     for b, p in enumerate(prompts):
         buf[b, : len(p)] = p
     lengths = jnp.array([len(p) for p in prompts], jnp.int32)
-    if isinstance(drafter, PLDDrafter):
+    if isinstance(drafter, PLDDrafter | HybridDrafter):
         drafter = dataclasses.replace(drafter, capacity=P + gen.max_new_tokens + 32)
-    if isinstance(drafter, LongSpecDrafter) and draft_params is None:
-        draft_params = longspec_params(params, config, drafter)
+    if isinstance(drafter, LongSpecDrafter | HybridDrafter) and draft_params is None:
+        draft_params = longspec_params(params, config, getattr(drafter, "longspec", drafter))
     dp = () if draft_params is None else draft_params
     return generate(
         params, dp, config, jnp.asarray(buf), lengths, gen, jax.random.key(key), drafter, chunk=chunk, capacity=capacity
@@ -127,6 +128,17 @@ def test_tree_presets_and_parsing():
         TreeConfig((2, 0))
 
 
+def test_hybrid_union_layout():
+    """PLD chain first on every level it reaches, LongSpec's nodes after it, parents remapped."""
+    union, pld_at, ls_at, pld_parent = union_layout(3, (2, 1))
+    assert union.widths == (3, 2, 1)  # (PLD + 2, PLD + 1, PLD)
+    np.testing.assert_array_equal(pld_at, [1, 4, 6])
+    np.testing.assert_array_equal(pld_parent, [0, 1, 4])
+    np.testing.assert_array_equal(ls_at, [0, 2, 3, 5])  # LongSpec root, its level 1 (2 nodes), its level 2
+    union, pld_at, ls_at, _ = union_layout(1, (1, 1, 1))
+    assert union.widths == (2, 1, 1) and pld_at.tolist() == [1] and ls_at.tolist() == [0, 2, 3, 4]
+
+
 def test_accept_walks_matching_children():
     # root -> {a=5, b=6}; a -> {c=7}; b -> {d=8}. Target argmax: root->6, b->8, d->9.
     tokens = jnp.array([[1, 5, 6, 7, 8]])
@@ -170,6 +182,7 @@ DRAFTERS = [
     RandomTreeDrafter(TreeConfig((4, 4, 3)), vocab=97),
     LongSpecDrafter(TreeConfig((1, 1, 1)), DraftConfig(window=16)),
     LongSpecDrafter(TreeConfig((3, 4, 4)), DraftConfig(window=8)),
+    HybridDrafter(LongSpecDrafter(TreeConfig((2, 1)), DraftConfig(window=8)), PLDDrafter(num_tokens=4)),
 ]
 
 
@@ -182,7 +195,7 @@ def test_greedy_speculative_equals_ar(drafter):
     sp = run(params, config, prompts, gen, drafter)
     np.testing.assert_array_equal(np.asarray(sp.num_out), np.asarray(ar.num_out))
     np.testing.assert_array_equal(np.asarray(sp.out), np.asarray(ar.out))
-    if isinstance(drafter, PLDDrafter) and drafter.num_tokens > 1:  # not vacuous: PLD hits on a looping row
+    if isinstance(drafter, PLDDrafter | HybridDrafter) and drafter.tree.depth > 1:  # PLD hits on a looping row
         looping = [np.resize(np.array([5, 9, 14, 20]), 40)]
         assert int(run(params, config, looping, gen, drafter).steps) < int(
             run(params, config, looping, gen, ARDrafter()).steps
@@ -269,6 +282,7 @@ SAMPLERS = [
     RandomTreeDrafter(TreeConfig((3, 3)), vocab=6),
     PLDDrafter(num_tokens=3, ngram_max=2),
     LongSpecDrafter(TreeConfig((2, 3)), DraftConfig(window=4)),
+    HybridDrafter(LongSpecDrafter(TreeConfig((1, 2)), DraftConfig(window=4)), PLDDrafter(num_tokens=1, ngram_max=2)),
 ]
 
 
@@ -441,7 +455,11 @@ def test_draft_sees_only_committed_target_kv():
     np.testing.assert_array_equal(np.asarray(dirty.parents), np.asarray(clean.parents))
 
 
-@pytest.mark.parametrize("drafter", [PLDDrafter(num_tokens=4, capacity=320), DRAFTERS[-1]], ids=lambda d: d.name)
+@pytest.mark.parametrize(
+    "drafter",
+    [PLDDrafter(num_tokens=4, capacity=320), LongSpecDrafter(TreeConfig((3, 4, 4)), DraftConfig(window=8))],
+    ids=lambda d: d.name,
+)
 def test_no_recompilation_per_step(drafter):
     config, params = tiny_model()
     dp = longspec_params(params, config, drafter) if isinstance(drafter, LongSpecDrafter) else ()

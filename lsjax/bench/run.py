@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-METHOD_ORDER = ("lsjax-ar", "lsjax-longspec", "lsjax-pld", "hf-ar", "hf-pld")
+METHOD_ORDER = ("lsjax-ar", "lsjax-longspec", "lsjax-hybrid", "lsjax-pld", "hf-ar", "hf-pld")
 
 
 def _lsjax(name: str, drafter_fn: Callable, speculative: bool):
@@ -64,10 +64,19 @@ def _longspec(ctx):
     return ctx["longspec"]()
 
 
+def _hybrid(ctx):
+    from lsjax.drafters.hybrid import HybridDrafter
+    from lsjax.drafters.pld import PLDDrafter
+
+    drafter, draft_params = ctx["longspec"]()
+    return HybridDrafter(drafter, PLDDrafter(num_tokens=6, ngram_max=3)), draft_params
+
+
 # name -> factory(ctx) -> Method. Tests add fakes here; the CLI's choices are read from it at parse time.
 METHODS: dict[str, Callable] = {
     "lsjax-ar": _lsjax("lsjax-ar", _ar, False),
     "lsjax-longspec": _lsjax("lsjax-longspec", _longspec, True),
+    "lsjax-hybrid": _lsjax("lsjax-hybrid", _hybrid, True),
     "lsjax-pld": _lsjax("lsjax-pld", _pld, True),
     "hf-ar": _hf("hf-ar", 0),
     "hf-pld": _hf("hf-pld", 10),
@@ -75,7 +84,7 @@ METHODS: dict[str, Callable] = {
 SUITE_DEFAULTS = {  # max new tokens, methods, profiled temperatures (None: all)
     "dev": (128, [m for m in METHOD_ORDER], None),
     # Quick profiles the step split at T=0 only: each profiled temperature compiles three more programs.
-    "quick": (16, [m for m in METHOD_ORDER if m.startswith("lsjax-")], (0.0,)),
+    "quick": (16, ["lsjax-ar", "lsjax-longspec", "lsjax-pld"], (0.0,)),
 }
 
 
@@ -212,7 +221,7 @@ def run(argv=None) -> dict:
     ctx = _shared(ctx_key, lambda: _context(model, args))
     methods = {n: _shared(("method", n, METHODS[n], ctx_key), lambda n=n: METHODS[n](ctx)) for n in names}
     lossless = [n for n, m in methods.items() if m.lossless]
-    uses_longspec = "lsjax-longspec" in methods
+    uses_longspec = "lsjax-longspec" in methods or "lsjax-hybrid" in methods
     draft_note = f"; LongSpec draft {ctx['draft']}" if uses_longspec else ""
     print(
         f"[bench] suite {suite}: {len(prompts)} prompts x {len(names)} methods x T={temps}, {max_new} new tokens"
@@ -323,8 +332,9 @@ def run(argv=None) -> dict:
 
 
 def _tree_name(methods) -> str:
-    drafter = methods["lsjax-longspec"].generator.drafter
-    return ",".join(map(str, drafter.tree.widths))
+    name = "lsjax-longspec" if "lsjax-longspec" in methods else "lsjax-hybrid"
+    drafter = methods[name].generator.drafter
+    return ",".join(map(str, getattr(drafter, "longspec", drafter).tree.widths))
 
 
 def _write(result: dict, out_dir: Path, report, plots) -> None:
