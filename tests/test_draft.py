@@ -432,3 +432,19 @@ def test_rectangular_tree_attention_backends():
             np.testing.assert_allclose(outs[b][0], outs["xla"][0], atol=1e-5, err_msg=b)
             np.testing.assert_allclose(outs[b][1], outs["xla"][1], atol=1e-5, err_msg=b)
         assert np.all(np.isneginf(outs["xla"][1][:, 0]))
+
+
+def test_shipped_smollm2_draft_is_complete():
+    """The draft in lsjax/drafts/ loads, fits SmolLM2-135M's shapes and records how it was trained."""
+    from lsjax.drafters.longspec import DRAFTS_DIR, load_draft
+    from lsjax.tree import TreeConfig
+
+    path = DRAFTS_DIR / "SmolLM2-135M-Instruct"
+    params, dcfg, meta = load_draft(path)
+    D, N, K, H, V = 576, 9, 3, 64, 49152
+    assert params["cross_wq"].shape == (D, N, H) and params["self_wk"].shape == (D, K, H)
+    ids = params["vocab_ids"]
+    assert len(ids) == dcfg.draft_vocab_size == 8192 and len(np.unique(ids)) == len(ids) and ids.max() < V
+    assert all(np.isfinite(v).all() for v in params.values())
+    TreeConfig(tuple(meta["tree"]))
+    assert meta["training"]["steps"] > 0 and (path / "MODEL_CARD.md").is_file()
