@@ -3,25 +3,17 @@ trained a few steps, the loss by position on dev sequences, tau of each exported
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 import yaml
 
 from lsjax.bench import ablation
-from lsjax.config import ModelConfig, to_dict
+from lsjax.config import to_dict
+from tests.test_train import TINY as TRAIN_TINY
 
-TINY = ModelConfig(
-    vocab_size=96,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    max_position=512,
-    name="tiny",
-)
+TINY = dataclasses.replace(TRAIN_TINY, max_position=512)  # eval sequences longer than training ones
 
 
 def test_ablation_end_to_end(tmp_path, capsys):
