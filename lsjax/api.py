@@ -29,7 +29,8 @@ class SpecConfig:
     model: ModelConfig
     gen: GenerateConfig = GenerateConfig()
     drafter: Drafter = ARDrafter()
-    capacity: int | None = None  # cache slots; default: prompt buffer + max_new_tokens + one step of slack
+    # Cache slots; default: prompt buffer + max_new_tokens + one step of slack. Too small raises CapacityError.
+    capacity: int | None = None
     chunk: int = decoding.PREFILL_CHUNK  # prefill chunk; the prompt buffer length must be a multiple of it
     backend: str = "auto"
 
@@ -40,7 +41,7 @@ class GenerateOutput:
     tokens: jax.Array  # [B, max_new_tokens] generated ids (valid up to num_tokens)
     num_tokens: jax.Array  # [B] int32
     target_forwards: jax.Array  # [] int32, prefill included
-    mean_accepted: jax.Array  # [] float32: tokens emitted per decode-step target forward (tau)
+    mean_accepted: jax.Array  # [] float32: tokens emitted per decode step of a row still generating (tau)
 
 
 def generate(
@@ -56,10 +57,6 @@ def generate(
     if P % config.chunk:
         raise ValueError(f"prompt_ids length {P} must be a multiple of config.chunk={config.chunk}; pad it")
     lengths = jnp.full((B,), P, jnp.int32) if prompt_lengths is None else prompt_lengths.astype(jnp.int32)
-    drafter = config.drafter
-    if hasattr(drafter, "capacity"):  # drafters with a token history size it like the cache
-        cap = config.capacity or speculative.required_capacity(P, config.gen, drafter)
-        drafter = dataclasses.replace(drafter, capacity=cap)
     state = speculative.generate(
         target_params,
         draft_params,
@@ -68,10 +65,9 @@ def generate(
         lengths,
         config.gen,
         key,
-        drafter,
+        config.drafter,
         capacity=config.capacity,
         chunk=config.chunk,
         backend=config.backend,
     )
-    tau = state.accepted / jnp.maximum(state.steps * B, 1)
-    return GenerateOutput(state.out, state.num_out, state.steps + 1, tau.astype(jnp.float32))
+    return GenerateOutput(state.out, state.num_out, state.steps + 1, state.mean_accepted.astype(jnp.float32))

@@ -192,6 +192,9 @@ class ModelConfig:
         return V * D * (1 if self.tie_embeddings else 2) + L * per_layer + D
 
 
+DRAFT_SAMPLING = ("auto", "greedy", "sample")
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
     """How a token is chosen from logits. temperature == 0 means greedy."""
@@ -200,6 +203,11 @@ class SamplingConfig:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
     min_p: float = 0.0  # 0 = off
+    # How drafters build their trees at temperature > 0: "sample" draws children from the draft's own processed
+    # distribution q (verified by recursive rejection sampling: accepted with probability 1 - TV(p, q));
+    # "greedy" keeps the deterministic top-k tree (sample-and-match: a child is accepted with probability
+    # p(child)); "auto" samples at T > 0. Both are exactly lossless. At T = 0 trees are always deterministic.
+    draft_sampling: str = "auto"
 
     def __post_init__(self):
         _check(
@@ -210,10 +218,20 @@ class SamplingConfig:
         _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", f"must be an integer >= 0, got {self.top_k}")
         _check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
         _check(0 <= self.min_p < 1, "min_p", f"must be in [0, 1), got {self.min_p}")
+        _check(
+            self.draft_sampling in DRAFT_SAMPLING,
+            "draft_sampling",
+            f"must be one of {'|'.join(DRAFT_SAMPLING)}, got {self.draft_sampling!r}",
+        )
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def sample_drafts(self) -> bool:
+        """Whether drafters sample their trees from q (never at temperature 0)."""
+        return not self.greedy and self.draft_sampling in ("auto", "sample")
 
 
 @dataclasses.dataclass(frozen=True)

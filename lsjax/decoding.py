@@ -97,7 +97,15 @@ class DecodeState:
     key: jax.Array
     steps: jax.Array  # [] int32 decode steps run (target forwards after prefill)
     accepted: jax.Array  # [] int32 tokens emitted by decode steps (for tau)
+    # [] int32 row-steps of rows still generating: tau = accepted / active_steps (a finished row in a batch
+    # rides along in the remaining forwards but neither commits nor counts).
+    active_steps: jax.Array
     draft: Any = ()  # the drafter's state (a pytree; () for AR)
+
+    @property
+    def mean_accepted(self) -> jax.Array:
+        """tau: tokens emitted per active row-step of decoding."""
+        return self.accepted / jnp.maximum(self.active_steps, 1)
 
 
 def stop_ids(config: ModelConfig, gen: GenerateConfig) -> tuple[int, ...]:
@@ -143,7 +151,18 @@ def init_state(
         gen,
         stop_ids(config, gen),
     )
-    return DecodeState(cache, first, out, num_out, done, key, jnp.int32(0), jnp.int32(0))
+    return DecodeState(
+        cache=cache,
+        root=first,
+        out=out,
+        num_out=num_out,
+        done=done,
+        key=key,
+        # Separate zeros: one traced value returned thrice would come back as one buffer, donated thrice.
+        steps=jnp.zeros((), jnp.int32),
+        accepted=jnp.zeros((), jnp.int32),
+        active_steps=jnp.zeros((), jnp.int32),
+    )
 
 
 def decode_loop(step_fn, state: DecodeState, step_limit: jax.Array) -> DecodeState:

@@ -19,7 +19,7 @@ import numpy as np
 
 from lsjax import decoding, speculative
 from lsjax.config import GenerateConfig, ModelConfig
-from lsjax.drafters.base import ARDrafter, DraftContext, Drafter
+from lsjax.drafters.base import ARDrafter, Drafter
 from lsjax.errors import LsjaxError
 
 
@@ -78,18 +78,12 @@ class Generator:
         self.backend = backend
         self._compiled: dict = {}
 
-    def _drafter_for(self, capacity: int) -> Drafter:
-        # Drafters that keep their own token history size it like the cache.
-        if hasattr(self.drafter, "capacity"):
-            return dataclasses.replace(self.drafter, capacity=capacity)
-        return self.drafter
-
     def _compile(self, bucket: int, capacity: int, gen: GenerateConfig, key):
         sig = (bucket, capacity, gen)
         if sig in self._compiled:
             return self._compiled[sig], 0.0
         t0 = time.perf_counter()
-        drafter = self._drafter_for(capacity)
+        drafter = self.drafter
         tokens = jax.ShapeDtypeStruct((1, bucket), jnp.int32)
         lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
         start_fn = functools.partial(
@@ -175,12 +169,12 @@ class Generator:
         config, backend = self.config, self.backend
 
         def ctx(tp, dp):
-            return DraftContext(tp, dp, config, backend)
+            return speculative.context(tp, dp, config, gen, capacity, backend)
 
         draft = jax.jit(lambda tp, dp, st: speculative.draft_phase(ctx(tp, dp), drafter, st))
         verify = jax.jit(lambda tp, dp, st, tr: speculative.verify_phase(ctx(tp, dp), drafter, gen, st, tr))
         commit = jax.jit(  # donated, as in the fused step: the cache is updated in place, not copied
-            lambda tp, dp, st, tr, v: speculative.commit_phase(ctx(tp, dp), drafter, gen, st, tr, v),
+            lambda tp, dp, st, v: speculative.commit_phase(ctx(tp, dp), drafter, gen, st, v),
             donate_argnums=(2,),
         )
         self._compiled[sig] = (draft, verify, commit)
@@ -196,7 +190,7 @@ class Generator:
             functools.partial(
                 speculative.start,
                 config=self.config,
-                drafter=self._drafter_for(capacity),
+                drafter=self.drafter,
                 gen=gen,
                 capacity=capacity,
                 backend=self.backend,
@@ -235,7 +229,7 @@ class Generator:
             t1 = time.perf_counter()
             verified = jax.block_until_ready(verify(self.params, self.draft_params, state, tree))
             t2 = time.perf_counter()
-            state = jax.block_until_ready(commit(self.params, self.draft_params, state, tree, verified))
+            state = jax.block_until_ready(commit(self.params, self.draft_params, state, verified))
             t3 = time.perf_counter()
             if i > 0:
                 totals += (t1 - t0, t2 - t1, t3 - t2)

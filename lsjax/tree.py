@@ -85,6 +85,16 @@ class Tree:
     depth: jax.Array  # [B, T] int32 (static per index, kept as an array for positions)
     valid: jax.Array  # [B, T] bool
     mask: jax.Array  # [B, T, T] bool: mask[b, i, j] = j is i or an ancestor of i, both valid
+    # Stochastic trees only (None for deterministic drafters). A node with sampled[b, i] set was drawn from its
+    # parent's draft distribution exp(logq[b, parent]) without replacement; sampled siblings appear in the order
+    # they were drawn and how many children a node gets is fixed before they are drawn. Verification then uses
+    # recursive rejection sampling over them (`lsjax.verify`).
+    logq: jax.Array | None = None  # [B, T, V] fp32: log q of the children of each node (full vocabulary)
+    sampled: jax.Array | None = None  # [B, T] bool
+
+    @property
+    def stochastic(self) -> bool:
+        return self.logq is not None
 
     @property
     def num_nodes(self) -> int:
@@ -104,10 +114,10 @@ def ancestor_mask(parents: jax.Array, valid: jax.Array, max_depth: int) -> jax.A
     return mask & valid[:, :, None] & valid[:, None, :]
 
 
-def make_tree(tokens, parents, valid, config: TreeConfig) -> Tree:
+def make_tree(tokens, parents, valid, config: TreeConfig, logq=None, sampled=None) -> Tree:
     B = tokens.shape[0]
     depth = jnp.broadcast_to(jnp.asarray(config.node_depths()), (B, config.num_nodes))
-    return Tree(tokens, parents, depth, valid, ancestor_mask(parents, valid, config.depth))
+    return Tree(tokens, parents, depth, valid, ancestor_mask(parents, valid, config.depth), logq, sampled)
 
 
 def chain_parents(num_nodes: int) -> np.ndarray:

@@ -1,18 +1,31 @@
 """Verification: one target forward over a tree, then the accepted path.
 
-Acceptance is exactly lossless for any tree built without looking at the
-verification randomness:
+Acceptance is exactly lossless for any tree built without looking at the verification randomness. Let p be
+the target's *processed* distribution at a node (`processed_logprobs`, the one AR sampling uses).
 
-* T = 0: walk from the root while some child holds the target's argmax at its
-  parent; the argmax at the last accepted node is the bonus token.
-* T > 0: draw one token from the target's *processed* distribution at every
-  node (the same `processed_logprobs` AR sampling uses), independently. Walk
-  from the root: if a child holds the draw at the current node, move to it;
-  otherwise emit the draw and stop. Every emitted token is a fresh draw from the
-  target conditional on exactly the tokens before it, so the output is
-  distributed as AR sampling's. (Ratio tests on children that were not sampled
-  from the draft — as the official LongSpec/TokenSwift stochastic paths do on
-  top-k trees — are not used: they are not lossless there.)
+* T = 0: walk from the root while some child holds the target's argmax at its parent; the argmax at the last
+  accepted node is the bonus token. The guarantee is "exactly the target's greedy choice as computed by the
+  verification forward": AR computes the same logits with other matmul shapes (differences ~1e-6), so the
+  two agree token for token except where two logits tie to that precision.
+* T > 0, deterministic children (beam trees, prompt lookup; `tree.logq is None`): draw x ~ p at the node and
+  move to the child holding x, else emit x and stop (sample-and-match). Each emitted token is a fresh draw
+  from p given exactly the tokens before it. A child is accepted with probability p(child).
+* T > 0, sampled children (`tree.sampled`): the node's sampled children c_1..c_k were drawn from the
+  draft's q without replacement, k fixed before the draws. Recursive rejection sampling: with residual
+  r_1 = p and q_1 = q, accept c_i with probability min(1, r_i(c_i) / q_i(c_i)); on rejection set
+  r_{i+1} = norm(max(r_i - q_i, 0)) and q_{i+1} = q_i without c_i, renormalised. If all are rejected, draw
+  x ~ r_{k+1} and move to a child holding x if there is one (a deterministic sibling, say), else emit x.
+
+  Why the emitted token is distributed as p, by induction on k (k = 0 is a plain draw from p): given that c_1
+  is rejected, c_2..c_k are a without-replacement sample from q_2 whatever c_1 was, so by induction the rest
+  of the procedure emits a draw from r_2, which does not depend on c_1. Step 1 is then standard speculative
+  sampling with proposal q_1 and, on rejection, a draw from norm(max(r_1 - q_1, 0)): it emits r_1 = p
+  exactly (Leviathan et al., Thm. 1). A child is accepted with probability 1 - TV(p, q) at least, which
+  is what makes sampled trees accept far more than top-k trees at T > 0 (SpecInfer, Sequoia, Recursive
+  Speculative Decoding use the same scheme).
+
+  The subtree below the chosen child was drawn with draft randomness only, so the next level sees children
+  that are again a without-replacement sample from q at that node: the induction extends down the tree.
 """
 
 from __future__ import annotations
@@ -23,22 +36,40 @@ import jax.numpy as jnp
 from lsjax.cache import KVCache
 from lsjax.config import ModelConfig, SamplingConfig
 from lsjax.models import target
-from lsjax.sampling import sample
+from lsjax.sampling import processed_logprobs, sample
 from lsjax.tree import Tree
 
 
 def tree_forward(params: dict, config: ModelConfig, tree: Tree, cache: KVCache, *, backend: str = "auto"):
-    """Target logits [B, T, V] at every node and the nodes' K/V [L, B, T, K, H] (not committed)."""
+    """Target hidden states [B, T, D], logits [B, T, V] at every node, and the nodes' K/V [L, B, T, K, H]
+    (not committed)."""
     positions = cache.lengths[:, None] + tree.depth
     hidden, new_k, new_v = target.forward_hidden(
         params, config, tree.tokens, positions, cache, tree_mask=tree.mask, backend=backend
     )
-    return target.lm_head(params, config, hidden), new_k, new_v
+    return hidden, target.lm_head(params, config, hidden), new_k, new_v
 
 
-def accept(tree: Tree, logits: jax.Array, sampling: SamplingConfig, key: jax.Array, max_depth: int):
+def _take(x: jax.Array, idx: jax.Array) -> jax.Array:
+    """x [B, T, ...], idx [B] -> x[b, idx[b]]."""
+    return jnp.take_along_axis(x, idx.reshape((-1,) + (1,) * (x.ndim - 1)), axis=1)[:, 0]
+
+
+def accept(
+    tree: Tree,
+    logits: jax.Array,
+    sampling: SamplingConfig,
+    key: jax.Array,
+    max_depth: int,
+    level_offsets: tuple[int, ...] | None = None,
+):
     """Walks the tree. Returns (path [B, max_depth + 1] node indices, path[:, 0] = root;
-    num_accepted [B] tree nodes accepted beyond the root; bonus [B] the token after the path)."""
+    num_accepted [B] tree nodes accepted beyond the root; bonus [B] the token after the path).
+
+    `level_offsets` (the TreeConfig's) lets the walk visit only the nodes of each level; without it every
+    node is scanned at every depth (same result, more work)."""
+    if tree.stochastic and not sampling.greedy:
+        return _accept_sampled(tree, logits, sampling, key, max_depth, level_offsets)
     B, T = tree.tokens.shape
     draws = sample(key, logits, sampling)  # [B, T]: the target's token at every node
     cur = jnp.zeros((B,), jnp.int32)
@@ -54,6 +85,65 @@ def accept(tree: Tree, logits: jax.Array, sampling: SamplingConfig, key: jax.Arr
         alive = found
     num_accepted = jnp.sum(path[:, 1:] > 0, axis=1).astype(jnp.int32)
     bonus = jnp.take_along_axis(draws, cur[:, None], axis=1)[:, 0]
+    return path, num_accepted, bonus
+
+
+def _normalise(x: jax.Array, fallback: jax.Array) -> jax.Array:
+    total = jnp.sum(x, axis=-1, keepdims=True)
+    # A residual can only vanish when r == q, where every candidate is accepted: the fallback is never drawn.
+    return jnp.where(total > 1e-30, x / jnp.maximum(total, 1e-30), fallback)
+
+
+def _accept_sampled(tree: Tree, logits, sampling: SamplingConfig, key, max_depth: int, level_offsets):
+    """Recursive rejection sampling over sampled children, sample-and-match over the others (module doc)."""
+    B, T = tree.tokens.shape
+    logp = processed_logprobs(logits, sampling)  # [B, T, V]
+    rows = jnp.arange(B)
+    cur = jnp.zeros((B,), jnp.int32)
+    alive = jnp.ones((B,), bool)
+    path = jnp.zeros((B, max_depth + 1), jnp.int32)
+    bonus = jnp.zeros((B,), jnp.int32)
+    sampled = tree.sampled & tree.valid
+    for d in range(1, max_depth + 1):
+        k_d = jax.random.fold_in(key, d)
+        if level_offsets is not None:
+            lo, hi = level_offsets[d], (level_offsets[d + 1] if d + 1 < len(level_offsets) else T)
+        else:
+            lo, hi = 1, T
+        r = jnp.exp(_take(logp, cur))  # [B, V] residual target distribution
+        q_rem = jnp.exp(_take(tree.logq, cur))  # [B, V] q without the rejected candidates (unnormalised)
+        taken = jnp.zeros((B,), bool)
+        child = jnp.zeros((B,), jnp.int32)
+        for j in range(lo, hi):
+            cand = alive & ~taken & sampled[:, j] & (tree.parents[:, j] == cur) & (tree.depth[:, j] == d)
+            tok = tree.tokens[:, j]
+            q_sum = jnp.sum(q_rem, axis=-1)
+            q_tok = q_rem[rows, tok]
+            r_tok = r[rows, tok]
+            u = jax.random.uniform(jax.random.fold_in(k_d, j), (B,))
+            # u < min(1, r/q_j) with q_j = q_rem / q_sum; q_tok > 0 for a sampled child.
+            ok = cand & (q_tok > 0) & (u * q_tok < r_tok * q_sum)
+            taken = taken | ok
+            child = jnp.where(ok, j, child)
+            rejected = cand & ~ok
+            q_j = q_rem / jnp.maximum(q_sum, 1e-30)[:, None]
+            r = jnp.where(rejected[:, None], _normalise(jnp.maximum(r - q_j, 0.0), r), r)
+            q_rem = jnp.where(rejected[:, None], q_rem.at[rows, tok].set(0.0), q_rem)
+        # Nothing accepted: a draw from the residual, matched against every child (sampled or not).
+        x = jax.random.categorical(jax.random.fold_in(k_d, T), jnp.log(r), axis=-1).astype(jnp.int32)
+        match = (tree.parents == cur[:, None]) & tree.valid & (tree.tokens == x[:, None]) & (tree.depth == d)
+        matched = jnp.any(match, axis=1)
+        child = jnp.where(taken, child, jnp.argmax(match, axis=1).astype(jnp.int32))
+        found = alive & (taken | matched)
+        stops = alive & ~found
+        bonus = jnp.where(stops, x, bonus)
+        cur = jnp.where(found, child, cur)
+        path = path.at[:, d].set(jnp.where(found, child, 0))
+        alive = found
+    # Rows that walked to the deepest level: the bonus is a fresh draw from p there.
+    last = jax.random.categorical(jax.random.fold_in(key, max_depth + 1), _take(logp, cur), axis=-1)
+    bonus = jnp.where(alive, last.astype(jnp.int32), bonus)
+    num_accepted = jnp.sum(path[:, 1:] > 0, axis=1).astype(jnp.int32)
     return path, num_accepted, bonus
 
 

@@ -1,18 +1,24 @@
-"""The drafter interface: every proposer plugs into the same verify engine.
+"""The drafter contract: every proposer plugs into the same verify engine.
 
-A drafter is a frozen, hashable dataclass (static under `jax.jit`) whose
-methods are pure functions of explicit state:
+A drafter is a frozen, hashable dataclass (static under `jax.jit`) whose methods are pure functions of
+explicit state `S` (any pytree; `()` for stateless drafters):
 
-* `init(ctx)` -> draft state, after the prompt is prefilled;
-* `propose(ctx, state)` -> a `Tree` whose root is `state.root` (the last emitted
-  token); it must not use the verification RNG key (losslessness at T > 0 relies
-  on the tree being independent of the target's draws);
-* `update(ctx, state, draft_state, tree, path, num_accepted, bonus)` -> the new
-  draft state once the accepted path is committed (`state` is the updated decode
-  state: its cache already holds the accepted tokens).
+    init(ctx, state) -> S                           after the prompt is prefilled and the first token emitted
+    propose(ctx, state, draft_state: S, key) -> Tree
+    verify_extras(ctx, tree, hidden, logits) -> E   optional: extra per-node outputs of the verify forward
+    update(ctx, state, draft_state: S, verdict: Verdict[E]) -> S
 
-`ctx` is a `DraftContext` bundling the params and configs, so signatures stay
-short and every drafter sees the same things.
+* `propose` builds a tree rooted at `state.root` (the last emitted token, not yet in the cache). `key` is the
+  drafting key: independent of the verification key by construction, so a tree sampled with it keeps
+  verification exactly lossless. Deterministic drafters ignore it.
+* `verify_extras` runs inside the verification forward on its final hidden states `[B, T, D]` and logits
+  `[B, T, V]` at every node (heads on verified hidden states need no forward of their own); what it returns
+  reaches `update` as `verdict.extras`.
+* `update` sees the decode state after the commit (its cache already holds the accepted tokens) and the
+  `Verdict`: which nodes were accepted, how many tokens each row committed, the bonus token.
+
+`ctx` is a `DraftContext` bundling params, configs and static sizes, so signatures stay short and every
+drafter sees the same things.
 """
 
 from __future__ import annotations
@@ -21,8 +27,9 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
-from lsjax.config import ModelConfig
+from lsjax.config import ModelConfig, SamplingConfig
 from lsjax.tree import Tree, TreeConfig, root_only
 
 
@@ -32,9 +39,37 @@ class DraftContext:
     draft_params: Any
     config: ModelConfig
     backend: str = "auto"
-    # Set by `init` only: the prompt as prefilled (tokens [B, P], lengths [B]).
+    # The target cache's static slot count: drafters that keep a token history size it like the cache.
+    capacity: int = 0
+    # The sampling the step verifies with: stochastic drafters read `sampling.sample_drafts` and build q with it.
+    sampling: SamplingConfig = SamplingConfig()
+    # Set for `init` only: the prompt as prefilled (tokens [B, P], lengths [B]).
     prompt_tokens: jax.Array | None = None
     prompt_lengths: jax.Array | None = None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What verification decided for one step (every field per row)."""
+
+    tree: Tree  # the verified tree
+    path: jax.Array  # [B, max_depth + 1] node indices of the accepted path; path[:, 0] = 0 (the root)
+    num_accepted: jax.Array  # [B] tree nodes accepted beyond the root (0 for finished rows)
+    bonus: jax.Array  # [B] the token after the path: the next root
+    count: jax.Array  # [B] tokens committed to the cache: num_accepted + 1, or 0 for a row already finished
+    extras: Any = ()  # the drafter's `verify_extras` at every node
+
+    @property
+    def path_tokens(self) -> jax.Array:
+        """[B, max_depth + 1] tokens along the path (root first; entries past num_accepted are junk)."""
+        return jnp.take_along_axis(self.tree.tokens, self.path, axis=1)
+
+    def emitted(self) -> jax.Array:
+        """[B, max_depth + 1]: the accepted tokens after the root, then the bonus (the first count valid)."""
+        B = self.path.shape[0]
+        toks = jnp.concatenate([self.path_tokens[:, 1:], jnp.zeros((B, 1), jnp.int32)], axis=1)
+        return toks.at[jnp.arange(B), self.num_accepted].set(self.bonus)
 
 
 class Drafter:
@@ -54,10 +89,13 @@ class Drafter:
     def init(self, ctx: DraftContext, state) -> Any:
         return ()
 
-    def propose(self, ctx: DraftContext, state) -> Tree:
+    def propose(self, ctx: DraftContext, state, draft_state, key: jax.Array) -> Tree:
         raise NotImplementedError
 
-    def update(self, ctx: DraftContext, state, draft_state, tree: Tree, path, num_accepted, bonus) -> Any:
+    def verify_extras(self, ctx: DraftContext, tree: Tree, hidden: jax.Array, logits: jax.Array) -> Any:
+        return ()
+
+    def update(self, ctx: DraftContext, state, draft_state, verdict: Verdict) -> Any:
         return draft_state
 
 
@@ -75,5 +113,5 @@ class ARDrafter(Drafter):
     def num_nodes(self) -> int:
         return 1
 
-    def propose(self, ctx: DraftContext, state) -> Tree:
+    def propose(self, ctx: DraftContext, state, draft_state, key) -> Tree:
         return root_only(state.root)

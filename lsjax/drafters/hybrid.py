@@ -21,7 +21,7 @@ import functools
 import jax.numpy as jnp
 import numpy as np
 
-from lsjax.drafters.base import DraftContext, Drafter
+from lsjax.drafters.base import DraftContext, Drafter, Verdict
 from lsjax.drafters.longspec import LongSpecDrafter
 from lsjax.drafters.pld import PLDDrafter
 from lsjax.tree import Tree, TreeConfig, make_tree
@@ -48,25 +48,20 @@ def union_layout(pld_len: int, widths: tuple[int, ...]) -> tuple[TreeConfig, np.
 class HybridDrafter(Drafter):
     longspec: LongSpecDrafter = LongSpecDrafter(tree=TreeConfig((1, 1, 1, 1)))
     pld: PLDDrafter = PLDDrafter(num_tokens=6)
-    capacity: int = 8192 + 512  # the PLD token history (the Generator sizes it like the cache)
 
     name = "hybrid"
-
-    @property
-    def _pld(self) -> PLDDrafter:
-        return dataclasses.replace(self.pld, capacity=self.capacity)
 
     @property
     def tree(self) -> TreeConfig:
         return union_layout(self.pld.num_tokens, self.longspec.tree.widths)[0]
 
     def init(self, ctx: DraftContext, state):
-        return (self._pld.init(ctx, state), self.longspec.init(ctx, state))
+        return (self.pld.init(ctx, state), self.longspec.init(ctx, state))
 
-    def propose(self, ctx: DraftContext, state) -> Tree:
-        pld_state, ls_state = state.draft
-        chain = self._pld.propose(ctx, dataclasses.replace(state, draft=pld_state))  # [B, 1 + P]
-        beams = self.longspec.propose(ctx, dataclasses.replace(state, draft=ls_state))  # [B, 1 + sum(w)]
+    def propose(self, ctx: DraftContext, state, draft_state, key) -> Tree:
+        pld_state, ls_state = draft_state
+        chain = self.pld.propose(ctx, state, pld_state, key)  # [B, 1 + P]
+        beams = self.longspec.propose(ctx, state, ls_state, key)  # [B, 1 + sum(w)]
         union, pld_at, ls_at, pld_parent = union_layout(self.pld.num_tokens, self.longspec.tree.widths)
         B, T = state.root.shape[0], union.num_nodes
         ls_at_j = jnp.asarray(ls_at)
@@ -75,11 +70,17 @@ class HybridDrafter(Drafter):
         valid = jnp.ones((B, T), bool).at[:, pld_at].set(chain.valid[:, 1:]).at[:, ls_at[1:]].set(beams.valid[:, 1:])
         parents = jnp.full((B, T), -1, jnp.int32).at[:, pld_at].set(jnp.asarray(pld_parent)[None])
         parents = parents.at[:, ls_at[1:]].set(ls_at_j[beams.parents[:, 1:]])
-        return make_tree(tokens, parents, valid, union)
+        logq = sampled = None
+        if beams.stochastic:  # the chain's nodes are deterministic children: sample-and-match covers them
+            V = beams.logq.shape[-1]
+            logq = jnp.full((B, T, V), -jnp.inf, beams.logq.dtype).at[:, ls_at].set(beams.logq)
+            sampled = jnp.zeros((B, T), bool).at[:, ls_at[1:]].set(beams.sampled[:, 1:])
+        return make_tree(tokens, parents, valid, union, logq, sampled)
 
-    def update(self, ctx: DraftContext, state, draft_state, tree: Tree, path, num_accepted, bonus):
+    def update(self, ctx: DraftContext, state, draft_state, verdict: Verdict):
+        # Both read only the accepted tokens (verdict.emitted / path_tokens), never node indices.
         pld_state, ls_state = draft_state
         return (
-            self._pld.update(ctx, state, pld_state, tree, path, num_accepted, bonus),
-            self.longspec.update(ctx, state, ls_state, tree, path, num_accepted, bonus),
+            self.pld.update(ctx, state, pld_state, verdict),
+            self.longspec.update(ctx, state, ls_state, verdict),
         )

@@ -9,6 +9,12 @@ form the next level: parents that lose simply get no children — nothing is
 moved (LongSpec, Appendix D). The tree depends only on the context, never on
 the verification RNG, so verification stays exactly lossless.
 
+At T > 0 (`SamplingConfig.sample_drafts`) the same beam shape is kept but each
+node's children are drawn from the draft's processed q without replacement,
+with the drafting key; the tree carries q so verification can run recursive
+rejection sampling (accepting a child with probability >= 1 - TV(p, q)
+instead of p(child) for a top-k child).
+
 Draft checkpoints are directories with `params.npz` (the draft's tensors, plus
 `vocab_ids` when the vocabulary is pruned) and `draft.json` (the DraftConfig,
 the target's name and the default tree).
@@ -26,9 +32,10 @@ import numpy as np
 
 from lsjax.cache import RingCache, ring_write
 from lsjax.config import DraftConfig, from_dict, to_dict
-from lsjax.drafters.base import DraftContext, Drafter
+from lsjax.drafters.base import DraftContext, Drafter, Verdict
 from lsjax.errors import ModelNotFoundError
 from lsjax.models.draft import draft_logits, draft_self_kv, draft_step, init_draft_params, with_vocab_head
+from lsjax.sampling import processed_logprobs
 from lsjax.tree import Tree, TreeConfig, parse_tree
 
 DRAFTS_DIR = Path(__file__).resolve().parents[1] / "drafts"
@@ -61,24 +68,27 @@ class LongSpecDrafter(Drafter):
         ring = RingCache.zeros(ctx.config, B, W)
         return ring_write(ring, k, v, start, jnp.minimum(lengths, W))
 
-    def propose(self, ctx: DraftContext, state) -> Tree:
+    def propose(self, ctx: DraftContext, state, draft_state: RingCache, key: jax.Array) -> Tree:
         params, vocab_ids = split_vocab(ctx.draft_params)
         cfg, tp = ctx.config, ctx.target_params
-        ring: RingCache = state.draft
+        ring = draft_state
         cache = state.cache
         widths = (1, *self.tree.widths)  # level 0 is the root
         offsets = self.tree.level_offsets()
         T = self.tree.num_nodes
         B = state.root.shape[0]
         n = cache.lengths  # [B]: the root sits at position n
+        stochastic = ctx.sampling.sample_drafts
 
         tokens = jnp.zeros((B, T), jnp.int32).at[:, 0].set(state.root)
         parents = jnp.full((B, T), -1, jnp.int32)
         scores = jnp.zeros((B, T), jnp.float32)  # cumulative draft log-prob
+        valid = jnp.ones((B, T), bool)
         anc = jnp.zeros((B, T, T), bool).at[:, 0, 0].set(True)
         k0, v0 = draft_self_kv(params, tp, cfg, state.root[:, None], n[:, None])
         tree_k = jnp.zeros((B, T) + k0.shape[2:], k0.dtype).at[:, :1].set(k0)  # [B, T, K, H]
         tree_v = jnp.zeros_like(tree_k).at[:, :1].set(v0)
+        logq = jnp.full((B, T, cfg.vocab_size), -jnp.inf, jnp.float32) if stochastic else None
 
         for d in range(self.tree.depth):
             lo, w = offsets[d], widths[d]
@@ -100,14 +110,29 @@ class LongSpecDrafter(Drafter):
                 cache.lengths,
                 backend=ctx.backend,
             )
-            logp = jax.nn.log_softmax(draft_logits(params, tp, cfg, hidden, vocab_ids), axis=-1)  # [B, w, Vd]
+            logits = draft_logits(params, tp, cfg, hidden, vocab_ids)  # [B, w, Vd]
             w_next = widths[d + 1]
-            # The global top-w_next over all candidates lies within each node's own top-w_next.
-            top_lp, top_ids = jax.lax.top_k(logp, w_next)  # [B, w, w_next]
-            cand = (scores[:, lo : lo + w, None] + top_lp).reshape(B, w * w_next)
-            best, flat = jax.lax.top_k(cand, w_next)  # [B, w_next]
-            child_parent = lo + flat // w_next
-            child_tok = jnp.take_along_axis(top_ids.reshape(B, -1), flat, axis=1)
+            if stochastic:
+                # q is the draft's distribution after the target's own temperature/top-k/top-p/min-p.
+                logp = processed_logprobs(logits, ctx.sampling)
+                full = (
+                    logp
+                    if vocab_ids is None
+                    else jnp.full((B, w, cfg.vocab_size), -jnp.inf).at[..., vocab_ids].set(logp)
+                )
+                logq = logq.at[:, lo : lo + w].set(full)
+                child_parent, child_tok, best, ok = _sample_level(logp, scores[:, lo : lo + w], w_next, key, d)
+                child_parent = lo + child_parent
+                ok = ok & jnp.take_along_axis(valid, child_parent, axis=1)
+            else:
+                logp = jax.nn.log_softmax(logits, axis=-1)
+                # The global top-w_next over all candidates lies within each node's own top-w_next.
+                top_lp, top_ids = jax.lax.top_k(logp, w_next)  # [B, w, w_next]
+                cand = (scores[:, lo : lo + w, None] + top_lp).reshape(B, w * w_next)
+                best, flat = jax.lax.top_k(cand, w_next)  # [B, w_next]
+                child_parent = lo + flat // w_next
+                child_tok = jnp.take_along_axis(top_ids.reshape(B, -1), flat, axis=1)
+                ok = jnp.ones((B, w_next), bool)
             if vocab_ids is not None:
                 child_tok = jnp.take(vocab_ids, child_tok)
             c_lo = offsets[d + 1]
@@ -115,6 +140,7 @@ class LongSpecDrafter(Drafter):
             tokens = tokens.at[:, sl].set(child_tok.astype(jnp.int32))
             parents = parents.at[:, sl].set(child_parent.astype(jnp.int32))
             scores = scores.at[:, sl].set(best)
+            valid = valid.at[:, sl].set(ok)
             rows = jnp.take_along_axis(anc, child_parent[:, :, None], axis=1)  # the parents' ancestor rows
             rows = rows | jax.nn.one_hot(jnp.arange(c_lo, c_lo + w_next), T, dtype=bool)[None]
             anc = anc.at[:, sl].set(rows)
@@ -123,17 +149,47 @@ class LongSpecDrafter(Drafter):
             tree_v = tree_v.at[:, sl].set(cv)
 
         depth = jnp.broadcast_to(jnp.asarray(self.tree.node_depths()), (B, T))
-        return Tree(tokens, parents, depth, jnp.ones((B, T), bool), anc)
+        if not stochastic:
+            return Tree(tokens, parents, depth, valid, anc)
+        anc = anc & valid[:, :, None] & valid[:, None, :]
+        sampled = jnp.ones((B, T), bool).at[:, 0].set(False)
+        return Tree(tokens, parents, depth, valid, anc, logq, sampled)
 
-    def update(self, ctx: DraftContext, state, draft_state: RingCache, tree, path, num_accepted, bonus):
+    def update(self, ctx: DraftContext, state, draft_state: RingCache, verdict: Verdict):
         """The root and the accepted nodes are committed: their draft K/V join the window."""
         params, _ = split_vocab(ctx.draft_params)
-        A = path.shape[1]
-        count = num_accepted + 1
-        start = state.cache.lengths - count  # the old n: the root's position
-        toks = jnp.take_along_axis(tree.tokens, path, axis=1)  # [B, A]
+        A = verdict.path.shape[1]
+        start = state.cache.lengths - verdict.count  # the old n: the root's position
+        toks = verdict.path_tokens  # [B, A]
         k, v = draft_self_kv(params, ctx.target_params, ctx.config, toks, start[:, None] + jnp.arange(A)[None])
-        return ring_write(draft_state, k, v, start, count)
+        return ring_write(draft_state, k, v, start, verdict.count)
+
+
+def _sample_level(logq: jax.Array, scores: jax.Array, w_next: int, key: jax.Array, depth: int):
+    """One level of a sampled tree. logq [B, w, Vd] at the frontier, scores [B, w] their cumulative log q.
+
+    How many children each frontier node gets is decided first and without sampling: as many as it has among
+    the deterministic global top-w_next by cumulative log q (the beam's shape). Then each node's children are
+    drawn from its q without replacement (Gumbel-top-k: perturbed log q in decreasing order is a sequential
+    draw without replacement). Returns (parent [B, w_next] frontier index, token, cumulative log q, valid),
+    siblings in the order drawn. A child whose q is 0 (support smaller than the allotment) is invalid."""
+    B, w, _ = logq.shape
+    top_lp, _ = jax.lax.top_k(logq, w_next)  # [B, w, w_next]
+    _, flat = jax.lax.top_k((scores[:, :, None] + top_lp).reshape(B, w * w_next), w_next)
+    alloc = jnp.sum(jax.nn.one_hot(flat // w_next, w, dtype=jnp.int32), axis=1)  # [B, w] children per node
+    gumbel = jax.random.gumbel(jax.random.fold_in(key, depth), logq.shape)
+    perturbed, tok = jax.lax.top_k(logq + gumbel, w_next)  # [B, w, w_next] draws in order
+    rank = jnp.arange(w_next)[None, None]
+    keep = rank < alloc[:, :, None]  # exactly w_next kept per row
+    # Kept draws, ordered by (parent, draw rank): smallest sort key first.
+    order_key = jnp.where(keep, jnp.arange(w)[None, :, None] * w_next + rank, w * w_next).reshape(B, -1)
+    _, pick = jax.lax.top_k(-order_key, w_next)
+    parent = (pick // w_next).astype(jnp.int32)
+    child_tok = jnp.take_along_axis(tok.reshape(B, -1), pick, axis=1)
+    child_lq = jnp.take_along_axis(jnp.take_along_axis(logq, tok, axis=2).reshape(B, -1), pick, axis=1)
+    ok = jnp.isfinite(jnp.take_along_axis(perturbed.reshape(B, -1), pick, axis=1))
+    best = jnp.take_along_axis(scores, parent, axis=1) + jnp.where(ok, child_lq, -1e30)
+    return parent, child_tok, best, ok
 
 
 # ---------------------------------------------------------------------------

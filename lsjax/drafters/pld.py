@@ -4,7 +4,8 @@ The last `n` tokens of the context (n from `ngram_max` down to `ngram_min`) are
 searched for earlier in the context; the tokens that followed the most recent
 match are proposed as a chain. No match: the chain is empty (invalid nodes), and
 the step is an AR step. The context lives in the drafter's state, a token
-buffer [B, C] with static capacity, so nothing recompiles as it grows.
+buffer [B, C] sized like the target cache (`ctx.capacity`), so nothing
+recompiles as it grows.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from lsjax.drafters.base import DraftContext, Drafter
+from lsjax.drafters.base import DraftContext, Drafter, Verdict
 from lsjax.tree import Tree, TreeConfig, chain_parents, make_tree
 
 
@@ -47,7 +48,6 @@ class PLDDrafter(Drafter):
     num_tokens: int = 8  # chain length
     ngram_max: int = 3
     ngram_min: int = 1
-    capacity: int = 8192 + 512  # history buffer; >= prompt + generated tokens
 
     name = "pld"
 
@@ -62,13 +62,14 @@ class PLDDrafter(Drafter):
     def init(self, ctx: DraftContext, state) -> History:
         tokens, lengths = ctx.prompt_tokens, ctx.prompt_lengths
         B, P = tokens.shape
-        buf = jnp.zeros((B, self.capacity), jnp.int32).at[:, :P].set(tokens[:, : self.capacity])
+        C = ctx.capacity  # the cache holds prompt + generation, so the history fits too
+        buf = jnp.zeros((B, C), jnp.int32).at[:, :P].set(tokens[:, :C])
         buf = buf.at[jnp.arange(B), lengths].set(state.root)  # the first emitted token follows the prompt
         return History(buf, lengths + 1)
 
-    def propose(self, ctx: DraftContext, state) -> Tree:
-        hist: History = state.draft
-        B = hist.tokens.shape[0]
+    def propose(self, ctx: DraftContext, state, draft_state: History, key=None) -> Tree:
+        hist = draft_state
+        B, C = hist.tokens.shape
         found = jnp.zeros((B,), bool)
         start = jnp.zeros((B,), jnp.int32)
         for n in range(self.ngram_max, self.ngram_min - 1, -1):  # longer n-grams first
@@ -76,7 +77,7 @@ class PLDDrafter(Drafter):
             start = jnp.where(found, start, s)
             found = found | f
         idx = start[:, None] + jnp.arange(self.num_tokens)[None]  # [B, k]
-        proposal = jnp.take_along_axis(hist.tokens, jnp.clip(idx, 0, self.capacity - 1), axis=1)
+        proposal = jnp.take_along_axis(hist.tokens, jnp.clip(idx, 0, C - 1), axis=1)
         valid = found[:, None] & (idx < hist.length[:, None])
         T = self.num_nodes
         tokens = jnp.concatenate([state.root[:, None], proposal], axis=1)
@@ -84,16 +85,14 @@ class PLDDrafter(Drafter):
         parents = jnp.broadcast_to(jnp.asarray(chain_parents(T)), (B, T))
         return make_tree(tokens, parents, valid, self.tree)
 
-    def update(self, ctx: DraftContext, state, draft_state: History, tree, path, num_accepted, bonus) -> History:
-        B, A = path.shape
-        path_tokens = jnp.take_along_axis(tree.tokens, path, axis=1)[:, 1:]  # accepted nodes beyond the root
-        new = jnp.concatenate([path_tokens, jnp.zeros((B, 1), jnp.int32)], axis=1)
-        new = new.at[jnp.arange(B), num_accepted].set(bonus)  # [B, A]: accepted tokens then the bonus
+    def update(self, ctx: DraftContext, state, draft_state: History, verdict: Verdict) -> History:
+        new = verdict.emitted()  # [B, A]: accepted tokens then the bonus
+        C, A = draft_state.tokens.shape[1], new.shape[1]
 
         def write(buf, toks, at):
             return jax.lax.dynamic_update_slice(buf, toks, (at,))
 
-        # Entries past num_accepted + 1 are junk beyond the new length, overwritten later.
-        room = jnp.minimum(draft_state.length, self.capacity - A)
+        # Entries past the count are junk beyond the new length, overwritten later.
+        room = jnp.minimum(draft_state.length, C - A)
         buf = jax.vmap(write)(draft_state.tokens, new, room)
-        return History(buf, jnp.minimum(draft_state.length + num_accepted + 1, self.capacity))
+        return History(buf, jnp.minimum(draft_state.length + verdict.count, C))

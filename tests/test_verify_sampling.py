@@ -1,0 +1,314 @@
+"""Losslessness at T > 0, deep: the joint distribution of 4 generated tokens under speculative sampling equals
+the target's, enumerated exactly with filters computed by an independent numpy reference.
+
+The first token comes from prefill; a drafter of depth >= 3 then produces tokens 2-4 in one step when it
+accepts two nodes, so the tests see draws below multi-node acceptances, bonuses after them and the next
+verification after a multi-node commit. Each drafter's accepted-depth histogram at its first step is
+asserted, so a drafter that never gets anything accepted cannot pass.
+
+Power: at N = 400K samples (the slow set) the test rejects a 1% relative shift of the most likely
+continuation's mass, at the default run's 100K a 2.5% shift (`test_the_test_detects_small_biases`); a
+deliberately biased verifier fails it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from lsjax import speculative
+from lsjax.cache import KVCache
+from lsjax.config import DraftConfig, GenerateConfig, SamplingConfig
+from lsjax.drafters.base import Drafter
+from lsjax.drafters.hybrid import HybridDrafter
+from lsjax.drafters.longspec import LongSpecDrafter
+from lsjax.drafters.pld import PLDDrafter
+from lsjax.models import target
+from lsjax.sampling import processed_logprobs
+from lsjax.tree import Tree, TreeConfig, make_tree
+from lsjax.verify import accept
+from tests.filters_ref import reference_probs
+from tests.test_speculative import RandomTreeDrafter, longspec_params
+from tests.tiny import tiny_model
+
+V = 5
+K = 4  # generated tokens whose joint law is tested
+PROMPT = [3, 4, 1, 3, 4]
+N_DEEP = 400_000  # slow set: detects a 1% relative bias in the top cell
+N = 100_000  # default run: detects a 2.5% relative bias
+CHUNK_ROWS = 50_000
+
+
+def model():
+    """A smaller model than tests.tiny's (one layer, hidden 16): the tests run 100K-400K rows through it."""
+    config, _ = tiny_model(vocab=V)
+    config = dataclasses.replace(
+        config, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8
+    )
+    return config, target.init_params(config, jax.random.key(1), scale=0.8)
+
+
+def exact_joint(params, config, prompt, sampling: SamplingConfig, k: int = K) -> dict:
+    """P(continuation) for all V^k continuations; one batched forward per depth, filters from numpy."""
+    probs = {(): 1.0}
+    for depth in range(k):
+        prefixes = list(itertools.product(range(V), repeat=depth))
+        toks = jnp.asarray([list(prompt) + list(p) for p in prefixes], jnp.int32)
+        last = np.asarray(_last_logits(params, config, toks), np.float64)
+        nxt = {}
+        for p, row in zip(prefixes, last):
+            q = reference_probs(row, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
+            for t in range(V):
+                nxt[p + (t,)] = probs[p] * q[t]
+        probs = nxt
+    return probs
+
+
+@functools.partial(jax.jit, static_argnames="config")
+def _last_logits(params, config, toks):
+    pos = jnp.broadcast_to(jnp.arange(toks.shape[1])[None], toks.shape)
+    return target.forward(params, config, toks, pos, KVCache.zeros(config, toks.shape[0], 16))[0][:, -1]
+
+
+def distribution_pvalue(samples: np.ndarray, probs: dict, top_cells: int = 8) -> float:
+    """Smallest of: a chi-square over the cells (rare cells pooled among themselves only) and Bonferroni-
+    corrected z-tests on the `top_cells` most likely cells. A zero-probability continuation that was
+    sampled fails outright."""
+    keys = list(probs)  # itertools.product order: the base-V number of the continuation
+    p = np.array([probs[k] for k in keys])
+    code = np.asarray(samples) @ (V ** np.arange(samples.shape[1])[::-1])
+    counts = np.bincount(code, minlength=len(keys))
+    impossible = p == 0
+    assert counts[impossible].sum() == 0, "a zero-probability continuation was sampled"
+    n = counts.sum()
+    p = p / p.sum()
+    exp = p * n
+    big = exp >= 5
+    rare = ~big & ~impossible
+    obs = np.append(counts[big], counts[rare].sum())
+    ex = np.append(exp[big], exp[rare].sum())
+    keep = ex > 0
+    chi_p = stats.chisquare(obs[keep], ex[keep] * obs[keep].sum() / ex[keep].sum()).pvalue
+    top = np.argsort(p)[::-1][:top_cells]
+    z = (counts[top] - exp[top]) / np.sqrt(n * p[top] * (1 - p[top]))
+    z_p = min(1.0, top_cells * 2 * stats.norm.sf(np.abs(z).max()))
+    return min(chi_p, z_p)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "drafter", "gen"))
+def _first_step_then_rest(params, dp, config, drafter, gen, tokens, lengths, key):
+    state = speculative.start(params, dp, config, drafter, gen, tokens, lengths, key, capacity=32, chunk=8)
+    ctx = speculative.context(params, dp, config, gen, 32)
+    step = functools.partial(speculative.spec_step, ctx, drafter, gen)
+    state = step(state)
+    first = state.num_out  # 1 (prefill) + tokens of the first step
+    state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, state)
+    return state.out[:, :K], first
+
+
+def sample_joint(params, config, drafter, sampling, dp=(), n=N, seed=7):
+    """(samples [n, K], histogram of nodes accepted at the first speculative step)."""
+    gen = GenerateConfig(max_new_tokens=K, sampling=sampling, ignore_eos=True)
+    outs, firsts = [], []
+    for c in range(n // CHUNK_ROWS):
+        rows = CHUNK_ROWS
+        tokens = jnp.asarray(np.tile(np.array(PROMPT + [0] * 3, np.int32), (rows, 1)))
+        lengths = jnp.full((rows,), len(PROMPT), jnp.int32)
+        key = jax.random.fold_in(jax.random.key(seed), c)
+        out, first = _first_step_then_rest(params, dp, config, drafter, gen, tokens, lengths, key)
+        outs.append(np.asarray(out))
+        firsts.append(np.asarray(first))
+    accepted_first = np.minimum(np.concatenate(firsts) - 2, K - 1)  # tokens beyond the bonus
+    return np.concatenate(outs), np.bincount(accepted_first, minlength=K)
+
+
+# ------------------------------------------------------------------------------------------ test drafters
+
+
+@dataclasses.dataclass(frozen=True)
+class TableDrafter(Drafter):
+    """A k-ary tree (`fanout[d]` children per node at depth d) whose children come from q(. | node token) =
+    softmax(table[token] / tau), processed like the target's distribution. `sampled`: drawn without
+    replacement with the drafting key (verified by recursive rejection sampling). Otherwise the top-k of q,
+    deterministic; `claim_sampled` then marks those top-k children as sampled anyway: the official LongSpec
+    ratio test on top-k children, which is biased."""
+
+    fanout: tuple[int, ...] = (3, 2, 1)
+    sampled: bool = True
+    claim_sampled: bool = False
+    tau: float = 1.0
+    name = "table"
+
+    @property
+    def tree(self) -> TreeConfig:
+        return TreeConfig(tuple(int(np.prod(self.fanout[: d + 1])) for d in range(len(self.fanout))))
+
+    def table(self):
+        return jax.random.normal(jax.random.key(11), (V, V)) * 1.5
+
+    def propose(self, ctx, state, draft_state, key) -> Tree:
+        B = state.root.shape[0]
+        tokens, parents, logq = [state.root[:, None]], [jnp.full((B, 1), -1, jnp.int32)], []
+        offsets = self.tree.level_offsets()
+        frontier = state.root[:, None]
+        sampling = ctx.sampling if not ctx.sampling.greedy else SamplingConfig(1.0)
+        for d, f in enumerate(self.fanout):
+            lq = processed_logprobs(self.table()[frontier] / self.tau, sampling)  # [B, w, V]
+            logq.append(lq)
+            score = lq + (jax.random.gumbel(jax.random.fold_in(key, d), lq.shape) if self.sampled else 0.0)
+            _, child = jax.lax.top_k(score, f)  # [B, w, f]: in draw order when sampled
+            w = frontier.shape[1]
+            par = offsets[d] + jnp.repeat(jnp.arange(w), f)
+            frontier = child.reshape(B, w * f).astype(jnp.int32)
+            tokens.append(frontier)
+            parents.append(jnp.broadcast_to(par[None], (B, w * f)).astype(jnp.int32))
+        T = self.tree.num_nodes
+        logq.append(jnp.full((B, T - offsets[-1], V), -jnp.inf))  # leaves have no children
+        tokens, parents = jnp.concatenate(tokens, 1), jnp.concatenate(parents, 1)
+        logq = jnp.concatenate(logq, 1)
+        q_child = jnp.take_along_axis(jnp.take_along_axis(logq, parents.clip(0)[:, :, None], 1), tokens[:, :, None], 2)
+        valid = (jnp.arange(T) == 0)[None] | jnp.isfinite(q_child[:, :, 0])  # q = 0 children are never drawn
+        valid = valid & jnp.take_along_axis(valid, parents.clip(0), 1)  # (depth <= 3: two hops suffice)
+        valid = valid & jnp.take_along_axis(valid, parents.clip(0), 1)
+        stochastic = self.sampled or self.claim_sampled
+        if not stochastic:
+            return make_tree(tokens, parents, valid, self.tree)
+        return make_tree(tokens, parents, valid, self.tree, logq, (jnp.arange(T) > 0)[None] & valid)
+
+
+LS = DraftConfig(window=4)
+DRAFTERS = {
+    "table-sampled": TableDrafter(),
+    "table-topk": TableDrafter(sampled=False),
+    "random-tree": RandomTreeDrafter(TreeConfig((3, 3, 2)), vocab=V),
+    "pld": PLDDrafter(num_tokens=3, ngram_max=2),
+    "longspec": LongSpecDrafter(TreeConfig((2, 3, 2)), LS),
+    "hybrid": HybridDrafter(LongSpecDrafter(TreeConfig((2, 2, 2)), LS), PLDDrafter(num_tokens=3, ngram_max=2)),
+}
+SAMPLINGS = {
+    "T1": SamplingConfig(temperature=1.0),
+    "topk": SamplingConfig(temperature=1.2, top_k=3),
+    "topp": SamplingConfig(temperature=1.5, top_p=0.9),
+    "minp": SamplingConfig(temperature=1.5, min_p=0.1),
+}
+# By default (N = 100K): every drafter at T=1 but PLD, and the sampled table drafter with top-p. The slow set
+# runs every drafter with every filter at N = 400K.
+DEFAULT = {
+    ("table-sampled", "T1"),
+    ("table-sampled", "topp"),
+    ("longspec", "T1"),
+    ("hybrid", "T1"),
+    ("random-tree", "T1"),
+}
+CASES = [pytest.param(d, s, N, id=f"{d}-{s}") for d, s in sorted(DEFAULT)] + [
+    pytest.param(d, s, N_DEEP, id=f"{d}-{s}-deep", marks=pytest.mark.slow) for d in DRAFTERS for s in SAMPLINGS
+]
+
+
+def draft_params_for(params, config, drafter):
+    if isinstance(drafter, LongSpecDrafter | HybridDrafter):
+        return longspec_params(params, config, getattr(drafter, "longspec", drafter))
+    return ()
+
+
+@pytest.mark.parametrize("name,sampling,n", CASES)
+def test_speculative_sampling_is_exact_at_depth(name, sampling, n):
+    config, params = model()
+    drafter, sampling = DRAFTERS[name], SAMPLINGS[sampling]
+    probs = exact_joint(params, config, PROMPT, sampling)
+    samples, hist = sample_joint(params, config, drafter, sampling, draft_params_for(params, config, drafter), n=n)
+    # Deep acceptance happens: two or more nodes accepted at the first step in a good share of rows.
+    min_share = {"pld": 0.0, "random-tree": 0.02}.get(name, 0.05)
+    assert hist[2:].sum() >= min_share * n, f"accepted-depth histogram {hist.tolist()}"
+    if name != "pld":
+        assert hist[1:].sum() >= 0.2 * n, f"accepted-depth histogram {hist.tolist()}"
+    p = distribution_pvalue(samples, probs)
+    assert p > 1e-4, f"speculative samples deviate from the target distribution (p={p:.2e}, hist {hist.tolist()})"
+
+
+def one_level(p_logits, q_logits, k, sampled, rows, seed):
+    """A root with k children drawn from q (Gumbel-top-k when `sampled`, else q's top-k), verified at T=1.
+    Returns (accepted [rows] bool, emitted token [rows])."""
+    Vq = p_logits.shape[0]
+    logq = jax.nn.log_softmax(q_logits)
+    noise = jax.random.gumbel(jax.random.key(seed), (rows, Vq)) if sampled else jnp.zeros((rows, Vq))
+    _, kids = jax.lax.top_k(logq[None] + noise, k)
+    tokens = jnp.concatenate([jnp.zeros((rows, 1), jnp.int32), kids.astype(jnp.int32)], 1)
+    parents = jnp.concatenate([jnp.full((rows, 1), -1), jnp.zeros((rows, k), jnp.int32)], 1)
+    lq = jnp.full((rows, k + 1, Vq), -jnp.inf).at[:, 0].set(logq)
+    flag = (jnp.arange(k + 1) > 0)[None] & sampled
+    tree = make_tree(tokens, parents, jnp.ones((rows, k + 1), bool), TreeConfig((k,)), lq, flag.repeat(rows, 0))
+    logits = jnp.broadcast_to(p_logits, (rows, k + 1, Vq))
+    path, n, bonus = accept(tree, logits, SamplingConfig(1.0), jax.random.key(seed + 1), 1, (0, 1))
+    emitted = jnp.where(n > 0, jnp.take_along_axis(tokens, path[:, 1:], 1)[:, 0], bonus)
+    return np.asarray(n > 0), np.asarray(emitted)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_recursive_rejection_accepts_one_minus_tv_and_emits_p(k):
+    """At one node: k children sampled from q are accepted with probability 1 - TV(p, q) when k = 1 (and
+    more with more children); q's deterministic top-1 child only with p(top-1). Either way the emitted
+    token is distributed as p."""
+    rows = 200_000
+    p_logits = jnp.asarray([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
+    q_logits = jnp.asarray([1.0, 2.0, 0.5, 1.0, -1.0, 0.0, -2.0, 0.0])
+    p, q = np.asarray(jax.nn.softmax(p_logits), np.float64), np.asarray(jax.nn.softmax(q_logits), np.float64)
+    acc_s, tok_s = one_level(p_logits, q_logits, k, True, rows, 0)
+    acc_d, tok_d = one_level(p_logits, q_logits, 1, False, rows, 5)
+    se = 4 * np.sqrt(0.25 / rows)
+    if k == 1:
+        assert abs(acc_s.mean() - np.minimum(p, q).sum()) < se
+    assert acc_s.mean() > np.minimum(p, q).sum() - se
+    assert abs(acc_d.mean() - p[np.argmax(q)]) < se
+    assert acc_s.mean() > acc_d.mean() + 0.1  # here p and q overlap far more than q's top-1 carries
+    for tok in (tok_s, tok_d):
+        counts = np.bincount(tok, minlength=len(p))
+        assert stats.chisquare(counts, p / p.sum() * counts.sum()).pvalue > 1e-4
+
+
+def test_a_biased_verifier_fails():
+    """The ratio test applied to deterministic top-k children (as the official stochastic paths do) is not
+    lossless; the test must catch it."""
+    config, params = model()
+    sampling = SAMPLINGS["T1"]
+    probs = exact_joint(params, config, PROMPT, sampling)
+    samples, _ = sample_joint(params, config, TableDrafter(sampled=False, claim_sampled=True), sampling)
+    assert distribution_pvalue(samples, probs) < 1e-4
+
+
+@pytest.mark.parametrize("n,relative", [(N, 0.025), (N_DEEP, 0.01)])
+def test_the_test_detects_small_biases(n, relative):
+    config, params = model()
+    probs = exact_joint(params, config, PROMPT, SAMPLINGS["T1"])
+    keys = np.array(list(probs))
+    p = np.array(list(probs.values()))
+    p = p / p.sum()
+    assert p.max() > 0.2  # the model is peaky enough for the most likely cells to carry the power
+    exact = np.random.default_rng(0).choice(len(keys), size=n, p=p)
+    assert distribution_pvalue(keys[exact], probs) > 1e-4
+    detected = 0
+    for seed in range(5):
+        biased = p.copy()
+        top, second = np.argsort(p)[-1], np.argsort(p)[-2]
+        biased[top] *= 1 + relative
+        biased[second] -= biased[top] - p[top]
+        draws = np.random.default_rng(seed + 1).choice(len(keys), size=n, p=biased)
+        detected += distribution_pvalue(keys[draws], probs) < 1e-4
+    assert detected >= 4, f"a {relative:.1%} relative bias was caught in {detected}/5 runs"
+
+
+def test_impossible_continuations_are_caught():
+    config, params = model()
+    probs = exact_joint(params, config, PROMPT, SAMPLINGS["topk"])
+    zero = next(k for k, v in probs.items() if v == 0)
+    likely = max(probs, key=probs.get)
+    samples = np.array([likely] * 999 + [zero])
+    with pytest.raises(AssertionError, match="zero-probability"):
+        distribution_pvalue(samples, probs)
