@@ -131,7 +131,7 @@ class AttentionTestBase:
     INTERPRET = False
     # Small Pallas blocks so that split-K, several key blocks per split and several query blocks all run.
     PREFIX_TUNING = pk.PrefixTuning(block_k=128, block_s=512)
-    TREE_TUNING = tk.TreeTuning(block_q=32, block_k=32)
+    TREE_TUNING = tk.TreeTuning(block_rows=32, block_k=32)
 
     # Everything runs under jit: op-by-op dispatch compiles every primitive separately and costs more than the math.
     def prefix(self, q, k, v, lengths, window=None):
