@@ -78,9 +78,7 @@ class PrefixTuning:
             if val is not None and (not isinstance(val, int) or val <= 0 or val % 8):
                 raise ValueError(f"PrefixTuning.{name} must be None or a positive multiple of 8, got {val!r}")
         if self.block_k is not None and self.block_s is not None and self.block_s % self.block_k:
-            raise ValueError(
-                f"PrefixTuning.block_s must be a multiple of block_k={self.block_k}, got {self.block_s!r}"
-            )
+            raise ValueError(f"PrefixTuning.block_s must be a multiple of block_k={self.block_k}, got {self.block_s!r}")
         for name in ("splits", "num_warps", "num_stages", "num_sms"):
             val = getattr(self, name)
             if not isinstance(val, int) or val <= 0:
@@ -152,7 +150,20 @@ def _tpu_kernel(
 
 
 def _gpu_kernel(
-    layer_ref, len_ref, start_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, sm_scale, block_k, split_len, num_kv, precision
+    layer_ref,
+    len_ref,
+    start_ref,
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    lse_ref,
+    *,
+    sm_scale,
+    block_k,
+    split_len,
+    num_kv,
+    precision,
 ):
     # q_ref [Rb, H]; k_ref / v_ref the whole cache [L, B, K, S, H]; o_ref [Rb, H]; lse_ref [Rb].
     from jax.experimental.pallas import triton as plgpu
@@ -204,6 +215,16 @@ def _merge_splits(o, lse):
     return out, jnp.where(denom > 0, m_safe + jnp.log(safe), NEG_INF)
 
 
+def kv_block_index(j, length, start, *, block_s: int, last_block: int):
+    """The cache block the TPU pipeline fetches at key step j: j clamped into the blocks holding keys of
+    `[start, length)`. Steps outside that range repeat a neighbour's index, and the pipeline does not copy a
+    block whose index equals the previous step's: blocks past the length (or before the window) cost no HBM
+    traffic. An empty range still names one block (it is fetched once and its compute skipped)."""
+    lo = start // block_s
+    hi = jnp.maximum(pl.cdiv(length, block_s) - 1, lo)
+    return jnp.clip(j, lo, jnp.minimum(hi, last_block))
+
+
 def _tpu_call(qf, k, v, layer, lengths, start, *, scale, tuning, interpret):
     BK, R, H = qf.shape
     _, B, K, S, _ = k.shape
@@ -216,10 +237,7 @@ def _tpu_call(qf, k, v, layer, lengths, start, *, scale, tuning, interpret):
 
     def kv_map(bh, p, i, layer_ref, len_ref, start_ref):
         b = bh // K
-        # Clamp into the blocks that hold valid keys: a repeated block index is not fetched again.
-        lo = start_ref[b] // block_s
-        hi = jnp.maximum(pl.cdiv(len_ref[b], block_s) - 1, lo)
-        j = jnp.clip(p * steps + i, lo, jnp.minimum(hi, last_block))
+        j = kv_block_index(p * steps + i, len_ref[b], start_ref[b], block_s=block_s, last_block=last_block)
         return layer_ref[0], b, bh % K, j, 0
 
     from jax.experimental.pallas import tpu as pltpu
@@ -349,7 +367,7 @@ def prefix_attention(
     if layer is None:
         if k.ndim != 4:
             raise ValueError(f"prefix_attention: k must be [B, K, S, H] without a layer, got {k.shape}")
-        k, v, layer = k[None], v[None], 0
+        k, v, layer = k.reshape(1, *k.shape), v.reshape(1, *v.shape), 0  # a bitcast, not a copy
     elif k.ndim != 5:
         raise ValueError(f"prefix_attention: k must be [L, B, K, S, H] with a layer, got {k.shape}")
     B, T, N, H = q.shape
