@@ -351,7 +351,7 @@ class TestPallasGpuInterpret(TestPallasInterpret):
     PREFIX_TUNINGS = (pk.PrefixTuning(16, 96, block_rows=16), pk.PrefixTuning())
     TREE_TUNINGS = (tk.TreeTuning(16, 16), tk.TreeTuning())
     DEFAULT_TUNING_CASES = (
-        Case(1, 1, 8, 2, 64, 16384, (16001,), window=(2,)),  # 66 splits of 256 keys
+        Case(1, 1, 8, 2, 64, 4100, (4001,), window=(2,)),  # 65 splits of 64 keys
         Case(4, 16, 8, 2, 64, 8200, (8200, 1, 4097, 0), dtype=jnp.bfloat16),
     )
 

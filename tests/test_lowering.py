@@ -175,6 +175,7 @@ def test_grid_lowers_for_every_tpu_kind():
 HYBRID_CASES = [  # (B, T, S, dtype, causal, with_layer)
     (4, 69, 32768, jnp.bfloat16, False, True),
     (1, 1, 20000, jnp.float32, True, False),
+    (1, 256, 32768, jnp.bfloat16, True, True),  # a prefill chunk (decoding.PREFILL_CHUNK): 1024 query rows
 ]
 
 
