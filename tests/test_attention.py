@@ -317,7 +317,7 @@ class TestPallasInterpret(AttentionTestBase):
     # Shapes from test_lowering's grid (heads shrunk to keep the interpreter quick). The default tuning walks
     # several key blocks (TPU: 2048 keys per grid step) or several splits (GPU: sized for 132 SMs).
     DEFAULT_TUNING_CASES = (
-        Case(1, 69, 8, 2, 128, 32768, (30001,), window=(2,)),
+        Case(1, 69, 8, 2, 64, 32768, (30001,), window=(2,)),
         Case(4, 16, 8, 2, 64, 8200, (8200, 1, 4097, 0), dtype=jnp.bfloat16),
     )
 
@@ -352,7 +352,7 @@ class TestPallasGpuInterpret(TestPallasInterpret):
     TREE_TUNINGS = (tk.TreeTuning(16, 16), tk.TreeTuning())
     DEFAULT_TUNING_CASES = (
         Case(1, 1, 8, 2, 64, 4100, (4001,), window=(2,)),  # 65 splits of 64 keys
-        Case(4, 16, 8, 2, 64, 8200, (8200, 1, 4097, 0), dtype=jnp.bfloat16),
+        Case(4, 16, 8, 2, 64, 2056, (2056, 1, 1000, 0), dtype=jnp.bfloat16),  # 17 splits of 128 keys
     )
 
     @pytest.mark.parametrize("case", [FAST_CASES[2], FAST_CASES[6]], ids=str)

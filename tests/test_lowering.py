@@ -228,3 +228,16 @@ def test_verify_forward_lowers_at_smollm2_shapes(platform):
     text = export_text(fn, (params, tree, cache), platform)
     assert text.count(CUSTOM_CALL[platform]) >= 2, "expected the prefix and the tree kernel"
     assert not layer_copies(text, kv[1:])
+
+
+@pytest.mark.parametrize("length, start", [(0, 0), (1, 0), (2048, 0), (2049, 0), (20000, 0), (20000, 5000), (9, 9)])
+def test_tpu_prefix_fetches_only_blocks_with_valid_keys(length, start):
+    """The TPU pipeline copies a K/V block only when its index differs from the previous step's: the clamped
+    index map must name each block of `[start, length)` once, and nothing past the length or the capacity."""
+    S, block_s = 20000, 2048
+    last_block = -(-S // block_s) - 1
+    steps = jnp.arange(last_block + 1)
+    index = [int(i) for i in pk.kv_block_index(steps, length, start, block_s=block_s, last_block=last_block)]
+    fetched = [j for n, j in enumerate(index) if n == 0 or j != index[n - 1]]
+    wanted = list(range(start // block_s, -(-length // block_s))) or [start // block_s]
+    assert fetched == wanted, f"index map {index}"
