@@ -13,7 +13,9 @@ Each part returns `(out, lse)`; `merge_attention` combines them exactly
 (LongSpec, Appendix C). Backends:
 
 * `xla`       blocked jnp, reads only the valid cache blocks; the default on CPU.
-* `pallas`    the kernels in `pallas_kernels/`; the default on TPU/GPU.
+* `pallas`    the kernels in `pallas_kernels/`; the default on TPU/GPU. Built for this host: Mosaic on
+              a TPU, Triton on a GPU, the Pallas interpreter on a CPU. `pallas:tpu` / `pallas:cuda`
+              build for that platform whatever the host (for `jax.export` cross-lowering from a CPU).
 * `reference` the naive HF-eager equivalent: concatenate cache and tree keys,
               build the full `[T, S + T]` mask, softmax. For tests and benchmarks.
 
@@ -35,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 NEG_INF = float("-inf")
-BACKENDS = ("auto", "xla", "pallas", "reference")
+BACKENDS = ("auto", "xla", "pallas", "pallas:tpu", "pallas:cuda", "reference")
 
 
 def default_backend() -> str:
@@ -46,6 +48,28 @@ def _resolve(backend: str) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"attention backend must be one of {'|'.join(BACKENDS)}, got {backend!r}")
     return default_backend() if backend == "auto" else backend
+
+
+def kernel_target(backend: str) -> tuple[str, bool]:
+    """(kernel platform, interpret) of a Pallas backend: decided here once, passed to the kernels explicitly.
+
+    `pallas` builds for the host. A CPU host runs the Pallas interpreter on the TPU variant (the GPU one
+    interprets the same math; tests run both). `pallas:tpu` / `pallas:cuda` pin the target so a CPU host
+    can export-lower exactly what a TPU / GPU host would build (the host's `jax.default_backend()` is never
+    consulted then).
+    """
+    if backend == "pallas:tpu":
+        return "tpu", False
+    if backend == "pallas:cuda":
+        return "gpu", False
+    if backend != "pallas":
+        raise ValueError(f"not a Pallas backend: {backend!r}")
+    host = jax.default_backend()
+    if host == "tpu":
+        return "tpu", False
+    if host in ("gpu", "cuda", "rocm"):
+        return "gpu", False
+    return "tpu", True
 
 
 def merge_attention(out_a, lse_a, out_b, lse_b):
@@ -228,17 +252,20 @@ def prefix_attention(q, k, v, lengths, window_start=None, *, layer=None, backend
     With `layer`, k and v are the whole cache [L, B, K, S, H] and `layer` picks one.
     """
     backend = _resolve(backend)
-    if layer is not None and backend != "xla":
-        k, v = k[layer], v[layer]
-    if backend == "pallas":
+    if backend.startswith("pallas"):
         from pallas_kernels import prefix_attention as pk
 
+        platform, interpret = kernel_target(backend)
+        # The whole cache and the layer go into the kernel: its index maps pick the layer's blocks, so no
+        # layer is copied out of the cache first.
         return pk.prefix_attention(
-            q, k, v, lengths, window_start, sm_scale=sm_scale, interpret=jax.default_backend() == "cpu"
+            q, k, v, lengths, window_start, layer, sm_scale=sm_scale, platform=platform, interpret=interpret
         )
     if backend == "reference":
         from pallas_kernels import prefix_attention as pk
 
+        if layer is not None:
+            k, v = k[layer], v[layer]
         return pk.prefix_attention_reference(q, k, v, lengths, window_start, sm_scale=sm_scale)
     return prefix_attention_xla(q, k, v, lengths, window_start, layer=layer, sm_scale=sm_scale)
 
@@ -249,11 +276,12 @@ def tree_attention(q, k, v, mask=None, *, causal=False, backend: str = "auto", s
     With a mask the keys may number Tk != T (mask [B, T, Tk]); causal needs Tk == T.
     """
     backend = _resolve(backend)
-    if backend == "pallas":
+    if backend.startswith("pallas"):
         from pallas_kernels import tree_attention as tk
 
+        platform, interpret = kernel_target(backend)
         return tk.tree_attention(
-            q, k, v, mask, causal=causal, sm_scale=sm_scale, interpret=jax.default_backend() == "cpu"
+            q, k, v, mask, causal=causal, sm_scale=sm_scale, platform=platform, interpret=interpret
         )
     if backend == "reference":
         from pallas_kernels import tree_attention as tk

@@ -1,35 +1,82 @@
-"""Helpers shared by the Pallas kernels: backend-specific knobs kept out of the kernels."""
+"""Helpers shared by the Pallas kernels: the target platform and its knobs, kept out of the kernel bodies.
+
+Every kernel wrapper takes `platform` ("tpu" = Mosaic TPU, "gpu" = Pallas Triton) and `interpret`
+explicitly. Nothing here reads `jax.default_backend()`: a CPU host export-lowering for a TPU must build
+exactly what a TPU host would (the caller, `lsjax.attention`, decides both once).
+"""
 
 from __future__ import annotations
 
 import jax
-from jax.experimental import pallas as pl
+import jax.numpy as jnp
+
+PLATFORMS = ("tpu", "gpu")
+NEG_INF = float("-inf")
+LANES = 128  # TPU vreg lane count: per-row statistics are stored broadcast over one lane tile
 
 
 def round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def on_tpu(interpret: bool) -> bool:
-    return not interpret and jax.default_backend() == "tpu"
+def next_pow2(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
 
 
-def scalar_spec(interpret: bool) -> pl.BlockSpec:
-    """Whole-array spec for the small int32 per-sequence bounds ([B] lengths / window starts).
-
-    Mosaic TPU can only index scalars out of SMEM; Triton and interpret mode read them from the default space.
-    """
-    if on_tpu(interpret):
-        from jax.experimental.pallas import tpu as pltpu
-
-        return pl.BlockSpec(memory_space=pltpu.SMEM)
-    return pl.BlockSpec()
+def is_pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
 
 
-def compiler_params(num_grid_dims: int, interpret: bool):
-    """Every grid axis of our kernels is independent (reductions happen inside a program or in the wrapper)."""
-    if on_tpu(interpret):
-        from jax.experimental.pallas import tpu as pltpu
+def check_platform(platform: str) -> str:
+    if platform not in PLATFORMS:
+        raise ValueError(f"kernel platform must be one of {'|'.join(PLATFORMS)}, got {platform!r}")
+    return platform
 
-        return pltpu.CompilerParams(dimension_semantics=("parallel",) * num_grid_dims)
-    return None
+
+def dot_precision(dtype):
+    """fp32 dots at full precision: Triton's fp32 default is TF32 (10-bit mantissa), far outside 1e-5."""
+    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+
+
+def tpu_params(semantics: tuple[str, ...]):
+    from jax.experimental.pallas import tpu as pltpu
+
+    return pltpu.CompilerParams(dimension_semantics=semantics)
+
+
+def triton_params(num_warps: int, num_stages: int):
+    # Explicit Triton params also pin the GPU lowering: without them jax 0.10.2 routes a GPU pallas_call to
+    # Mosaic GPU, whose warpgroup model these array-at-a-time kernels are not written for.
+    from jax.experimental.pallas import triton as pltriton
+
+    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def online_step(s, vb, m, l, acc, precision):
+    """One key block of the online softmax. s [R, bk] fp32 scores, -inf where invisible; vb [bk, H] with
+    invisible keys zeroed (they may be out-of-bounds garbage: 0 * NaN would leak). m, l [R, C] hold the
+    row statistics broadcast over C columns (C = 128 lanes on TPU, 1 on GPU); acc [R, H] fp32."""
+    m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+    # A row may not have seen a key yet (m = -inf): make the max safe before every exp.
+    m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
+    corr = jnp.exp(m - m_safe)
+    p = jnp.exp(s - m_safe[:, :1])
+    l_new = corr * l + jnp.sum(p, axis=1, keepdims=True)
+    pv = jax.lax.dot_general(
+        p.astype(vb.dtype), vb, (((1,), (0,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
+    )
+    return m_new, l_new, acc * corr[:, :1] + pv
+
+
+def scores(q, kb, sm_scale, precision):
+    return (
+        jax.lax.dot_general(q, kb, (((1,), (1,)), ((), ())), precision=precision, preferred_element_type=jnp.float32)
+        * sm_scale
+    )
+
+
+def finish(m, l, acc):
+    """(out [R, H], lse [R, C]) from the running statistics; a row without keys gets 0 and -inf."""
+    has_keys = l > 0
+    safe_l = jnp.where(has_keys, l, 1.0)
+    return acc / safe_l[:, :1], jnp.where(has_keys, m + jnp.log(safe_l), NEG_INF)

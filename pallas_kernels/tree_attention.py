@@ -1,20 +1,22 @@
-"""Masked attention among the speculative tree tokens: T queries over the same T keys.
+"""Masked attention among the speculative tree tokens: T queries over Tk keys (usually the same T tokens).
 
 The tree half of LongSpec's hybrid tree attention (the cache half is `prefix_attention.py`). Query i may
 see key j iff `mask[b, i, j]` (a node sees itself and its ancestors), or, for a causal chain (prefill
 chunks, AR decode), iff j <= i without a materialised mask. With a mask the keys may number Tk != T
 (the draft's frontier queries over every tree node so far).
 
-Layout. q is viewed as [B, N, T, H] and k, v as [B, K, T, H] (transposing the T new tokens is cheap; the
-cache is never touched here). The grid is (B, N, T / block_q): one program owns one query head and one
-query block, and GQA is an index map (query head n reads kv head n // G). Inside, a flash-attention loop
-walks key blocks of block_k with an online softmax; the causal variant stops at the diagonal block.
-Rows that see nothing get out = 0 and lse = -inf (the running max is made safe before every exp).
+Rows. As in the prefix kernel, the G query heads of each KV head are folded into rows: q [B, T, N, H] is
+viewed as [B*K, T*G, H] with row r holding query r // G, so one program runs [rows, H] x [H, Tk] matmuls
+for a whole head group instead of G programs with G-times-smaller tiles. The mask is expanded to rows
+(`[B, T*G, Tk]`, int8: a few KB, shared by the K heads); the causal test needs no mask at all:
+key j is visible to row r iff j * G <= r.
 
-Backends. Written against the Pallas core API (`pl.pallas_call`, `pl.BlockSpec`, a grid) for Mosaic TPU
-and for Pallas' Triton lowering on GPU (Mosaic GPU's warpgroup model would need a rewrite); the mask
-travels as int32 because boolean refs are not portable. It has only been run with `interpret=True` on
-CPU: correctness is tested, lowering on hardware and speed are not verified.
+Grid (B*K, row blocks) on TPU (Mosaic; the row tile is one block up to 256 rows, stats lane-dense
+[rows, 128]); (row blocks, B*K) on GPU (Pallas Triton; power-of-2 tiles of 16+ rows and keys, fp32 dots at
+HIGHEST). Each program keeps the whole (small) key set in one block and walks it in `block_k` steps with an
+online softmax; the causal variant stops after the diagonal block. Rows that see nothing get out = 0 and
+lse = -inf. Only interpret mode runs on CPU; tests export-lower both variants. Nothing here has run on
+real hardware.
 """
 
 from __future__ import annotations
@@ -26,84 +28,126 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels._common import compiler_params, round_up
-
-NEG_INF = float("-inf")
+from pallas_kernels._common import (
+    LANES,
+    NEG_INF,
+    check_platform,
+    dot_precision,
+    finish,
+    is_pow2,
+    next_pow2,
+    online_step,
+    round_up,
+    scores,
+    tpu_params,
+    triton_params,
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class TreeTuning:
-    """Static block sizes for `tree_attention` (both multiples of 8; clipped to the padded tree size).
+    """Static block sizes for `tree_attention`; None picks the platform's default.
 
-    block_q: queries per program. block_k: keys per inner step.
+    block_rows: query rows (query x head-group) per program. TPU 256 (a multiple of 32: int8 mask tiles),
+      GPU 64 (a power of 2 >= 16).
+    block_k: keys per inner step. TPU 128 (a multiple of 8), GPU 32 (a power of 2 >= 16).
+    num_warps, num_stages: Triton compiler params.
     """
 
-    block_q: int = 128
-    block_k: int = 128
+    block_rows: int | None = None
+    block_k: int | None = None
+    num_warps: int = 4
+    num_stages: int = 2
 
     def __post_init__(self):
-        for name in ("block_q", "block_k"):
+        for name in ("block_rows", "block_k"):
             val = getattr(self, name)
-            if not isinstance(val, int) or val <= 0 or val % 8:
-                raise ValueError(f"TreeTuning.{name} must be a positive multiple of 8, got {val!r}")
+            if val is not None and (not isinstance(val, int) or val <= 0 or val % 8):
+                raise ValueError(f"TreeTuning.{name} must be None or a positive multiple of 8, got {val!r}")
+        for name in ("num_warps", "num_stages"):
+            val = getattr(self, name)
+            if not isinstance(val, int) or val <= 0:
+                raise ValueError(f"TreeTuning.{name} must be a positive int, got {val!r}")
 
 
-def _tree_kernel(q_ref, k_ref, v_ref, *rest, sm_scale, block_q, block_k, causal):
-    # q_ref [bq, H], k_ref / v_ref [Tkp, H], mask_ref [bq, Tkp] int32 (absent when causal), o_ref [bq, H], lse_ref [bq]
-    if causal:
-        mask_ref = None
-        o_ref, lse_ref = rest
-    else:
-        mask_ref, o_ref, lse_ref = rest
-    qi = pl.program_id(2)
+def _attend(q_ref, k_ref, v_ref, mask_ref, row0, m, l, acc, *, sm_scale, block_k, num_kb, group, causal, precision):
+    """Online softmax of the row tile q_ref [R, H] over k_ref / v_ref [Tkp, H]; rows start at `row0`."""
     q = q_ref[...]
-    rows, head_dim = q.shape
-    num_kb = k_ref.shape[0] // block_k
-    # Keys after the last query of this block are never visible in a chain.
-    last = jnp.minimum(pl.cdiv((qi + 1) * block_q, block_k), num_kb) if causal else num_kb
+    rows = q.shape[0]
+    if causal:
+        # The last row of the tile sees keys up to (row0 + rows - 1) // G: later key blocks are all invisible.
+        last = jnp.minimum(((row0 + rows - 1) // group) // block_k + 1, num_kb)
+    else:
+        last = num_kb
 
     def body(j, carry):
-        m, l, acc = carry  # [bq], [bq], [bq, H]
-        kb = k_ref[pl.ds(j * block_k, block_k), :]  # [bk, H]
-        vb = v_ref[pl.ds(j * block_k, block_k), :]
-        s = jax.lax.dot_general(q, kb, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * sm_scale
+        start = pl.multiple_of(j * block_k, block_k)
+        kb = k_ref[pl.ds(start, block_k), :]
+        vb = v_ref[pl.ds(start, block_k), :]
+        s = scores(q, kb, sm_scale, precision)
         if causal:
-            q_pos = qi * block_q + jax.lax.broadcasted_iota(jnp.int32, (block_q, block_k), 0)
-            k_pos = j * block_k + jax.lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
-            allowed = k_pos <= q_pos
+            r = row0 + jax.lax.broadcasted_iota(jnp.int32, (rows, block_k), 0)
+            kpos = start + jax.lax.broadcasted_iota(jnp.int32, (rows, block_k), 1)
+            allowed = kpos * group <= r
         else:
-            allowed = mask_ref[:, pl.ds(j * block_k, block_k)] != 0
-        s = jnp.where(allowed, s, NEG_INF)  # [bq, bk]
-        # Unlike the prefix, visibility differs per row: a row may have seen nothing yet (m = -inf).
-        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-        m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
-        corr = jnp.exp(m - m_safe)
-        p = jnp.exp(s - m_safe[:, None])
-        l = l * corr + jnp.sum(p, axis=-1)
-        pv = jax.lax.dot_general(p.astype(vb.dtype), vb, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-        return m_new, l, acc * corr[:, None] + pv
+            allowed = mask_ref[:, pl.ds(start, block_k)].astype(jnp.int32) != 0
+        return online_step(jnp.where(allowed, s, NEG_INF), vb, *carry, precision)
 
+    return jax.lax.fori_loop(0, last, body, (m, l, acc))
+
+
+def _tpu_kernel(q_ref, k_ref, v_ref, *rest, causal, **kw):
+    # q_ref [Rb, H]; k_ref / v_ref [Tkp, H]; mask_ref [Rb, Tkp] int8 (absent when causal); o_ref [Rb, H];
+    # lse_ref [Rb, 128].
+    mask_ref, (o_ref, lse_ref) = (None, rest) if causal else (rest[0], rest[1:])
+    rows, head_dim = q_ref.shape
     init = (
-        jnp.full((rows,), NEG_INF, jnp.float32),
-        jnp.zeros((rows,), jnp.float32),
+        jnp.full((rows, LANES), NEG_INF, jnp.float32),
+        jnp.zeros((rows, LANES), jnp.float32),
         jnp.zeros((rows, head_dim), jnp.float32),
     )
-    m, l, acc = jax.lax.fori_loop(0, last, body, init)
-    has_keys = l > 0
-    safe_l = jnp.where(has_keys, l, 1.0)
-    o_ref[...] = (acc / safe_l[:, None]).astype(o_ref.dtype)
-    lse_ref[...] = jnp.where(has_keys, m + jnp.log(safe_l), NEG_INF)
+    m, l, acc = _attend(q_ref, k_ref, v_ref, mask_ref, pl.program_id(1) * rows, *init, causal=causal, **kw)
+    out, lse = finish(m, l, acc)
+    o_ref[...] = out.astype(o_ref.dtype)
+    lse_ref[...] = lse
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "sm_scale", "tuning", "interpret"))
+def _gpu_kernel(q_ref, k_ref, v_ref, *rest, causal, **kw):
+    # As _tpu_kernel, with lse_ref [Rb] and 1-column statistics; the row block is grid axis 0.
+    mask_ref, (o_ref, lse_ref) = (None, rest) if causal else (rest[0], rest[1:])
+    rows, head_dim = q_ref.shape
+    init = (
+        jnp.full((rows, 1), NEG_INF, jnp.float32),
+        jnp.zeros((rows, 1), jnp.float32),
+        jnp.zeros((rows, head_dim), jnp.float32),
+    )
+    m, l, acc = _attend(q_ref, k_ref, v_ref, mask_ref, pl.program_id(0) * rows, *init, causal=causal, **kw)
+    out, lse = finish(m, l, acc)
+    o_ref[...] = out.astype(o_ref.dtype)
+    lse_ref[...] = lse[:, 0]
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "sm_scale", "tuning", "platform", "interpret"))
 def tree_attention(
-    q, k, v, mask=None, *, causal=False, sm_scale=None, tuning: TreeTuning = TreeTuning(), interpret=False
+    q,
+    k,
+    v,
+    mask=None,
+    *,
+    causal=False,
+    sm_scale=None,
+    tuning: TreeTuning = TreeTuning(),
+    platform: str = "tpu",
+    interpret: bool = False,
 ):
     """Attention of q [B, T, N, H] over k, v [B, Tk, K, H] under mask [B, T, Tk] (bool) or causal=True (Tk == T).
 
-    Returns out [B, T, N, H] (q.dtype) and lse [B, T, N] (fp32, natural log); a row that sees no key gets
-    out = 0 and lse = -inf. With causal=True any mask passed is ignored.
+    platform: "tpu" (Mosaic) or "gpu" (Triton), the variant to build; interpret: run it with the Pallas
+    interpreter (the only option on a CPU host). Returns out [B, T, N, H] (q.dtype) and lse [B, T, N]
+    (fp32, natural log); a row that sees no key gets out = 0 and lse = -inf. With causal=True any mask
+    passed is ignored.
     """
+    check_platform(platform)
     B, T, N, H = q.shape
     Tk, K = k.shape[1], k.shape[2]
     if N % K:
@@ -117,42 +161,78 @@ def tree_attention(
     if T == 0 or Tk == 0:
         return jnp.zeros_like(q), jnp.full((B, T, N), NEG_INF, jnp.float32)
 
-    block_q = min(tuning.block_q, round_up(T, 8))
-    block_k = min(tuning.block_k, round_up(Tk, 8))
-    Tqp, Tkp = round_up(T, block_q), round_up(Tk, block_k)
-    qt = jnp.pad(q.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, Tqp - T), (0, 0)))  # [B, N, Tqp, H]
-    kt = jnp.pad(k.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, Tkp - Tk), (0, 0)))  # [B, K, Tkp, H]
-    vt = jnp.pad(v.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, Tkp - Tk), (0, 0)))
-    in_specs = [
-        pl.BlockSpec((None, None, block_q, H), lambda b, n, i: (b, n, i, 0)),
-        pl.BlockSpec((None, None, Tkp, H), lambda b, n, i: (b, n // G, 0, 0)),
-        pl.BlockSpec((None, None, Tkp, H), lambda b, n, i: (b, n // G, 0, 0)),
-    ]
-    args = [qt, kt, vt]
-    if not causal:
-        # Padded keys are invisible (False); padded query rows see nothing and are sliced off. A causal chain
-        # needs no such care: a real query i only sees keys j <= i < T.
-        args.append(jnp.pad(mask.astype(jnp.int32), ((0, 0), (0, Tqp - T), (0, Tkp - Tk))))  # [B, Tqp, Tkp]
-        in_specs.append(pl.BlockSpec((None, block_q, Tkp), lambda b, n, i: (b, i, 0)))
+    R = T * G
+    if platform == "tpu":
+        block_k = min(tuning.block_k or 128, round_up(Tk, 8))
+        Tkp = round_up(Tk, block_k)
+        block_rows = min(tuning.block_rows or 256, round_up(R, 32))
+        if block_rows % 32:
+            raise ValueError(f"TreeTuning.block_rows must be a multiple of 32 on TPU, got {block_rows}")
+    else:
+        block_k = tuning.block_k or 32
+        block_rows = tuning.block_rows or 64
+        if not (is_pow2(block_k) and block_k >= 16):
+            raise ValueError(f"TreeTuning.block_k must be a power of 2 >= 16 on GPU, got {block_k}")
+        if not (is_pow2(block_rows) and block_rows >= 16):
+            raise ValueError(f"TreeTuning.block_rows must be a power of 2 >= 16 on GPU, got {block_rows}")
+        Tkp = max(next_pow2(Tk), 16)  # the key tile is one block: a power of 2 for Triton
+        block_k = min(block_k, Tkp)
+        block_rows = min(block_rows, max(16, next_pow2(R)))
+    Rp = round_up(R, block_rows)
+    nrb = Rp // block_rows
 
-    kernel = functools.partial(_tree_kernel, sm_scale=scale, block_q=block_q, block_k=block_k, causal=causal)
+    qf = q.reshape(B, T, K, G, H).transpose(0, 2, 1, 3, 4).reshape(B * K, R, H)
+    qf = jnp.pad(qf, ((0, 0), (0, Rp - R), (0, 0)))
+    # Padded keys are zero (not garbage), so they need no masking in the PV product.
+    kf = jnp.pad(k.transpose(0, 2, 1, 3).reshape(B * K, Tk, H), ((0, 0), (0, Tkp - Tk), (0, 0)))
+    vf = jnp.pad(v.transpose(0, 2, 1, 3).reshape(B * K, Tk, H), ((0, 0), (0, Tkp - Tk), (0, 0)))
+    args = [qf, kf, vf]
+    kw = dict(
+        sm_scale=scale,
+        block_k=block_k,
+        num_kb=Tkp // block_k,
+        group=G,
+        causal=causal,
+        precision=dot_precision(q.dtype),
+    )
+    if platform == "tpu":
+        grid = (B * K, nrb)
+        idx = lambda bh, r: (bh, r)  # noqa: E731
+    else:
+        grid = (nrb, B * K)  # row blocks fastest: the programs of one head group run together
+        idx = lambda r, bh: (bh, r)  # noqa: E731
+    in_specs = [
+        pl.BlockSpec((None, block_rows, H), lambda *g: (*idx(*g), 0)),
+        pl.BlockSpec((None, Tkp, H), lambda *g: (idx(*g)[0], 0, 0)),
+        pl.BlockSpec((None, Tkp, H), lambda *g: (idx(*g)[0], 0, 0)),
+    ]
+    if not causal:
+        # Padded keys are invisible (False); padded rows see nothing and are sliced off.
+        mrows = jnp.repeat(mask.astype(jnp.int8), G, axis=1)  # [B, R, Tk]: row r is query r // G
+        args.append(jnp.pad(mrows, ((0, 0), (0, Rp - R), (0, Tkp - Tk))))
+        in_specs.append(pl.BlockSpec((None, block_rows, Tkp), lambda *g: (idx(*g)[0] // K, idx(*g)[1], 0)))
+
+    if platform == "tpu":
+        lse_shape, lse_spec = (B * K, Rp, LANES), pl.BlockSpec((None, block_rows, LANES), lambda *g: (*idx(*g), 0))
+        kernel, params = _tpu_kernel, tpu_params(("parallel", "parallel"))
+    else:
+        lse_shape, lse_spec = (B * K, Rp), pl.BlockSpec((None, block_rows), lambda *g: idx(*g))
+        kernel, params = _gpu_kernel, triton_params(tuning.num_warps, tuning.num_stages)
     out, lse = pl.pallas_call(
-        kernel,
-        grid=(B, N, Tqp // block_q),
+        functools.partial(kernel, **kw),
+        grid=grid,
         in_specs=in_specs,
-        out_specs=[
-            pl.BlockSpec((None, None, block_q, H), lambda b, n, i: (b, n, i, 0)),
-            pl.BlockSpec((None, None, block_q), lambda b, n, i: (b, n, i)),
-        ],
-        out_shape=[
-            jax.ShapeDtypeStruct((B, N, Tqp, H), q.dtype),
-            jax.ShapeDtypeStruct((B, N, Tqp), jnp.float32),
-        ],
-        compiler_params=compiler_params(3, interpret),
+        out_specs=[pl.BlockSpec((None, block_rows, H), lambda *g: (*idx(*g), 0)), lse_spec],
+        out_shape=[jax.ShapeDtypeStruct((B * K, Rp, H), q.dtype), jax.ShapeDtypeStruct(lse_shape, jnp.float32)],
+        compiler_params=params,
         interpret=interpret,
         name="tree_attention",
     )(*args)
-    return out[:, :, :T].transpose(0, 2, 1, 3), lse[:, :, :T].transpose(0, 2, 1)
+    if platform == "tpu":
+        lse = lse[..., 0]
+    out = out[:, :R].reshape(B, K, T, G, H).transpose(0, 2, 1, 3, 4).reshape(B, T, N, H)
+    lse = lse[:, :R].reshape(B, K, T, G).transpose(0, 2, 1, 3).reshape(B, T, N)
+    return out, lse
 
 
 def tree_attention_reference(q, k, v, mask=None, *, causal=False, sm_scale=None):

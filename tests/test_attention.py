@@ -2,8 +2,10 @@
 
 The naive `hybrid_attention_reference` (concatenate cache and tree keys, full [T, S + T] mask, one softmax)
 is the oracle. Each backend runs the same cases through a test class, the way jax's own Pallas tests do:
-`TestXla`, `TestReference` and `TestPallasInterpret` (INTERPRET = True, since Pallas only runs in interpret
-mode on CPU; on a TPU/GPU machine a subclass with INTERPRET = False runs the compiled kernels).
+`TestXla`, `TestReference`, `TestPallasInterpret` (the Mosaic TPU variant of the kernels) and
+`TestPallasGpuInterpret` (the Triton variant), both with INTERPRET = True since Pallas only runs in interpret
+mode on CPU; on a TPU/GPU machine a subclass with INTERPRET = False runs the compiled kernels. Whether the
+kernels lower for TPU and CUDA is tests/test_lowering.py.
 
     pytest tests/test_attention.py            # default grid, ~2 min on 2 CPU cores
     pytest tests/test_attention.py -m slow    # the full sweep: GQA 1/3/4/8 x head dim 64/128 x tree size
@@ -129,19 +131,24 @@ class AttentionTestBase:
 
     BACKEND = "xla"
     INTERPRET = False
+    PLATFORM = "tpu"  # the kernel variant (Pallas backends only)
     # Small Pallas blocks so that split-K, several key blocks per split and several query blocks all run.
     PREFIX_TUNING = pk.PrefixTuning(block_k=128, block_s=512)
-    TREE_TUNING = tk.TreeTuning(block_q=32, block_k=32)
+    TREE_TUNING = tk.TreeTuning(block_rows=32, block_k=32)
 
     # Everything runs under jit: op-by-op dispatch compiles every primitive separately and costs more than the math.
     def prefix(self, q, k, v, lengths, window=None):
         if self.BACKEND == "pallas":
-            return pk.prefix_attention(q, k, v, lengths, window, tuning=self.PREFIX_TUNING, interpret=self.INTERPRET)
+            return pk.prefix_attention(
+                q, k, v, lengths, window, tuning=self.PREFIX_TUNING, platform=self.PLATFORM, interpret=self.INTERPRET
+            )
         return _jit(attention.prefix_attention, backend=self.BACKEND)(q, k, v, lengths, window)
 
     def tree(self, q, k, v, mask, causal):
         if self.BACKEND == "pallas":
-            return tk.tree_attention(q, k, v, mask, causal=causal, tuning=self.TREE_TUNING, interpret=self.INTERPRET)
+            return tk.tree_attention(
+                q, k, v, mask, causal=causal, tuning=self.TREE_TUNING, platform=self.PLATFORM, interpret=self.INTERPRET
+            )
         return _jit(attention.tree_attention, causal=causal, backend=self.BACKEND)(q, k, v, mask)
 
     def hybrid(self, q, cache_k, cache_v, lengths, tree_k, tree_v, mask, window, causal):
@@ -261,37 +268,124 @@ class TestReference(AttentionTestBase):
 
 
 class TestPallasInterpret(AttentionTestBase):
+    """The Mosaic TPU variant of the kernels, run by the Pallas interpreter."""
+
     BACKEND = "pallas"
     INTERPRET = True
+    PLATFORM = "tpu"
+    # Block sizes that do not divide S, several splits, tiny blocks; rows in multiples of 32 (int8 mask tiles).
+    PREFIX_TUNINGS = (pk.PrefixTuning(16, 16), pk.PrefixTuning(32, 96, splits=3), pk.PrefixTuning())
+    TREE_TUNINGS = (tk.TreeTuning(32, 16), tk.TreeTuning(64, 8), tk.TreeTuning())
+
+    def kernel(self, name, *args, **kwargs):
+        fn = {"prefix": pk.prefix_attention, "tree": tk.tree_attention}[name]
+        return fn(*args, platform=self.PLATFORM, interpret=True, **kwargs)
 
     def test_dispatch_through_lsjax_attention(self):
-        """`backend="pallas"` in lsjax.attention reaches the kernels (in interpret mode on CPU)."""
+        """`backend="pallas"` in lsjax.attention reaches the kernels (in interpret mode on CPU), with layer=."""
         case = Case(1, 5, 9, 3, 64, 200, (150,))
         q, ck, cv, lengths, tk_, tv, mask, _ = make_inputs(case, seed=5)
         out = attention.hybrid_tree_attention(q, ck, cv, lengths, tk_, tv, mask, backend="pallas")
         want, _ = attention.hybrid_attention_reference(q, ck, cv, lengths, tk_, tv, mask)
         assert_close(out, want, 1e-5, "pallas dispatch")
+        stacked_k, stacked_v = jnp.stack([cv, ck, cv]), jnp.stack([ck, cv, ck])  # layer 1 is (ck, cv)
+        out = _jit(attention.hybrid_tree_attention, backend="pallas")(
+            q, stacked_k, stacked_v, lengths, tk_, tv, mask, layer=jnp.int32(1)
+        )
+        assert_close(out, want, 1e-5, "pallas dispatch with layer=")
 
-    @pytest.mark.parametrize("tuning", [pk.PrefixTuning(16, 16), pk.PrefixTuning(32, 96), pk.PrefixTuning()], ids=str)
-    def test_prefix_block_shapes(self, tuning):
+    def test_prefix_block_shapes(self):
         """Block sizes that do not divide S, splits past every row's length, a one-key cache."""
-        for case in (Case(3, 3, 4, 2, 64, 203, (203, 1, 77), window=(5, 0, 70)), Case(1, 2, 2, 1, 64, 1, (1,))):
-            q, ck, cv, lengths, _, _, _, window = make_inputs(case, seed=6)
-            out, lse = pk.prefix_attention(q, ck, cv, lengths, window, tuning=tuning, interpret=True)
-            r_out, r_lse = pk.prefix_attention_reference(q, ck, cv, lengths, window)
-            assert_close(out, r_out, 1e-5, f"{tuning} {case}")
-            assert_lse_close(lse, r_lse, 1e-5, f"{tuning} {case}")
+        for tuning in self.PREFIX_TUNINGS:
+            for case in (Case(3, 3, 4, 2, 64, 203, (203, 1, 77), window=(5, 0, 70)), Case(1, 2, 2, 1, 64, 1, (1,))):
+                q, ck, cv, lengths, _, _, _, window = make_inputs(case, seed=6)
+                out, lse = self.kernel("prefix", q, ck, cv, lengths, window, tuning=tuning)
+                r_out, r_lse = pk.prefix_attention_reference(q, ck, cv, lengths, window)
+                assert_close(out, r_out, 1e-5, f"{tuning} {case}")
+                assert_lse_close(lse, r_lse, 1e-5, f"{tuning} {case}")
 
-    @pytest.mark.parametrize("tuning", [tk.TreeTuning(8, 16), tk.TreeTuning(16, 8), tk.TreeTuning()], ids=str)
-    def test_tree_block_shapes(self, tuning):
-        """Query and key blocks of different sizes, a tree size that is a multiple of neither."""
-        for chain in (False, True):
+    def test_tree_block_shapes(self):
+        """Row and key blocks of different sizes, a tree size that is a multiple of neither."""
+        for tuning, chain in itertools.product(self.TREE_TUNINGS, (False, True)):
             case = Case(1, 37, 4, 2, 64, 8, (0,), chain=chain)
             q, _, _, _, tk_, tv, mask, _ = make_inputs(case, seed=7)
-            out, lse = tk.tree_attention(q, tk_, tv, mask, causal=chain, tuning=tuning, interpret=True)
+            out, lse = self.kernel("tree", q, tk_, tv, mask, causal=chain, tuning=tuning)
             r_out, r_lse = tk.tree_attention_reference(q, tk_, tv, mask, causal=chain)
             assert_close(out, r_out, 1e-5, f"{tuning} chain={chain}")
             assert_lse_close(lse, r_lse, 1e-5, f"{tuning} chain={chain}")
+
+    # Shapes from test_lowering's grid (heads shrunk to keep the interpreter quick). The default tuning walks
+    # several key blocks (TPU: 2048 keys per grid step) or several splits (GPU: sized for 132 SMs).
+    DEFAULT_TUNING_CASES = (
+        Case(1, 69, 8, 2, 64, 32768, (30001,), window=(2,)),
+        Case(4, 16, 8, 2, 64, 8200, (8200, 1, 4097, 0), dtype=jnp.bfloat16),
+    )
+
+    def test_default_tuning_on_the_full_cache(self):
+        """Default blocks (more than one block or split), the whole [L, B, K, S, H] cache with a traced layer."""
+        for case in self.DEFAULT_TUNING_CASES:
+            self.check_default_tuning(case)
+
+    def check_default_tuning(self, case):
+        q, ck, cv, lengths, _, _, _, window = make_inputs(case, seed=10)
+        stacked_k = jnp.stack([jnp.zeros_like(ck), ck, jnp.full_like(ck, jnp.nan)])  # the other layers must not leak
+        stacked_v = jnp.stack([jnp.full_like(cv, jnp.nan), cv, jnp.zeros_like(cv)])
+        out, lse = self.kernel("prefix", q, stacked_k, stacked_v, lengths, window, jnp.int32(1))
+        r_out, r_lse = _jit(pk.prefix_attention_reference)(q, ck, cv, lengths, window)
+        atol = ATOL[case.dtype]
+        assert_close(out, r_out, atol, f"{case} layer=1")
+        assert_lse_close(lse, r_lse, 1e-4 if case.dtype == jnp.float32 else 2e-2, f"{case} layer=1")
+
+
+class TestPallasGpuInterpret(TestPallasInterpret):
+    """The Triton variant of the kernels, run by the Pallas interpreter: power-of-2 blocks of 16+.
+
+    Each interpreted kernel costs ~2 s of XLA compilation here, so the default run keeps the cases that
+    exercise this variant's own code (row blocks, split sizing, masked loads) and leaves the generic edge
+    cases, already run on the TPU variant, to `-m slow`.
+    """
+
+    PLATFORM = "gpu"
+    PREFIX_TUNING = pk.PrefixTuning(block_k=128, block_s=512, block_rows=16)
+    TREE_TUNING = tk.TreeTuning(block_rows=16, block_k=16)
+    PREFIX_TUNINGS = (pk.PrefixTuning(16, 96, block_rows=16), pk.PrefixTuning())
+    TREE_TUNINGS = (tk.TreeTuning(16, 16), tk.TreeTuning())
+    DEFAULT_TUNING_CASES = (
+        Case(1, 1, 8, 2, 64, 4100, (4001,), window=(2,)),  # 65 splits of 64 keys
+        Case(4, 16, 8, 2, 64, 2056, (2056, 1, 1000, 0), dtype=jnp.bfloat16),  # 17 splits of 128 keys
+    )
+
+    @pytest.mark.parametrize("case", [FAST_CASES[2], FAST_CASES[6]], ids=str)
+    def test_hybrid_matches_naive(self, case):
+        self.check_case(case)
+
+    @pytest.mark.slow
+    @pytest.mark.parametrize("case", [c for i, c in enumerate(FAST_CASES) if i not in (2, 6)], ids=str)
+    def test_hybrid_matches_naive_rest(self, case):
+        self.check_case(case)
+
+    def test_dispatch_through_lsjax_attention(self):
+        pytest.skip("lsjax.attention runs the TPU variant on a CPU host")
+
+    @pytest.mark.slow
+    def test_empty_cache_is_tree_only_exactly(self):
+        super().test_empty_cache_is_tree_only_exactly()
+
+    @pytest.mark.slow
+    def test_tree_of_one_is_decode_attention(self):
+        super().test_tree_of_one_is_decode_attention()
+
+    @pytest.mark.slow
+    def test_window_excluding_all_keys(self):
+        super().test_window_excluding_all_keys()
+
+    @pytest.mark.slow
+    def test_zero_capacity_cache(self):
+        super().test_zero_capacity_cache()
+
+    @pytest.mark.slow
+    def test_rectangular_mask(self):
+        super().test_rectangular_mask()
 
 
 def test_merge_with_empty_parts_has_no_nan():
@@ -317,7 +411,10 @@ def test_merge_with_empty_parts_has_no_nan():
     [
         (lambda: pk.PrefixTuning(block_k=12), "block_k"),
         (lambda: pk.PrefixTuning(block_k=64, block_s=96), "block_s"),
-        (lambda: tk.TreeTuning(block_q=0), "block_q"),
+        (lambda: tk.TreeTuning(block_rows=0), "block_rows"),
+        (lambda: pk.PrefixTuning(block_rows=24), "block_rows"),
+        (lambda: pk.PrefixTuning(splits=0), "splits"),
+        (lambda: tk.TreeTuning(num_warps=0), "num_warps"),
         (lambda: tk.TreeTuning(block_k=20), "block_k"),
     ],
 )
