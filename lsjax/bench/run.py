@@ -317,7 +317,7 @@ def run(argv=None) -> dict:
             "max_new_tokens": max_new,
             "ignore_eos": not args.stop_at_eos,
             "num_prompts": len(prompts),
-            "draft": ctx["draft"] if uses_longspec else "n/a",
+            "draft": _draft_name(ctx["draft"]) if uses_longspec else "n/a",
             "tree": _tree_name(methods) if uses_longspec else "n/a",
             "bucket_order": ["<1K", *BUCKETS, "7K+"],
             "prompts": [{"id": p.id, "task": p.task, "bucket": p.bucket, "tokens": p.num_tokens} for p in prompts],
@@ -332,6 +332,15 @@ def run(argv=None) -> dict:
     if failures:
         raise EqualityError("; ".join(failures))
     return result
+
+
+def _draft_name(draft: str) -> str:
+    """The draft as results and READMEs show it: a shipped draft by its path inside the package, so no
+    machine's directory layout ends up in published tables."""
+    from lsjax.drafters.checkpoints import DRAFTS_DIR
+
+    path = Path(draft)
+    return f"lsjax/drafts/{path.name}" if path.parent.resolve() == DRAFTS_DIR.resolve() else draft
 
 
 def _tree_name(methods) -> str:
