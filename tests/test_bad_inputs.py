@@ -5,14 +5,16 @@ and a `--set` override of the wrong type. The bad files are made here, small, in
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 import types
 
 import jax
+import numpy as np
 import pytest
 
-from lsjax.config import ConfigError, DraftConfig, from_dict
+from lsjax.config import ConfigError, DraftConfig, from_dict, to_dict
 from lsjax.drafters import registry
 from lsjax.drafters.checkpoints import load_draft
 from lsjax.errors import CorruptFileError, LsjaxError, ShapeMismatchError
@@ -69,13 +71,15 @@ def test_corrupt_safetensors(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_draft(tmp_path_factory):
-    """A valid draft directory for the tiny target."""
-    from lsjax.train.export import save_draft
-
+    """A valid draft directory for the tiny target, written by hand in the format `lsjax.train.export` writes
+    (test_train checks that round trip; importing the trainer here would only cost time)."""
     config, _ = tiny_model()
     path = tmp_path_factory.mktemp("draft") / "tiny-draft"
+    path.mkdir()
     params = draft_lib.random_draft_params(config, jax.random.key(1))
-    save_draft(path, params, DraftConfig(window=16), "tiny", extra={"training": {}})
+    np.savez(path / "params.npz", **{k: np.asarray(v) for k, v in params.items()})
+    meta = {"target": "tiny", "draft_config": to_dict(DraftConfig(window=16)), "tree": None}
+    (path / "draft.json").write_text(json.dumps(meta))
     return config, path
 
 
