@@ -16,11 +16,14 @@ import sys
 import time
 from pathlib import Path
 
-METHODS = ("ar", "pld", "longspec", "hybrid")
 DEFAULT_PROMPT = Path(__file__).resolve().parent / "lsjax" / "assets" / "default_prompt.txt"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    # The method names come from the drafter registry: a drafter registered anywhere is a --method choice.
+    from lsjax.drafters import registry
+
+    methods = [registry.get(n) for n in registry.names()]
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="a .gguf file or an HF safetensors directory (default: SmolLM2-135M-Instruct)")
     src = p.add_mutually_exclusive_group()
@@ -35,10 +38,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="RNG seed for sampling")
     p.add_argument(
         "--method",
-        choices=METHODS,
+        choices=[m.name for m in methods],
         default=None,
-        help="decoding method: ar, pld (prompt lookup), longspec (draft model), hybrid (the draft's tree plus a "
-        "prompt-lookup chain, verified together); default longspec when a draft for the target is found, else ar",
+        help="decoding method: "
+        + "; ".join(f"{m.name} ({m.help})" if m.help else m.name for m in methods)
+        + ". Default: longspec when a draft for the target is found, else ar",
     )
     p.add_argument("--draft", help="a LongSpec draft checkpoint (directory) for --method longspec|hybrid")
     p.add_argument(
@@ -47,8 +51,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="speculation tree for longspec: a preset (paper, gpu, cpu, cpu-small, chain4, chain8) or "
         "comma-separated widths per depth, e.g. 2,2,2",
     )
-    p.add_argument("--pld-tokens", type=int, default=None, help="pld|hybrid: tokens per lookup chain (8 | 6)")
-    p.add_argument("--pld-ngram", type=int, default=3, help="pld|hybrid: longest n-gram matched (default 3)")
+    p.add_argument(
+        "--pld-tokens",
+        type=int,
+        default=None,
+        help=f"pld|hybrid: tokens per lookup chain ({registry.PLD_TOKENS} | {registry.HYBRID_PLD_TOKENS})",
+    )
+    p.add_argument(
+        "--pld-ngram",
+        type=int,
+        default=registry.PLD_NGRAM,
+        help=f"pld|hybrid: longest n-gram matched (default {registry.PLD_NGRAM})",
+    )
     p.add_argument("--compare", choices=("ar",), help="also run AR on the same prompt; print speedup and equality")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     p.add_argument(
@@ -85,10 +99,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if (args.pld_tokens is not None and args.pld_tokens < 1) or args.pld_ngram < 1:
         fail("--pld-tokens and --pld-ngram must be >= 1")
-    # Imports after argument parsing so `--help` and flag errors are instant.
+    # The engine's imports come after argument parsing, so `--help` and flag errors stay quick.
     from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
-    from lsjax.drafters.base import ARDrafter
-    from lsjax.drafters.pld import PLDDrafter
+    from lsjax.drafters import registry
+    from lsjax.drafters.checkpoints import default_draft_path
     from lsjax.errors import LsjaxError
     from lsjax.generation import Generator, check_prompt
     from lsjax.loading import load_model
@@ -116,22 +130,10 @@ def main(argv=None) -> int:
         else:
             ids = tok.encode(text)
         check_prompt(model.config, ids, gen.max_new_tokens)
-        from lsjax.drafters.longspec import default_draft_path
-
         method = args.method or ("longspec" if args.draft or default_draft_path(model.path) else "ar")
-        draft_params = None
-        if method == "ar":
-            drafter = ARDrafter()
-        elif method == "pld":
-            drafter = PLDDrafter(num_tokens=args.pld_tokens or 8, ngram_max=args.pld_ngram)
-        else:
-            from lsjax.drafters.longspec import load_longspec
-
-            drafter, draft_params = load_longspec(model, args.draft, args.tree)
-            if method == "hybrid":
-                from lsjax.drafters.hybrid import HybridDrafter
-
-                drafter = HybridDrafter(drafter, PLDDrafter(num_tokens=args.pld_tokens or 6, ngram_max=args.pld_ngram))
+        drafter, draft_params = registry.build(
+            method, model, draft=args.draft, tree=args.tree, pld_tokens=args.pld_tokens, pld_ngram=args.pld_ngram
+        )
         generator = Generator(model.config, model.params, drafter, draft_params, backend=args.backend)
         if not args.json:
             print(

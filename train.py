@@ -23,7 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tree", help="with --export: the tree preset or widths decode.py uses for this draft by default")
     args = p.parse_args(argv)
 
-    from lsjax.config import ConfigError, TrainConfig, apply_overrides, from_dict, to_dict
+    from lsjax.config import ConfigError, apply_overrides, from_dict, to_dict
+    from lsjax.errors import LsjaxError
+    from lsjax.train.config import TrainConfig
 
     try:
         with open(args.config) as f:
@@ -39,14 +41,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.export:
         return export(cfg, args.export, args.config, args.tree)
 
-    from lsjax.train import TrainingDiverged, fit
+    from lsjax.train.loop import TrainingDiverged, fit
 
     try:
         out = fit(cfg, resume=args.resume, progress=not args.no_progress, config_dict=to_dict(cfg))
     except TrainingDiverged as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
-    except ConfigError as e:
+    except LsjaxError as e:  # a bad config field, a missing or corrupt target checkpoint
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     final = out["final"]
@@ -68,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
 def export(cfg, out_dir: str, config_path: str, tree: str | None = None) -> int:
     """Latest checkpoint of the run -> a draft directory `decode.py --draft DIR` (or the shipped one) loads."""
     from lsjax.config import ConfigError
-    from lsjax.drafters.longspec import export_run
     from lsjax.errors import LsjaxError
+    from lsjax.train.export import export_run
     from lsjax.tree import parse_tree
 
     run_dir = cfg.resolved_run_dir

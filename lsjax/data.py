@@ -28,7 +28,7 @@ import grain
 import numpy as np
 
 from lsjax import corpora
-from lsjax.config import DataConfig, PositionConfig, TrainConfig
+from lsjax.train.config import DataConfig, PositionConfig, TrainConfig
 
 _FORMAT = 2  # bump when the tokenization below changes: old caches are then ignored
 

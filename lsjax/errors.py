@@ -24,3 +24,7 @@ class MissingTensorError(LsjaxError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message, quotes and all
         return str(self.args[0]) if self.args else ""
+
+
+class CorruptFileError(LsjaxError):
+    """A file is truncated or not in the format its name promises (GGUF, safetensors, a draft's params.npz)."""

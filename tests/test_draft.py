@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 
 from lsjax import attention
+from lsjax.band_attention import band_attention
 from lsjax.cache import KVCache, RingCache, ring_write
 from lsjax.config import DraftConfig, ModelConfig
 from lsjax.models import draft, target
 from lsjax.rope import anchor_offset_positions
+from lsjax.vocab import pruned_vocab
 
 TINY = ModelConfig(
     vocab_size=64,
@@ -244,9 +246,7 @@ def test_band_attention_grid():
         q = normal(10, (2, T_, 4, 8))
         k, v = normal(11, (2, 2, T_, 8)), normal(12, (2, 2, T_, 8))
         f = jax.jit(
-            lambda q, k, v, j, bq=bq, bk=bk, w=w: draft.band_attention(
-                q, k, v, shift=j, window=w, block_q=bq, block_k=bk
-            )
+            lambda q, k, v, j, bq=bq, bk=bk, w=w: band_attention(q, k, v, shift=j, window=w, block_q=bq, block_k=bk)
         )
         t, u = np.arange(T_)[:, None], np.arange(T_)[None, :]
         for j in shifts:
@@ -400,15 +400,15 @@ def test_pruned_vocab_logits(setup, tie):
     tp = host_params(target.init_params, config, 0)
     counts = np.zeros(config.vocab_size, np.int64)
     counts[[10, 20, 30, 40]] = [5, 50, 7, 50]  # EOS ids 2 and 5 never occur
-    ids = draft.pruned_vocab(config, 4, token_counts=counts)
+    ids = pruned_vocab(config, 4, token_counts=counts)
     assert set(config.eos_token_ids) <= set(ids.tolist()) and len(ids) == 4
     np.testing.assert_array_equal(ids, [20, 40, 2, 5])  # by frequency, ties by id; EOS displace 10 and 30
     corpus = np.repeat(np.arange(config.vocab_size), counts)
-    np.testing.assert_array_equal(draft.pruned_vocab(config, 4, corpus_ids=corpus[::-1]), ids)
-    ids8 = draft.pruned_vocab(config, 8, token_counts=counts)
+    np.testing.assert_array_equal(pruned_vocab(config, 4, corpus_ids=corpus[::-1]), ids)
+    ids8 = pruned_vocab(config, 8, token_counts=counts)
     assert ids8.tolist()[:4] == [20, 40, 30, 10]
     with pytest.raises(ValueError):
-        draft.pruned_vocab(config, 1, token_counts=counts)
+        pruned_vocab(config, 1, token_counts=counts)
 
     hidden = normal(6, (2, 3, config.hidden_size))
     full = draft.draft_logits(setup["dp"], tp, config, hidden)
@@ -436,7 +436,7 @@ def test_rectangular_tree_attention_backends():
 
 def test_shipped_smollm2_draft_is_complete():
     """The draft in lsjax/drafts/ loads, fits SmolLM2-135M's shapes and records how it was trained."""
-    from lsjax.drafters.longspec import DRAFTS_DIR, load_draft
+    from lsjax.drafters.checkpoints import DRAFTS_DIR, load_draft
     from lsjax.tree import TreeConfig
 
     path = DRAFTS_DIR / "SmolLM2-135M-Instruct"

@@ -19,9 +19,10 @@ from lsjax.drafters.base import ARDrafter, DraftContext, Drafter
 from lsjax.drafters.hybrid import HybridDrafter, union_layout
 from lsjax.drafters.longspec import LongSpecDrafter
 from lsjax.drafters.pld import PLDDrafter, find_continuation
-from lsjax.models.draft import init_draft_params, pruned_vocab
+from lsjax.models.draft import init_draft_params
 from lsjax.tree import Tree, TreeConfig, ancestor_mask, make_tree, parse_tree
 from lsjax.verify import accept
+from lsjax.vocab import pruned_vocab
 from tests.tiny import tiny_model
 
 generate = jax.jit(speculative.generate, static_argnames=("config", "gen", "drafter", "capacity", "chunk", "backend"))
@@ -381,7 +382,7 @@ def test_no_recompilation_per_step(drafter):
 def test_real_smollm2_greedy_speculative_equals_ar(ours, method):
     """On the real model and a dev code prompt (~1K tokens), every drafter reproduces AR exactly."""
     from lsjax.bench.prompts import stdlib_code_prompt
-    from lsjax.drafters.longspec import load_longspec
+    from lsjax.drafters.checkpoints import load_longspec
     from lsjax.generation import Generator
 
     ids = ours.tokenizer.encode(stdlib_code_prompt(ours.tokenizer, 1024).text)
@@ -398,7 +399,8 @@ def test_real_smollm2_greedy_speculative_equals_ar(ours, method):
 def test_trained_draft_greedy_equals_ar(tmp_path):
     """A draft trained by lsjax.train (tiny target, synthetic data, 30 steps) is as lossless as any other."""
     from lsjax import train as tr
-    from lsjax.config import TrainConfig, from_dict, to_dict
+    from lsjax.config import from_dict, to_dict
+    from lsjax.train.config import TrainConfig
 
     tiny_cfg, _ = tiny_model()
     cfg = from_dict(

@@ -18,9 +18,11 @@ import yaml
 
 from lsjax import data as data_lib
 from lsjax import train as tr
-from lsjax.config import ConfigError, ModelConfig, TrainConfig, from_dict, load_yaml, to_dict
+from lsjax.config import ConfigError, ModelConfig, from_dict, load_yaml, to_dict
 from lsjax.models import draft as draft_lib
 from lsjax.models import target as target_lib
+from lsjax.train import loop as train_loop
+from lsjax.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ModelConfig(
@@ -144,7 +146,7 @@ def test_distillation_losses(tiny_models):
     th = jax.random.normal(jax.random.PRNGKey(5), (B, T, TINY.hidden_size))
     w = jnp.ones((B, T))
     labels = jnp.zeros((B, T), jnp.int32)
-    tlabels = jnp.argmax(tr._target_logits(tp, TINY, th, None), -1)
+    tlabels = jnp.argmax(tr.target_logits(tp, TINY, th, None), -1)
     a = tr.lm_losses(dp, tp, TINY, th, labels, w, chunk_size=4, distill="argmax", target_hidden=th)
     b = tr.dense_lm_losses(dp, tp, TINY, th, tlabels, w)
     np.testing.assert_allclose(a["distill"], b["ce"], rtol=1e-5)
@@ -234,7 +236,7 @@ def test_exact_resume(tmp_path):
     assert recs == list(range(1, 5))  # the killed run's step 3 record was replaced, not duplicated
 
     # The next stage starts from this one's params (checkpoint.init_from reads them the same way).
-    from lsjax.checkpoint import load_draft_params
+    from lsjax.train.checkpoint import load_draft_params
 
     for a, b in zip(jax.tree.leaves(load_draft_params(tmp_path / "a")), jax.tree.leaves(full["state"].params)):
         np.testing.assert_array_equal(a, np.asarray(b))
@@ -253,10 +255,10 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
 
         return f
 
-    monkeypatch.setattr(tr, "make_train_step", poisoned)
+    monkeypatch.setattr(train_loop, "make_train_step", poisoned)
     with pytest.raises(tr.TrainingDiverged, match=r"non-finite loss .* at step 3; .*last good checkpoint: step 2"):
         tr.fit(tiny_cfg(tmp_path / "r"), log=lambda *_: None)
-    from lsjax.checkpoint import Checkpointer
+    from lsjax.train.checkpoint import Checkpointer
 
     assert Checkpointer(tmp_path / "r" / "checkpoints").latest_step() == 2
 
@@ -385,7 +387,7 @@ def test_cli_end_to_end_tiny(tmp_path):
     # --export: the run as a draft directory decode.py loads, with its training summary and default tree
     out = _cli(["--config", str(cfg), "--export", str(tmp_path / "draft"), "--tree", "2,1"], tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    from lsjax.drafters.longspec import load_draft
+    from lsjax.drafters.checkpoints import load_draft
 
     params, dcfg, meta = load_draft(tmp_path / "draft")
     assert meta["tree"] == [2, 1] and meta["training"]["steps"] == 4 and meta["training"]["final_loss"] > 0

@@ -48,7 +48,8 @@ def load_base(path: str | Path, overrides: list[str]):
     """The base TrainConfig: the YAML file with `a.b=value` overrides applied."""
     import yaml
 
-    from lsjax.config import TrainConfig, apply_overrides, from_dict
+    from lsjax.config import apply_overrides, from_dict
+    from lsjax.train.config import TrainConfig
 
     raw = yaml.safe_load(Path(path).read_text()) or {}
     return from_dict(TrainConfig, apply_overrides(raw, overrides))
@@ -210,20 +211,20 @@ def measure_tau(config, target_params, drafts: dict[str, Path], tree, prompts: l
     weights as an argument, so only the weights change between arms. An untimed run of the first prompt
     compiles and warms it up, so no arm's tok/s pays for that.
     """
+    import types
+
     import jax
     import jax.numpy as jnp
 
     from lsjax.config import GenerateConfig
-    from lsjax.drafters.longspec import LongSpecDrafter, load_draft
+    from lsjax.drafters import registry
     from lsjax.generation import Generator
-    from lsjax.models.draft import with_vocab_head
 
     gen = GenerateConfig(max_new_tokens=max_new, ignore_eos=True)  # equal lengths for every arm
+    target = types.SimpleNamespace(config=config, params=target_params, path=None)
     generator, out = None, {}
     for arm, path in drafts.items():
-        params, dcfg, _ = load_draft(path)
-        params = with_vocab_head(params, target_params, config)
-        drafter = LongSpecDrafter(tree=tree, draft=dcfg)
+        drafter, params = registry.build("longspec", target, draft=str(path), tree=tree)
         t0, compile_s = time.perf_counter(), 0.0
         if generator is None or generator.drafter != drafter:
             generator = Generator(config, target_params, drafter, params)
@@ -369,7 +370,8 @@ def run(argv=None) -> dict:
     from lsjax import train as tr
     from lsjax.bench.run import machine_info
     from lsjax.config import ConfigError, to_dict
-    from lsjax.drafters.longspec import export_run, load_draft
+    from lsjax.drafters.checkpoints import load_draft
+    from lsjax.train.export import export_run
     from lsjax.tree import parse_tree
 
     base = load_base(args.config, args.set)
@@ -422,7 +424,7 @@ def run(argv=None) -> dict:
     for arm, cfg in cfgs.items():
         export_run(cfg, drafts[arm], tree=tree, extra={"ablation_arm": arm})
     config, target_params, tokenizer = tr.load_target(base)
-    eos = tr._eos(config)
+    eos = tr.eos_id(config)
     if args.eval_len > config.max_position:
         raise ConfigError(f"--eval-len: {args.eval_len} is beyond the target's max_position {config.max_position}")
     tokens, mask = dev_sequences(base, tokenizer, eos, config.vocab_size, args.eval_len, args.eval_seqs)

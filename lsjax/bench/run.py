@@ -24,17 +24,20 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-METHOD_ORDER = ("lsjax-ar", "lsjax-longspec", "lsjax-hybrid", "lsjax-pld", "hf-ar", "hf-pld")
 
+def _lsjax(name: str, method):
+    """The bench method for registry entry `method`: its drafter on the shared device params."""
 
-def _lsjax(name: str, drafter_fn: Callable, speculative: bool):
     def factory(ctx):
         from lsjax.bench.methods import LsjaxMethod
+        from lsjax.drafters import registry
         from lsjax.generation import Generator
 
-        drafter, draft_params = drafter_fn(ctx)
+        drafter, draft_params = registry.build(
+            method.name, ctx["model"], draft=ctx["draft"], tree=ctx["tree"], cache=ctx["drafts"]
+        )
         gen = Generator(ctx["model"].config, ctx["params"], drafter, draft_params)
-        return LsjaxMethod(name, gen, speculative)
+        return LsjaxMethod(name, gen, method.speculative)
 
     return factory
 
@@ -48,41 +51,38 @@ def _hf(name: str, lookup: int):
     return factory
 
 
-def _ar(ctx):
-    from lsjax.drafters.base import ARDrafter
-
-    return ARDrafter(), None
-
-
-def _pld(ctx):
-    from lsjax.drafters.pld import PLDDrafter
-
-    return PLDDrafter(num_tokens=8, ngram_max=3), None
-
-
-def _longspec(ctx):
-    return ctx["longspec"]()
-
-
-def _hybrid(ctx):
-    from lsjax.drafters.hybrid import HybridDrafter
-    from lsjax.drafters.pld import PLDDrafter
-
-    drafter, draft_params = ctx["longspec"]()
-    return HybridDrafter(drafter, PLDDrafter(num_tokens=6, ngram_max=3)), draft_params
-
-
-# name -> factory(ctx) -> Method. Tests add fakes here; the CLI's choices are read from it at parse time.
+# name -> factory(ctx) -> Method, besides the lsjax methods (one per drafter registry entry, "lsjax-<name>").
+# Tests add fakes here.
 METHODS: dict[str, Callable] = {
-    "lsjax-ar": _lsjax("lsjax-ar", _ar, False),
-    "lsjax-longspec": _lsjax("lsjax-longspec", _longspec, True),
-    "lsjax-hybrid": _lsjax("lsjax-hybrid", _hybrid, True),
-    "lsjax-pld": _lsjax("lsjax-pld", _pld, True),
     "hf-ar": _hf("hf-ar", 0),
     "hf-pld": _hf("hf-pld", 10),
 }
-SUITE_DEFAULTS = {  # max new tokens, methods, profiled temperatures (None: all)
-    "dev": (128, [m for m in METHOD_ORDER], None),
+# One factory per registry entry, kept while the entry stays registered: the method cache keys on it.
+_FACTORIES: dict[str, tuple] = {}
+
+
+def available_methods() -> dict[str, Callable]:
+    """Every method the harness can run: the drafter registry's (in its order), then METHODS. Read at call time,
+    so a drafter registered after this module was imported is offered too."""
+    from lsjax.drafters import registry
+
+    out = {}
+    for n in registry.names():
+        entry, key = registry.get(n), f"lsjax-{n}"
+        if key not in _FACTORIES or _FACTORIES[key][0] is not entry:
+            _FACTORIES[key] = (entry, _lsjax(key, entry))
+        out[key] = _FACTORIES[key][1]
+    return {**out, **METHODS}
+
+
+def _uses_draft(name: str) -> bool:
+    from lsjax.drafters import registry
+
+    return name.startswith("lsjax-") and name[6:] in registry.names() and registry.get(name[6:]).uses_draft
+
+
+SUITE_DEFAULTS = {  # max new tokens, methods (None: all), profiled temperatures (None: all)
+    "dev": (128, None, None),
     # Quick profiles the step split at T=0 only: each profiled temperature compiles three more programs.
     "quick": (16, ["lsjax-ar", "lsjax-longspec", "lsjax-pld"], (0.0,)),
 }
@@ -99,7 +99,9 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", choices=SUITES, default="quick")
     p.add_argument("--prompts", help='a JSONL file of {"id", "prompt"[, "chat": true]} instead of the suite prompts')
-    p.add_argument("--methods", nargs="+", choices=list(METHODS), help="default: all (quick: the lsjax ones)")
+    p.add_argument(
+        "--methods", nargs="+", choices=list(available_methods()), help="default: all (quick: the lsjax ones)"
+    )
     p.add_argument("--no-hf", action="store_true", help="drop the HF transformers peers")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     p.add_argument("--max-new-tokens", type=int, help="default 128 (dev), 16 (quick)")
@@ -172,15 +174,15 @@ def _context(model, args):
     import jax.numpy as jnp
 
     from lsjax.bench.methods import load_hf
-    from lsjax.drafters.longspec import default_draft_path, load_longspec
+    from lsjax.drafters.checkpoints import default_draft_path
 
     draft = args.draft
     if draft is None:
         shipped = default_draft_path(model.path)
         draft = str(shipped) if shipped else "random"
     params = jax.tree.map(jnp.asarray, model.params)
-    ctx = {"model": model, "params": params, "draft": draft}
-    ctx["longspec"] = functools.cache(lambda: load_longspec(model, draft, args.tree))
+    # "drafts" caches loaded drafts, so methods built on one draft (longspec, hybrid) load it once.
+    ctx = {"model": model, "params": params, "draft": draft, "tree": args.tree, "drafts": {}}
     ctx["hf"] = functools.cache(lambda: load_hf(model, args.hf_threads))
     return ctx
 
@@ -202,7 +204,7 @@ def run(argv=None) -> dict:
     suite = "file" if args.prompts else args.suite
     default_new, default_methods, split_temps = SUITE_DEFAULTS[args.suite]
     max_new = args.max_new_tokens or default_new
-    names = args.methods or default_methods
+    names = args.methods or default_methods or list(available_methods())
     if args.no_hf:
         names = [n for n in names if not n.startswith("hf-")]
     # lsjax-ar is the reference for equality and the first baseline: always run it, first.
@@ -219,9 +221,10 @@ def run(argv=None) -> dict:
     prompts = prompts[: args.limit] if args.limit else prompts
     ctx_key = ("ctx", args.draft, args.tree, args.hf_threads)
     ctx = _shared(ctx_key, lambda: _context(model, args))
-    methods = {n: _shared(("method", n, METHODS[n], ctx_key), lambda n=n: METHODS[n](ctx)) for n in names}
+    factories = available_methods()
+    methods = {n: _shared(("method", n, factories[n], ctx_key), lambda n=n: factories[n](ctx)) for n in names}
     lossless = [n for n, m in methods.items() if m.lossless]
-    uses_longspec = "lsjax-longspec" in methods or "lsjax-hybrid" in methods
+    uses_longspec = any(_uses_draft(n) for n in methods)
     draft_note = f"; LongSpec draft {ctx['draft']}" if uses_longspec else ""
     print(
         f"[bench] suite {suite}: {len(prompts)} prompts x {len(names)} methods x T={temps}, {max_new} new tokens"
@@ -314,7 +317,7 @@ def run(argv=None) -> dict:
             "max_new_tokens": max_new,
             "ignore_eos": not args.stop_at_eos,
             "num_prompts": len(prompts),
-            "draft": ctx["draft"] if uses_longspec else "n/a",
+            "draft": _draft_name(ctx["draft"]) if uses_longspec else "n/a",
             "tree": _tree_name(methods) if uses_longspec else "n/a",
             "bucket_order": ["<1K", *BUCKETS, "7K+"],
             "prompts": [{"id": p.id, "task": p.task, "bucket": p.bucket, "tokens": p.num_tokens} for p in prompts],
@@ -331,8 +334,17 @@ def run(argv=None) -> dict:
     return result
 
 
+def _draft_name(draft: str) -> str:
+    """The draft as results and READMEs show it: a shipped draft by its path inside the package, so no
+    machine's directory layout ends up in published tables."""
+    from lsjax.drafters.checkpoints import DRAFTS_DIR
+
+    path = Path(draft)
+    return f"lsjax/drafts/{path.name}" if path.parent.resolve() == DRAFTS_DIR.resolve() else draft
+
+
 def _tree_name(methods) -> str:
-    name = "lsjax-longspec" if "lsjax-longspec" in methods else "lsjax-hybrid"
+    name = next(n for n in methods if _uses_draft(n))
     drafter = methods[name].generator.drafter
     return ",".join(map(str, getattr(drafter, "longspec", drafter).tree.widths))
 

@@ -85,7 +85,7 @@ def main(argv=None) -> int:
 
     import dataclasses
 
-    from lsjax.drafters.longspec import load_longspec
+    from lsjax.drafters import registry
     from lsjax.errors import LsjaxError
     from lsjax.loading import load_model
     from lsjax.tree import parse_tree
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
         for spec in args.trees:
             parse_tree(spec)
         model = load_model(args.model)
-        drafter, draft_params = load_longspec(model, args.draft, None)
+        drafter, draft_params = registry.build("longspec", model, draft=args.draft)
         prompts = {f.name: model.tokenizer.encode(f.read_text(encoding="utf-8")) for f in args.prompt_file}
     except (LsjaxError, OSError) as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)

@@ -15,30 +15,23 @@ with the drafting key; the tree carries q so verification can run recursive
 rejection sampling (accepting a child with probability >= 1 - TV(p, q)
 instead of p(child) for a top-k child).
 
-Draft checkpoints are directories with `params.npz` (the draft's tensors, plus
-`vocab_ids` when the vocabulary is pruned) and `draft.json` (the DraftConfig,
-the target's name and the default tree).
+Draft checkpoints (load: `lsjax.drafters.checkpoints`; export from a training
+run: `lsjax.train.export`) hold the params this drafter runs with.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from lsjax.cache import RingCache, ring_write
-from lsjax.config import DraftConfig, from_dict, to_dict
+from lsjax.config import DraftConfig
 from lsjax.drafters.base import DraftContext, Drafter, Verdict
-from lsjax.errors import ModelNotFoundError
-from lsjax.models.draft import draft_logits, draft_self_kv, draft_step, init_draft_params, with_vocab_head
+from lsjax.models.draft import draft_logits, draft_self_kv, draft_step
 from lsjax.sampling import processed_logprobs
-from lsjax.tree import Tree, TreeConfig, parse_tree
-
-DRAFTS_DIR = Path(__file__).resolve().parents[1] / "drafts"
+from lsjax.tree import Tree, TreeConfig
 
 
 def split_vocab(draft_params: dict):
@@ -190,92 +183,3 @@ def _sample_level(logq: jax.Array, scores: jax.Array, w_next: int, key: jax.Arra
     ok = jnp.isfinite(jnp.take_along_axis(perturbed.reshape(B, -1), pick, axis=1))
     best = jnp.take_along_axis(scores, parent, axis=1) + jnp.where(ok, child_lq, -1e30)
     return parent, child_tok, best, ok
-
-
-# ---------------------------------------------------------------------------
-# Checkpoints
-
-
-def save_draft(
-    path: str | Path,
-    draft_params: dict,
-    draft_config: DraftConfig,
-    target_name: str,
-    tree: TreeConfig | None = None,
-    extra: dict | None = None,
-) -> None:
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    np.savez(path / "params.npz", **{k: np.asarray(v) for k, v in draft_params.items() if k != "vocab_head"})
-    meta = {
-        "target": target_name,
-        "draft_config": to_dict(draft_config),
-        "tree": list(tree.widths) if tree else None,
-        **(extra or {}),
-    }
-    (path / "draft.json").write_text(json.dumps(meta, indent=2))
-
-
-def export_run(cfg, out_dir: str | Path, extra: dict | None = None, tree: TreeConfig | None = None) -> dict:
-    """A training run's latest checkpoint (TrainConfig `cfg`) -> a draft directory `load_draft` reads; returns
-    the exported params. The run's pruned vocabulary (vocab_ids.npy) travels with them; draft.json records
-    the run's training summary and the default `tree` decode.py should use with this draft."""
-    from lsjax.checkpoint import load_draft_params
-    from lsjax.train import training_summary
-
-    run_dir = Path(cfg.resolved_run_dir)
-    params = {k: np.asarray(v) for k, v in load_draft_params(run_dir).items()}
-    vocab = run_dir / "vocab_ids.npy"
-    if vocab.is_file():
-        params["vocab_ids"] = np.load(vocab)
-    target = target_key(cfg.target.path) if cfg.target.path else "SmolLM2-135M-Instruct"
-    extra = {"run_dir": str(run_dir), "training": training_summary(run_dir), **(extra or {})}
-    save_draft(out_dir, params, cfg.draft, target, tree=tree, extra=extra)
-    return params
-
-
-def load_draft(path: str | Path) -> tuple[dict, DraftConfig, dict]:
-    path = Path(path)
-    if not (path / "params.npz").is_file() or not (path / "draft.json").is_file():
-        raise ModelNotFoundError(f"no LongSpec draft at {path} (expected params.npz and draft.json)")
-    meta = json.loads((path / "draft.json").read_text())
-    with np.load(path / "params.npz") as z:
-        params = {k: z[k] for k in z.files}
-    return params, from_dict(DraftConfig, meta["draft_config"]), meta
-
-
-def target_key(model_path: str | Path) -> str:
-    """The name drafts are filed under: the checkpoint's name without quantization and extension
-    ("SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct"; an HF directory's name)."""
-    return Path(model_path).name.split(".")[0]
-
-
-def default_draft_path(model_path: str | Path) -> Path | None:
-    """The draft shipped in the package for this target, if any."""
-    p = DRAFTS_DIR / target_key(model_path)
-    return p if (p / "params.npz").is_file() else None
-
-
-def load_longspec(model, draft: str | None, tree_spec: str | None):
-    """(drafter, draft_params) for decode.py: `draft` is a checkpoint directory, "random" (initialised from
-    the target's last layer, untrained), or None (the shipped draft for this target)."""
-    if draft == "random":
-        dcfg = DraftConfig()
-        params = init_draft_params(model.config, dcfg, jax.tree.map(jnp.asarray, model.params))
-        meta = {}
-    else:
-        path = Path(draft) if draft else default_draft_path(model.path)
-        if path is None:
-            raise ModelNotFoundError(
-                f"no shipped LongSpec draft for {target_key(model.path)}; pass --draft DIR (or --draft random)"
-            )
-        params, dcfg, meta = load_draft(path)
-        params = with_vocab_head(params, model.params, model.config)
-    tree = (
-        parse_tree(tree_spec)
-        if tree_spec
-        else TreeConfig(tuple(meta["tree"]))
-        if meta.get("tree")
-        else parse_tree("cpu" if jax.default_backend() == "cpu" else "paper")
-    )
-    return LongSpecDrafter(tree=tree, draft=dcfg), params

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 from lsjax.config import ModelConfig
 from lsjax.errors import ModelNotFoundError
+from lsjax.loading.corrupt import reading
 from lsjax.loading.gguf import GGUFFile, config_from_gguf, load_gguf, params_from_gguf
 from lsjax.loading.hf import SafetensorsDir, config_from_hf_dir, load_hf, params_from_safetensors
 from lsjax.loading.tokenizer import StreamDecoder, Tokenizer
@@ -52,17 +53,22 @@ def _hf_eos_ids(path: Path) -> list[int]:
 
 
 def load_model(path: str | Path | None = None, dtype: str = "float32") -> LoadedModel:
-    """Config, params and tokenizer from a `.gguf` file or an HF directory (default: the bundled SmolLM2)."""
+    """Config, params and tokenizer from a `.gguf` file or an HF directory (default: the bundled SmolLM2).
+
+    Raises ModelNotFoundError, UnsupportedModelError, MissingTensorError, ShapeMismatchError or
+    CorruptFileError (a truncated or damaged file): every one an LsjaxError with a one-line message."""
     path = default_model_path() if path is None else Path(path)
     if path.is_dir():
-        cfg = config_from_hf_dir(path, dtype)
-        tokenizer = Tokenizer.from_hf_dir(path, eos_token_ids=_hf_eos_ids(path))
-        params = params_from_safetensors(SafetensorsDir(path), cfg, dtype)
+        with reading(path, "HF checkpoint (config.json, tokenizer or safetensors)"):
+            cfg = config_from_hf_dir(path, dtype)
+            tokenizer = Tokenizer.from_hf_dir(path, eos_token_ids=_hf_eos_ids(path))
+            params = params_from_safetensors(SafetensorsDir(path), cfg, dtype)
     elif path.is_file():
-        f = GGUFFile(path)
-        cfg = config_from_gguf(f, dtype)
-        tokenizer = Tokenizer.from_gguf_metadata(f.metadata)
-        params = params_from_gguf(f, cfg, dtype)
+        with reading(path, "GGUF file"):
+            f = GGUFFile(path)
+            cfg = config_from_gguf(f, dtype)
+            tokenizer = Tokenizer.from_gguf_metadata(f.metadata)
+            params = params_from_gguf(f, cfg, dtype)
     else:
         raise ModelNotFoundError(f"model not found: {path} (expected a .gguf file or an HF safetensors directory)")
     return LoadedModel(cfg, params, tokenizer, path)

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from lsjax.config import ARCHITECTURES, ConfigError, ModelConfig
+from lsjax.config import ARCHITECTURES, ConfigError, ModelConfig, RopeScaling
 from lsjax.errors import MissingTensorError, ModelNotFoundError, UnsupportedModelError
 from lsjax.loading import layout
+from lsjax.loading.corrupt import reading
 
 
 def _np_dtype(name: str) -> np.dtype:
@@ -87,6 +88,50 @@ class SafetensorsDir:
         return self.where[name].get(name)
 
 
+def config_from_hf(hf: dict, name: str = "model") -> ModelConfig:
+    """A ModelConfig from an HF `config.json` dict (transformers 4.x and 5.x layouts)."""
+    model_type = hf.get("model_type", "?")
+    if model_type not in ARCHITECTURES:
+        raise ConfigError(f"model_type: unsupported architecture {model_type!r}; supported: {', '.join(ARCHITECTURES)}")
+    rope_params = dict(hf.get("rope_parameters") or {})  # transformers 5.x
+    rope_theta = rope_params.get("rope_theta", hf.get("rope_theta", 10000.0))
+    scaling = hf.get("rope_scaling") or rope_params
+    rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+    if rope_type not in ("default", "linear", "llama3"):
+        raise ConfigError(f"rope_scaling.kind: unsupported rope type {rope_type!r} (default|linear|llama3)")
+    rs = RopeScaling(
+        kind=rope_type,
+        factor=float(scaling.get("factor", 1.0)) if rope_type != "default" else 1.0,
+        low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
+        original_max_position=int(scaling.get("original_max_position_embeddings", 8192)),
+    )
+    eos = hf.get("eos_token_id")
+    eos = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+    num_heads = hf["num_attention_heads"]
+    pad = hf.get("pad_token_id")
+    return ModelConfig(
+        arch=model_type,
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
+        max_position=hf.get("max_position_embeddings", 4096),
+        rope_theta=float(rope_theta),
+        rope_scaling=rs,
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_ids=eos,
+        pad_token_id=pad if pad is not None else (eos[0] if eos else 0),
+        name=name,
+    )
+
+
 def config_from_hf_dir(path: Path, dtype: str = "float32") -> ModelConfig:
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
@@ -98,7 +143,7 @@ def config_from_hf_dir(path: Path, dtype: str = "float32") -> ModelConfig:
             f"{path}: architecture {model_type!r} is not supported (supported: {', '.join(ARCHITECTURES)})"
         )
     try:
-        cfg = ModelConfig.from_hf(hf, name=path.name)
+        cfg = config_from_hf(hf, name=path.name)
     except ConfigError as e:
         raise UnsupportedModelError(f"{path}: {e}") from None
     return dataclasses.replace(cfg, dtype=dtype)
@@ -128,5 +173,6 @@ def load_hf(path: str | Path, dtype: str = "float32") -> tuple[ModelConfig, dict
     path = Path(path)
     if not path.is_dir():
         raise ModelNotFoundError(f"model directory not found: {path}")
-    cfg = config_from_hf_dir(path, dtype)
-    return cfg, params_from_safetensors(SafetensorsDir(path), cfg, dtype)
+    with reading(path, "HF checkpoint (config.json or safetensors)"):
+        cfg = config_from_hf_dir(path, dtype)
+        return cfg, params_from_safetensors(SafetensorsDir(path), cfg, dtype)

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from lsjax.train import TrainState
+from lsjax.train.step import TrainState
 
 
 class Checkpointer:

@@ -1,0 +1,117 @@
+"""LongSpec draft checkpoints on the decode side: find, read and check a draft, build its drafter.
+
+A draft directory holds `params.npz` (the draft's tensors, plus `vocab_ids` when the vocabulary is pruned)
+and `draft.json` (the DraftConfig, the target's name, the default tree and the training summary). Training
+writes them (`lsjax.train.export`); nothing here imports the trainer, so decoding never loads optax, orbax
+or grain.
+
+A bad draft is a named one-line error: a truncated or corrupt file is a `CorruptFileError`, a draft made for
+another target (its tensors do not fit this target's shapes) a `ShapeMismatchError`.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+import zlib
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lsjax.config import ConfigError, DraftConfig, from_dict
+from lsjax.drafters.longspec import LongSpecDrafter
+from lsjax.errors import CorruptFileError, MissingTensorError, ModelNotFoundError, ShapeMismatchError
+from lsjax.models.draft import init_draft_params, random_draft_params, with_vocab_head
+from lsjax.tree import TreeConfig, parse_tree
+
+DRAFTS_DIR = Path(__file__).resolve().parents[1] / "drafts"
+# What np.load / NpzFile raise on a truncated or damaged archive (zip directory, deflate stream, npy header).
+_NPZ_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError, KeyError)
+
+
+def load_draft(path: str | Path) -> tuple[dict, DraftConfig, dict]:
+    """(params as numpy arrays, DraftConfig, the draft.json metadata) of a draft directory."""
+    path = Path(path)
+    if not (path / "params.npz").is_file() or not (path / "draft.json").is_file():
+        raise ModelNotFoundError(f"no LongSpec draft at {path} (expected params.npz and draft.json)")
+    try:
+        meta = json.loads((path / "draft.json").read_text())
+        dcfg = from_dict(DraftConfig, meta["draft_config"], "draft_config")
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        raise CorruptFileError(f"{path / 'draft.json'}: not a LongSpec draft description ({_reason(e)})") from None
+    except ConfigError as e:
+        raise CorruptFileError(f"{path / 'draft.json'}: {e}") from None
+    try:
+        with np.load(path / "params.npz") as z:
+            params = {k: z[k] for k in z.files}
+    except _NPZ_ERRORS as e:
+        raise CorruptFileError(f"{path / 'params.npz'}: truncated or corrupt draft checkpoint ({_reason(e)})") from None
+    return params, dcfg, meta
+
+
+def _reason(e: Exception) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def check_draft_fits(params: dict, dcfg: DraftConfig, config, where: str, made_for: str = "") -> None:
+    """Raises ShapeMismatchError (MissingTensorError) when the draft's tensors do not fit target `config`: a
+    draft trained for another target would otherwise fail deep inside jit with an XLA shape error."""
+    expected = jax.eval_shape(lambda k: random_draft_params(config, k), jax.random.key(0))
+    note = f" (it was made for {made_for})" if made_for else ""
+    for name, spec in expected.items():
+        if name not in params:
+            raise MissingTensorError(f"draft {where}: tensor {name} is missing{note}")
+        if tuple(params[name].shape) != tuple(spec.shape):
+            raise ShapeMismatchError(
+                f"draft {where} does not fit target {config.name}: tensor {name} has shape "
+                f"{tuple(params[name].shape)}, this target needs {tuple(spec.shape)}{note}"
+            )
+    ids = params.get("vocab_ids")
+    if ids is not None and (ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= config.vocab_size):
+        raise ShapeMismatchError(
+            f"draft {where} does not fit target {config.name}: its vocab_ids lie outside [0, {config.vocab_size}){note}"
+        )
+    del dcfg  # the window sizes the ring, not a tensor: any window fits any target
+
+
+def target_key(model_path: str | Path) -> str:
+    """The name drafts are filed under: the checkpoint's name without quantization and extension
+    ("SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct"; an HF directory's name)."""
+    return Path(model_path).name.split(".")[0]
+
+
+def default_draft_path(model_path: str | Path) -> Path | None:
+    """The draft shipped in the package for this target, if any."""
+    p = DRAFTS_DIR / target_key(model_path)
+    return p if (p / "params.npz").is_file() else None
+
+
+def load_longspec(model, draft: str | None, tree_spec: str | TreeConfig | None):
+    """(drafter, draft_params) for a loaded model (config, params, path): `draft` is a checkpoint directory,
+    "random" (initialised from the target's last layer, untrained), or None (the shipped draft for this target).
+    `tree_spec`: a preset or widths ("2,1"), a TreeConfig, or None (the draft's own tree, else the device's)."""
+    if draft == "random":
+        dcfg = DraftConfig()
+        params = init_draft_params(model.config, dcfg, jax.tree.map(jnp.asarray, model.params))
+        meta = {}
+    else:
+        path = Path(draft) if draft else default_draft_path(model.path)
+        if path is None:
+            raise ModelNotFoundError(
+                f"no shipped LongSpec draft for {target_key(model.path)}; pass --draft DIR (or --draft random)"
+            )
+        params, dcfg, meta = load_draft(path)
+        check_draft_fits(params, dcfg, model.config, str(path), meta.get("target", ""))
+        params = with_vocab_head(params, model.params, model.config)
+    tree = (
+        tree_spec
+        if isinstance(tree_spec, TreeConfig)
+        else parse_tree(tree_spec)
+        if tree_spec
+        else TreeConfig(tuple(meta["tree"]))
+        if meta.get("tree")
+        else parse_tree("cpu" if jax.default_backend() == "cpu" else "paper")
+    )
+    return LongSpecDrafter(tree=tree, draft=dcfg), params

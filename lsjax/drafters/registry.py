@@ -1,0 +1,142 @@
+"""One registry from a decoding method's name to its drafter: what `decode.py --method` and the bench offer.
+
+    drafter, draft_params = registry.build("pld", model, pld_tokens=4)
+    registry.names()             # ("ar", "longspec", "hybrid", "pld", ...)
+
+A method is a builder `build(model, **opts) -> (drafter, draft_params)`. `model` is a loaded target
+(anything with `config`, `params` and `path`, e.g. `lsjax.loading.LoadedModel`); `opts` are the decode
+options (`draft`, `tree`, `pld_tokens`, `pld_ngram`, and `cache`, a dict that lets methods built together
+share one loaded draft). An option given as None means "the method's default"; a builder takes the options
+it knows and ignores the rest (`**_`), so callers pass the same options to every method.
+
+Adding a drafter is one file: `lsjax/drafters/<name>.py` holds the drafter and registers it,
+
+    @register("mine", help="what it proposes, in a few words")
+    def _build(model, *, mine_depth=4, **_):
+        return MineDrafter(depth=mine_depth), None
+
+Every module of `lsjax.drafters` is imported on the first lookup, so its registration needs no edit
+anywhere else. Drafters defined outside the package (a test, a user's code) call `register` the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from collections.abc import Callable
+
+from lsjax.config import ConfigError
+
+PLD_TOKENS = 8  # prompt lookup alone: a long chain costs little when it misses (one verify of 9 nodes)
+HYBRID_PLD_TOKENS = 6  # beside the draft's tree, a shorter chain keeps the union's verification small
+PLD_NGRAM = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    name: str
+    build: Callable  # (model, **opts) -> (drafter, draft_params)
+    help: str = ""
+    uses_draft: bool = False  # reads a trained draft checkpoint (--draft, --tree)
+    speculative: bool = True  # proposes tokens; False only for plain AR
+
+
+_METHODS: dict[str, Method] = {}
+_discovered = False
+
+
+def register(
+    name: str,
+    build: Callable | None = None,
+    *,
+    help: str = "",
+    uses_draft: bool = False,
+    speculative: bool = True,
+    replace: bool = False,
+):
+    """Registers builder `build` under `name`; without `build`, a decorator. Re-registering a name raises
+    unless `replace` (a reloaded module re-registering its own builder is fine)."""
+
+    def add(fn: Callable) -> Callable:
+        old = _METHODS.get(name)
+        if old is not None and not replace and old.build.__qualname__ != fn.__qualname__:
+            raise ConfigError(f"method: {name!r} is already registered (by {old.build.__module__})")
+        _METHODS[name] = Method(name, fn, help, uses_draft, speculative)
+        return fn
+
+    return add if build is None else add(build)
+
+
+def unregister(name: str) -> None:
+    _METHODS.pop(name, None)
+
+
+def _discover() -> None:
+    """Imports every module of lsjax.drafters once, so each file's `register` call has run."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    import lsjax.drafters as package
+
+    for mod in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{mod.name}")
+
+
+def names() -> tuple[str, ...]:
+    """Registered method names, in registration order (the built-in ones first)."""
+    _discover()
+    return tuple(_METHODS)
+
+
+def get(name: str) -> Method:
+    _discover()
+    if name not in _METHODS:
+        raise ConfigError(f"method: unknown method {name!r}; choose from {', '.join(_METHODS)}")
+    return _METHODS[name]
+
+
+def build(name: str, model, **opts):
+    """(drafter, draft_params) of method `name` for `model`; options that are None take the method's default."""
+    return get(name).build(model, **{k: v for k, v in opts.items() if v is not None})
+
+
+# ---------------------------------------------------------------------------
+# The built-in methods. Imports are inside the builders: listing names must stay cheap.
+
+
+@register("ar", help="autoregressive, one token per target forward", speculative=False)
+def _ar(model, **_):
+    from lsjax.drafters.base import ARDrafter
+
+    return ARDrafter(), None
+
+
+@register("longspec", help="the LongSpec draft model's tree", uses_draft=True)
+def _longspec(model, *, draft: str | None = None, tree=None, cache: dict | None = None, **_):
+    from lsjax.drafters.checkpoints import load_longspec
+
+    key = ("longspec", draft, tree)
+    if cache is not None and key in cache:
+        return cache[key]
+    out = load_longspec(model, draft, tree)
+    if cache is not None:
+        cache[key] = out
+    return out
+
+
+@register("hybrid", help="the draft's tree plus a prompt-lookup chain, verified together", uses_draft=True)
+def _hybrid(model, *, pld_tokens: int = HYBRID_PLD_TOKENS, pld_ngram: int = PLD_NGRAM, **opts):
+    from lsjax.drafters.hybrid import HybridDrafter
+    from lsjax.drafters.pld import PLDDrafter
+
+    drafter, draft_params = _longspec(model, **opts)
+    return HybridDrafter(drafter, PLDDrafter(num_tokens=pld_tokens, ngram_max=pld_ngram)), draft_params
+
+
+@register("pld", help="prompt lookup: continue an earlier n-gram match")
+def _pld(model, *, pld_tokens: int = PLD_TOKENS, pld_ngram: int = PLD_NGRAM, **_):
+    from lsjax.drafters.pld import PLDDrafter
+
+    return PLDDrafter(num_tokens=pld_tokens, ngram_max=pld_ngram), None

@@ -1,0 +1,56 @@
+"""A training run -> a draft directory `decode.py --draft DIR` (or the shipped one) loads.
+
+The directory format is read by `lsjax.drafters.checkpoints.load_draft`: `params.npz` (the draft's tensors,
+plus `vocab_ids` when the vocabulary is pruned; the derived `vocab_head` is never saved) and `draft.json`
+(the DraftConfig, the target's name, the default tree and the run's training summary).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from lsjax.config import DraftConfig, to_dict
+from lsjax.drafters.checkpoints import target_key
+from lsjax.train.checkpoint import load_draft_params
+from lsjax.train.loop import training_summary
+from lsjax.tree import TreeConfig
+
+DEFAULT_TARGET = "SmolLM2-135M-Instruct"  # the name drafts of the bundled target are filed under
+
+
+def save_draft(
+    path: str | Path,
+    draft_params: dict,
+    draft_config: DraftConfig,
+    target_name: str,
+    tree: TreeConfig | None = None,
+    extra: dict | None = None,
+) -> None:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    np.savez(path / "params.npz", **{k: np.asarray(v) for k, v in draft_params.items() if k != "vocab_head"})
+    meta = {
+        "target": target_name,
+        "draft_config": to_dict(draft_config),
+        "tree": list(tree.widths) if tree else None,
+        **(extra or {}),
+    }
+    (path / "draft.json").write_text(json.dumps(meta, indent=2))
+
+
+def export_run(cfg, out_dir: str | Path, extra: dict | None = None, tree: TreeConfig | None = None) -> dict:
+    """A training run's latest checkpoint (TrainConfig `cfg`) -> a draft directory; returns the exported
+    params. The run's pruned vocabulary (vocab_ids.npy) travels with them; draft.json records the run's
+    training summary and the default `tree` decode.py should use with this draft."""
+    run_dir = Path(cfg.resolved_run_dir)
+    params = {k: np.asarray(v) for k, v in load_draft_params(run_dir).items()}
+    vocab = run_dir / "vocab_ids.npy"
+    if vocab.is_file():
+        params["vocab_ids"] = np.load(vocab)
+    target = target_key(cfg.target.path) if cfg.target.path else DEFAULT_TARGET
+    extra = {"run_dir": str(run_dir), "training": training_summary(run_dir), **(extra or {})}
+    save_draft(out_dir, params, cfg.draft, target, tree=tree, extra=extra)
+    return params

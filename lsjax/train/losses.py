@@ -1,0 +1,151 @@
+"""The draft's training losses: next-token cross-entropy and distillation, LM head in chunks.
+
+Per micro-batch: positions from the batch's offsets (anchor-offset indices, or plain when the offset is 0)
+for target and draft alike; the target's last-layer K/V (cached or computed live); the draft's hidden states
+at the flash-noisy lag `shift`; the LM-head losses in chunks of positions under `jax.checkpoint`, so neither
+the forward nor the backward holds [B, T, V] logits.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from lsjax.config import ModelConfig
+from lsjax.models import draft as draft_lib
+from lsjax.train.config import TrainConfig
+from lsjax.train.features import positions_from_offsets, target_features, target_logits
+from lsjax.vocab import vocab_index
+
+
+def lm_losses(
+    draft_params: dict,
+    target_params: dict,
+    config: ModelConfig,
+    hidden: jax.Array,
+    labels: jax.Array,
+    weights: jax.Array,
+    *,
+    chunk_size: int,
+    vocab_ids: jax.Array | None = None,
+    distill: str = "none",
+    target_hidden: jax.Array | None = None,
+    target_labels: jax.Array | None = None,
+) -> dict:
+    """Weighted sums over positions, chunk by chunk: {"ce", "distill", "correct", "weight"} (scalars).
+
+    hidden [B, T, D] (the draft's, before its final norm); labels [B, T] the next tokens; weights [B, T].
+    With `vocab_ids` [Vd] the logits cover only those tokens and labels outside them get weight 0.
+    distill "argmax": CE on `target_labels` [B, T] (or the argmax of the target's logits from
+    `target_hidden`); "kl": KL(target || draft) from `target_hidden` [B, T, D] (over the pruned vocabulary,
+    renormalised, when pruned). Each chunk's [B, C, V] logits are rematerialised in the backward pass.
+    """
+    B, T, D = hidden.shape
+    C = min(chunk_size, T)
+    n = -(-T // C)
+    pad = n * C - T
+    index = vocab_index(vocab_ids, config.vocab_size)
+    head_ids = None if vocab_ids is None else jnp.asarray(vocab_ids, jnp.int32)
+
+    def chunked(x, fill=0):  # [B, T, ...] -> [n, B, C, ...]
+        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2), constant_values=fill)
+        return x.reshape(B, n, C, *x.shape[2:]).swapaxes(0, 1)
+
+    xs = {"h": chunked(hidden), "y": chunked(labels), "w": chunked(weights)}
+    if distill == "kl" or (distill == "argmax" and target_labels is None):
+        if target_hidden is None:
+            raise ValueError(f"distill={distill!r} needs target_hidden")
+        xs["th"] = chunked(target_hidden)
+    if distill == "argmax" and target_labels is not None:
+        xs["ty"] = chunked(target_labels)
+
+    def to_local(y):  # full-vocab ids -> pruned indices (-1 when outside)
+        return y if index is None else index[y]
+
+    def ce(logp, y, w):
+        ok = y >= 0
+        picked = jnp.take_along_axis(logp, jnp.maximum(y, 0)[..., None], axis=-1)[..., 0]
+        w = w * ok
+        return -jnp.sum(picked * w), w
+
+    @jax.checkpoint
+    def chunk(c):
+        logits = draft_lib.draft_logits(draft_params, target_params, config, c["h"], head_ids)  # [B, C, V]
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        y = to_local(c["y"])
+        ce_sum, w = ce(logp, y, c["w"])
+        correct = jnp.sum((jnp.argmax(logits, axis=-1) == y) * w)
+        out = {"ce": ce_sum, "correct": correct, "weight": jnp.sum(w), "distill": jnp.zeros(())}
+        if distill == "argmax":
+            if "ty" in c:
+                ty = to_local(c["ty"])
+            else:  # the target's own argmax over the full vocabulary, then mapped into the pruned one
+                ty = to_local(jnp.argmax(target_logits(target_params, config, c["th"], None), axis=-1))
+            out["distill"] = ce(logp, ty, c["w"])[0]
+        elif distill == "kl":
+            tlogp = jax.nn.log_softmax(target_logits(target_params, config, c["th"], head_ids), axis=-1)
+            kl = jnp.sum(jnp.exp(tlogp) * (tlogp - logp), axis=-1)  # [B, C]
+            out["distill"] = jnp.sum(kl * c["w"])
+        return out
+
+    per_chunk = jax.lax.map(chunk, xs)
+    return jax.tree.map(lambda a: jnp.sum(a, axis=0), per_chunk)
+
+
+def dense_lm_losses(draft_params, target_params, config, hidden, labels, weights, *, vocab_ids=None) -> dict:
+    """Reference for `lm_losses` (CE only) with full [B, T, V] logits: tests compare the two."""
+    head_ids = None if vocab_ids is None else jnp.asarray(vocab_ids, jnp.int32)
+    logits = draft_lib.draft_logits(draft_params, target_params, config, hidden, head_ids)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    if vocab_ids is not None:
+        labels = vocab_index(vocab_ids, config.vocab_size)[labels]
+    ok = labels >= 0
+    picked = jnp.take_along_axis(logp, jnp.maximum(labels, 0)[..., None], axis=-1)[..., 0]
+    w = weights * ok
+    return {"ce": -jnp.sum(picked * w), "weight": jnp.sum(w)}
+
+
+def next_token_targets(tokens: jax.Array, loss_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Position t predicts token t + 1: labels [B, T] and weights [B, T] (the last position has none)."""
+    labels = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
+    weights = jnp.concatenate([loss_mask[:, 1:], jnp.zeros_like(loss_mask[:, :1])], axis=1)
+    return labels, weights.astype(jnp.float32)
+
+
+def micro_losses(
+    draft_params: dict,
+    target_params: dict,
+    config: ModelConfig,
+    cfg: TrainConfig,
+    micro: dict,
+    shift: jax.Array,
+    vocab_ids: jax.Array | None = None,
+) -> dict:
+    """Loss sums of one micro-batch (tokens [B, T] ...) at lag `shift`."""
+    tokens = micro["tokens"]
+    T = tokens.shape[1]
+    positions = positions_from_offsets(T, micro["offset"], cfg.positions.num_anchors)
+    distill = cfg.loss.distill
+    if "target_k" in micro:
+        tk, tv, th = micro["target_k"], micro["target_v"], micro.get("target_hidden")
+    else:
+        feats = target_features(target_params, config, tokens, positions)
+        tk, tv, th = feats["k"], feats["v"], feats["hidden"]
+    target_labels = micro.get("target_argmax")  # cached: position t's argmax is the target's guess for t + 1
+    hidden = draft_lib.draft_forward_train(
+        draft_params, target_params, config, cfg.draft, tokens, positions, tk, tv, shift
+    )
+    labels, weights = next_token_targets(tokens, micro["loss_mask"])
+    return lm_losses(
+        draft_params,
+        target_params,
+        config,
+        hidden,
+        labels,
+        weights,
+        chunk_size=cfg.loss.chunk_size,
+        vocab_ids=vocab_ids,
+        distill=distill,
+        target_hidden=None if distill == "none" else th,
+        target_labels=target_labels if distill == "argmax" else None,
+    )

@@ -1,0 +1,139 @@
+"""The optimizer and the pure training step.
+
+    step = make_train_step(model_cfg, train_cfg, vocab_ids)      # pure: (state, target_params, batch, key)
+    state, metrics = jax.jit(step, donate_argnums=0)(state, target_params, batch, key)
+
+A batch is what `lsjax.data.batches` yields ([A, B, T] for A micro-batches), optionally with cached
+target features ("target_k", "target_v" [A, B, K, T, H], "target_argmax" [A, B, T], "target_hidden"
+[A, B, T, D]); without them the frozen target runs once per micro-batch inside the step. The flash-noisy
+lag j ~ U[1, gamma) is an array (no retrace). Gradients of all micro-batches are summed (each micro-batch's
+loss is already divided by the step's total loss weight), then one clipped AdamW update.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lsjax.config import ModelConfig
+from lsjax.train.config import OptimConfig, TrainConfig
+from lsjax.train.losses import micro_losses
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TrainState:
+    step: jax.Array  # int32 scalar: optimizer steps taken
+    params: dict  # the draft's (the target is frozen and passed separately)
+    opt_state: Any
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+
+def lr_schedule(optim: OptimConfig) -> optax.Schedule:
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=optim.lr,
+        warmup_steps=optim.warmup_steps,
+        decay_steps=optim.total_steps,
+        end_value=optim.lr * optim.min_lr_ratio,
+    )
+
+
+def _decay_mask(params):
+    # Norm gains (1-D) are not decayed: pulling them towards 0 only fights the normalisation.
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def make_optimizer(optim: OptimConfig) -> optax.GradientTransformation:
+    adamw = optax.adamw(
+        lr_schedule(optim), b1=optim.b1, b2=optim.b2, eps=optim.eps, weight_decay=optim.weight_decay, mask=_decay_mask
+    )
+    if optim.clip_norm > 0:
+        return optax.chain(optax.clip_by_global_norm(optim.clip_norm), adamw)
+    return adamw
+
+
+def init_state(draft_params: dict, optimizer: optax.GradientTransformation) -> TrainState:
+    return TrainState(jnp.zeros((), jnp.int32), draft_params, optimizer.init(draft_params))
+
+
+def draw_shift(key: jax.Array, cfg: TrainConfig) -> jax.Array:
+    """Flash-noisy lag j ~ U[1, gamma) as an int32 array; 0 (no lag) when flash noisy training is off."""
+    if not cfg.loss.flash_noisy:
+        return jnp.zeros((), jnp.int32)
+    return jax.random.randint(key, (), 1, cfg.loss.gamma, dtype=jnp.int32)
+
+
+def _objective(sums: dict, cfg: TrainConfig, total_weight: jax.Array) -> jax.Array:
+    loss = cfg.loss.ce_weight * sums["ce"]
+    if cfg.loss.distill != "none":
+        loss = loss + cfg.loss.distill_weight * sums["distill"]
+    return loss / total_weight
+
+
+def make_train_step(config: ModelConfig, cfg: TrainConfig, vocab_ids=None, optimizer=None):
+    """The pure step `(state, target_params, batch, key) -> (state, metrics)`; jit it (see sharding.py)."""
+    optimizer = optimizer or make_optimizer(cfg.optim)
+    schedule = lr_schedule(cfg.optim)
+    vocab_ids = None if vocab_ids is None else jnp.asarray(vocab_ids, jnp.int32)
+
+    def step(state: TrainState, target_params: dict, batch: dict, key: jax.Array):
+        A = batch["tokens"].shape[0]
+        keys = jax.random.split(key, A)
+        # The normaliser is known before any forward: sum over micro-batches of next-token weights.
+        total_w = jnp.maximum(jnp.sum(batch["loss_mask"][:, :, 1:]), 1.0)
+
+        def micro_step(carry, xs):
+            grads_acc, sums_acc = carry
+            micro, k = xs
+            shift = draw_shift(k, cfg)
+
+            def f(p):
+                sums = micro_losses(p, target_params, config, cfg, micro, shift, vocab_ids)
+                return _objective(sums, cfg, total_w), sums
+
+            (_, sums), grads = jax.value_and_grad(f, has_aux=True)(state.params)
+            grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
+            sums = {**sums, "shift": shift.astype(jnp.float32)}
+            return (grads_acc, jax.tree.map(jnp.add, sums_acc, sums)), None
+
+        zeros_g = jax.tree.map(jnp.zeros_like, state.params)
+        zeros_s = {k: jnp.zeros((), jnp.float32) for k in ("ce", "distill", "correct", "weight", "shift")}
+        (grads, sums), _ = jax.lax.scan(micro_step, (zeros_g, zeros_s), (batch, keys))
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        w = jnp.maximum(sums["weight"], 1.0)
+        metrics = {
+            "loss": _objective(sums, cfg, total_w),
+            "ce": sums["ce"] / w,
+            "distill": sums["distill"] / w,
+            "acc": sums["correct"] / w,
+            "loss_tokens": sums["weight"],
+            "grad_norm": optax.global_norm(grads),
+            "lr": schedule(state.step),
+            "shift": sums["shift"] / A,
+        }
+        return TrainState(state.step + 1, params, opt_state), metrics
+
+    return step
+
+
+def make_eval_step(config: ModelConfig, cfg: TrainConfig, vocab_ids=None):
+    """`(draft_params, target_params, batch, shift) -> sums` over every micro-batch (no update)."""
+    vocab_ids = None if vocab_ids is None else jnp.asarray(vocab_ids, jnp.int32)
+
+    def evaluate(draft_params, target_params, batch, shift):
+        def one(carry, micro):
+            sums = micro_losses(draft_params, target_params, config, cfg, micro, shift, vocab_ids)
+            return jax.tree.map(jnp.add, carry, sums), None
+
+        zeros = {k: jnp.zeros((), jnp.float32) for k in ("ce", "distill", "correct", "weight")}
+        return jax.lax.scan(one, zeros, batch)[0]
+
+    return evaluate
