@@ -37,6 +37,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability (0 = off)")
     p.add_argument("--seed", type=int, default=0, help="RNG seed for sampling")
     p.add_argument(
+        "--draft-sampling",
+        choices=("auto", "greedy", "sample"),
+        default="auto",
+        help="at T > 0, how drafters build trees: sample children from the draft (verified by recursive "
+        "rejection sampling), or keep the deterministic top-k tree (sample-and-match). Both lossless; "
+        "auto = sample (default)",
+    )
+    p.add_argument(
         "--method",
         choices=[m.name for m in methods],
         default=None,
@@ -110,7 +118,13 @@ def main(argv=None) -> int:
     try:
         gen = GenerateConfig(
             max_new_tokens=args.max_new_tokens,
-            sampling=SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p),
+            sampling=SamplingConfig(
+                temperature=args.temperature,
+                top_k=args.top_k,
+                top_p=args.top_p,
+                min_p=args.min_p,
+                draft_sampling=args.draft_sampling,
+            ),
             ignore_eos=args.ignore_eos,
         )
     except ConfigError as e:

@@ -49,6 +49,8 @@ __all__ = [
     "prepare",
     "rebuild_conversations",
     "split_of",
+    "eval_split_of",
+    "EXPOSED_DEV_UNITS",
 ]
 
 
@@ -76,6 +78,68 @@ def split_of(doc_id: str, seed: int = 0, dev_fraction: float = 0.1) -> str:
     # 64 bits of the hash as a uniform number in [0, 1): stable across runs, platforms and Python versions.
     u = int.from_bytes(h[:8], "big") / 2**64
     return "dev" if u < dev_fraction else "train"
+
+
+# Every dev unit the project has looked at so far: the documents behind `build_prompts(per_cell=8, seed=0)` on
+# the dev split as wave 1 drew it (its dev tables, tree sweep and draft tuning used subsets of these).
+# The rest of the dev split is HELD OUT: nothing trains on it (training reads the train split only) and
+# nothing may be tuned on it (trees, thresholds, alpha/beta: use "dev"); it is only ever reported beside dev.
+EXPOSED_DEV_UNITS = frozenset(
+    (
+        "sharegpt/6AEaHqV",
+        "sharegpt/6HqDJ25",
+        "sharegpt/9d6jShB",
+        "sharegpt/Al57LPU",
+        "sharegpt/ApYVLXV",
+        "sharegpt/HbwiMCy",
+        "sharegpt/HjApLP9",
+        "sharegpt/JHfWpVq",
+        "sharegpt/KafNR77",
+        "sharegpt/PPA2N0Y",
+        "sharegpt/RqV1wlL",
+        "sharegpt/UKaSac0",
+        "sharegpt/ZgyvARU",
+        "sharegpt/bxTF6MW",
+        "sharegpt/iky8yz9",
+        "sharegpt/jC9sG90",
+        "sharegpt/kKpaNuL",
+        "sharegpt/lqx3W3P",
+        "sharegpt/mPEJlp7",
+        "sharegpt/mcuPM3P",
+        "sharegpt/o8FDJmF",
+        "sharegpt/rgD6Yqx",
+        "sharegpt/svGNUi8",
+        "sharegpt/zO2tWF6",
+        "sotu/1796_george_washington_n",
+        "sotu/1799_john_adams_f",
+        "sotu/1824_james_monroe_dr",
+        "sotu/1836_andrew_jackson_d",
+        "sotu/1839_martin_van_buren_d",
+        "sotu/1859_james_buchanan_d",
+        "sotu/1865_andrew_johnson_nu",
+        "sotu/1873_ulysses_s_grant_r",
+        "sotu/1884_chester_a_arthur_r",
+        "sotu/1902_theodore_roosevelt_r",
+        "sotu/1904_theodore_roosevelt_r",
+        "sotu/1921_warren_g_harding_r",
+        "sotu/1946_harry_s_truman_d",
+        "sotu/1950_harry_s_truman_d",
+        "sotu/1976_gerald_r_ford_r",
+        "sotu/1992_george_bush_r",
+        "stdlib/asyncio",
+        "stdlib/re",
+        "stdlib/unittest",
+    )
+)
+
+
+def eval_split_of(doc_id: str, seed: int = 0, dev_fraction: float = 0.1) -> str:
+    """'train', 'dev' (evaluation and tuning) or 'heldout' (evaluation only): `split_of`'s dev documents are
+    'dev' when the project has already looked at them (EXPOSED_DEV_UNITS), else 'heldout'."""
+    split = split_of(doc_id, seed, dev_fraction)
+    if split == "train":
+        return split
+    return "dev" if doc_id.split("#", 1)[0] in EXPOSED_DEV_UNITS else "heldout"
 
 
 # ----------------------------------------------------------------------------- SOTU

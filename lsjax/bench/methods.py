@@ -39,9 +39,18 @@ class LsjaxMethod:
     generator: Generator
     speculative: bool
     lossless: bool = True
+    # Overrides SamplingConfig.draft_sampling: "greedy" measures sample-and-match on the deterministic tree
+    # against the default recursive rejection sampling on a sampled tree, same draft, same prompts.
+    draft_sampling: str | None = None
+
+    def _gen(self, gen: GenerateConfig) -> GenerateConfig:
+        if self.draft_sampling is None:
+            return gen
+        sampling = dataclasses.replace(gen.sampling, draft_sampling=self.draft_sampling)
+        return dataclasses.replace(gen, sampling=sampling)
 
     def run(self, ids, gen, seed):
-        r = self.generator.generate(ids, gen, seed=seed)
+        r = self.generator.generate(ids, self._gen(gen), seed=seed)
         return Outcome(r.tokens, r.prefill_s, r.decode_s, r.compile_s, r.target_forwards)
 
     def step_tokens(self, ids, gen, seed) -> tuple[list[int], list[int]]:
@@ -51,11 +60,11 @@ class LsjaxMethod:
         compiled programs (the step limit is an argument), so it costs decode time but no compile.
         """
         chunks: list[list[int]] = []
-        r = self.generator.generate(ids, gen, seed=seed, on_tokens=chunks.append, stream_every=1)
+        r = self.generator.generate(ids, self._gen(gen), seed=seed, on_tokens=chunks.append, stream_every=1)
         return [len(c) for c in chunks[1:]], r.tokens  # chunks[0] is the token prefill emits
 
     def split(self, ids, gen, seed, steps: int) -> dict:
-        return self.generator.time_split(ids, gen, seed=seed, steps=steps)
+        return self.generator.time_split(ids, self._gen(gen), seed=seed, steps=steps)
 
     def state_nbytes(self, num_tokens: int, gen) -> dict[str, int]:
         return self.generator.state_nbytes(num_tokens, gen)

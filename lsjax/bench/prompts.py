@@ -243,6 +243,8 @@ def _code_targets(docs: Sequence[Document]) -> list[tuple[Document, list[Documen
             continue
         for t in files:
             out.append((t, [d for d in files if d is not t]))
+    if not out:  # no multi-file package in these documents (the held-out stdlib): single modules, no context
+        out = [(d, []) for d in sorted(docs, key=lambda d: d.id)]
     return out
 
 
@@ -373,14 +375,18 @@ def build_prompts(
     cache: str | os.PathLike | None = None,
     split_seed: int = 0,
     dev_fraction: float = 0.1,
+    split: str = "dev",
 ) -> list[Prompt]:
-    """per_cell prompts for every (task, bucket), all from DEV documents; fixed by `seed`."""
+    """per_cell prompts for every (task, bucket), all from `split` documents ("dev" or "heldout",
+    `corpora.eval_split_of`); fixed by `seed`."""
+    if split not in ("dev", "heldout"):
+        raise ValueError(f"split must be dev or heldout, got {split!r}")
     out = []
     for task in tasks:
         if task not in _BUILDERS:
             raise ValueError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
         builder, loader = _BUILDERS[task]
-        docs = [d for d in loader(cache) if corpora.split_of(d.id, split_seed, dev_fraction) == "dev"]
+        docs = [d for d in loader(cache) if corpora.eval_split_of(d.id, split_seed, dev_fraction) == split]
         for bucket in buckets:
             if bucket not in BUCKETS:
                 raise ValueError(f"unknown bucket {bucket!r}; choose from {', '.join(BUCKETS)}")

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def _lsjax(name: str, method):
+def _lsjax(name: str, method, draft_sampling: str | None = None):
     """The bench method for registry entry `method`: its drafter on the shared device params."""
 
     def factory(ctx):
@@ -37,7 +37,7 @@ def _lsjax(name: str, method):
             method.name, ctx["model"], draft=ctx["draft"], tree=ctx["tree"], cache=ctx["drafts"]
         )
         gen = Generator(ctx["model"].config, ctx["params"], drafter, draft_params)
-        return LsjaxMethod(name, gen, method.speculative)
+        return LsjaxMethod(name, gen, method.speculative, draft_sampling=draft_sampling)
 
     return factory
 
@@ -72,6 +72,11 @@ def available_methods() -> dict[str, Callable]:
         if key not in _FACTORIES or _FACTORIES[key][0] is not entry:
             _FACTORIES[key] = (entry, _lsjax(key, entry))
         out[key] = _FACTORIES[key][1]
+        if entry.uses_draft:  # the same draft with its deterministic tree at T > 0 (sample-and-match)
+            gkey = f"{key}:greedy-draft"
+            if gkey not in _FACTORIES or _FACTORIES[gkey][0] is not entry:
+                _FACTORIES[gkey] = (entry, _lsjax(gkey, entry, "greedy"))
+            out[gkey] = _FACTORIES[gkey][1]
     return {**out, **METHODS}
 
 
@@ -83,6 +88,7 @@ def _uses_draft(name: str) -> bool:
 
 SUITE_DEFAULTS = {  # max new tokens, methods (None: all), profiled temperatures (None: all)
     "dev": (128, None, None),
+    "heldout": (128, None, None),  # dev's never-trained, never-tuned half: report beside dev
     # Quick profiles the step split at T=0 only: each profiled temperature compiles three more programs.
     "quick": (16, ["lsjax-ar", "lsjax-longspec", "lsjax-pld"], (0.0,)),
 }

@@ -1,6 +1,8 @@
 """Prompt suites for the evaluation harness (`lsjax.bench.run`).
 
-dev    build_prompts on the DEV split: summarization, code, dialogue x 1K-2K / 2K-4K / 4K-7K tokens
+dev      build_prompts on the DEV split: summarization, code, dialogue x 1K-2K / 2K-4K / 4K-7K tokens
+heldout  the same on the HELD-OUT split: dev documents nothing was ever trained or tuned on
+         (`corpora.eval_split_of`); report it beside dev, never tune on it
 quick  a handful of ~240-token prompts from sources that need no registry fetch (the interpreter's
        stdlib and the bundled speech), so CI can run the harness end to end offline in seconds
 FILE   a user's `{"id", "prompt"[, "chat"]}` JSONL file (--prompts)
@@ -20,7 +22,7 @@ from lsjax.bench.prompts import (
     stdlib_code_prompt,
 )
 
-SUITES = ("dev", "quick")
+SUITES = ("dev", "heldout", "quick")
 QUICK_TOKENS = 240  # under 256: the smallest prompt bucket, so prefill and the cache stay small
 BUNDLED_SPEECH = Path(__file__).resolve().parents[1] / "assets" / "default_prompt.txt"
 
@@ -81,6 +83,6 @@ def load_suite(
         ]
     if suite == "quick":
         return quick_prompts(tokenizer, per_cell or 2)
-    if suite == "dev":
-        return build_prompts(tokenizer, tasks, buckets, per_cell or 2, seed)
+    if suite in ("dev", "heldout"):
+        return build_prompts(tokenizer, tasks, buckets, per_cell or 2, seed, split=suite)
     raise ValueError(f"unknown suite {suite!r}; choose from {', '.join(SUITES)}")
