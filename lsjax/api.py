@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from lsjax import decoding, speculative
 from lsjax.config import GenerateConfig, ModelConfig
 from lsjax.drafters.base import ARDrafter, Drafter
+from lsjax.models import target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +62,8 @@ def generate(
         cap = config.capacity or speculative.required_capacity(P, config.gen, drafter)
         drafter = dataclasses.replace(drafter, capacity=cap)
     state = speculative.generate(
-        target_params,
+        # Inside jit this slices the weights once per call (outside the decode loop), not per token.
+        target.prepare_for_decode(target_params, config.model),
         draft_params,
         config.model,
         prompt_ids,
