@@ -82,6 +82,20 @@ def weight_read_fn(mats: list[tuple[jax.Array, bool]]) -> Callable:
     return jax.jit(f)
 
 
+def gemm_fn() -> Callable:
+    """A compute-bound GEMM ([M, D] x one layer's fused weights, M = 128): its rate is this machine's FLOP roof
+    for the shapes a tree forward runs."""
+    return jax.jit(lambda ws, x: [x[:, : w.shape[0]] @ w for w in ws])
+
+
+def flops_per_node(config: ModelConfig, context: int) -> int:
+    """FLOPs one more verified node adds: every weight matrix (GEMV) and the attention over the cache."""
+    D, F, L, V = config.hidden_size, config.intermediate_size, config.num_layers, config.vocab_size
+    N, K, H = config.num_heads, config.num_kv_heads, config.head_dim
+    weights = L * (D * (N + 2 * K) * H + N * H * D + 3 * D * F) + V * D
+    return 2 * weights + 2 * 2 * L * N * H * context  # q.k and p.v for every query head
+
+
 def chain_tree(config: ModelConfig, T: int):
     toks = jnp.asarray(np.random.RandomState(T).randint(0, config.vocab_size, (1, T)), jnp.int32)
     if T == 1:
@@ -114,6 +128,10 @@ def measure(
     read, ws = weight_read_fn(mats), [w for w, _ in mats]
     x = jnp.ones((max(max(w.shape) for w in ws),), jnp.dtype(config.dtype))
     jax.block_until_ready(read(ws, x))
+    gemm, gemm_ws = gemm_fn(), [layouts["after"]["layers"][0][k] for k in ("w_qkv", "w_gate_up", "w_down")]
+    gemm_x = jnp.ones((128, max(w.shape[0] for w in gemm_ws)), x.dtype)
+    gemm_flops = sum(2 * 128 * w.size for w in gemm_ws)
+    jax.block_until_ready(gemm(gemm_ws, gemm_x))
 
     zeros = KVCache.zeros(config, 1, capacity)
     caches = {c: KVCache(zeros.k, zeros.v, jnp.array([c], jnp.int32)) for c in contexts}
@@ -129,12 +147,15 @@ def measure(
             jax.block_until_ready(compiled[name, T](layouts[name], trees[T], caches[contexts[0]]))
         log(f"compiled {name}: " + ", ".join(f"{T} nodes {compile_s[name, T]:.1f} s" for T in sizes))
 
-    read_times = []
+    read_times, gemm_times = [], []
     times = {(n, c, T): [] for n in variants for c in contexts for T in sizes}
     for _ in range(repeats):  # interleaved, so machine noise hits every variant alike
         t = time.perf_counter()
         jax.block_until_ready(read(ws, x))
         read_times.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        jax.block_until_ready(gemm(gemm_ws, gemm_x))
+        gemm_times.append(time.perf_counter() - t)
         for c in contexts:
             for T in sizes:
                 for n in variants:
@@ -144,6 +165,7 @@ def measure(
 
     weight_read = min(read_times)
     bandwidth = weight_bytes / weight_read
+    flop_rate = gemm_flops / min(gemm_times)
     itemsize = jnp.dtype(config.dtype).itemsize
     kv_bytes_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * itemsize
     best = {key: min(v) for key, v in times.items()}
@@ -157,12 +179,18 @@ def measure(
             s["ms_per_1k_context"] = (best[n, c1, 1] - best[n, c0, 1]) / (c1 - c0) * 1024 * 1e3
         if 1 in sizes and 8 in sizes:
             s["8_vs_1_at_max_context"] = best[n, c1, 8] / best[n, c1, 1]
+        if 1 in sizes and max(sizes) > 1:
+            # What the extra nodes cost over the time their FLOPs take at the GEMM rate (1 = compute-bound).
+            for T in sizes[1:]:
+                extra = (T - 1) * flops_per_node(config, c1) / flop_rate
+                s[f"{T}_node_increment_vs_flops"] = (best[n, c1, T] - best[n, c1, 1]) / extra
         summary[n] = s
     return {
         "capacity": capacity,
         "weight_bytes": weight_bytes,
         "weight_read_s": weight_read,
         "bandwidth": bandwidth,
+        "flop_rate": flop_rate,
         "kv_read_s_per_1k": 1024 * kv_bytes_per_token / bandwidth,
         "times": best,
         "compile_s": compile_s,
@@ -174,7 +202,7 @@ def report(res: dict, contexts: list[int], sizes: list[int], variants, log=print
     log(
         f"weights {res['weight_bytes'] / 1e6:.0f} MB read by GEMV in {res['weight_read_s'] * 1e3:.1f} ms "
         f"({res['bandwidth'] / 1e9:.1f} GB/s); K/V read {res['kv_read_s_per_1k'] * 1e3:.2f} ms per 1K context; "
-        f"cache capacity {res['capacity']}"
+        f"GEMM {res['flop_rate'] / 1e9:.0f} GFLOP/s; cache capacity {res['capacity']}"
     )
     t = res["times"]
     head = "".join(f" {n + ' ms':>11} {'x 1-node':>9}" for n in variants)
@@ -193,6 +221,8 @@ def report(res: dict, contexts: list[int], sizes: list[int], variants, log=print
         "ms_per_1k_context": "step growth, ms per 1K context",
         "8_vs_1_at_max_context": f"8-node / 1-node at {c1} (goal <= 1.3)",
     }
+    for T in sizes[1:]:
+        names[f"{T}_node_increment_vs_flops"] = f"{T}-node cost over 1-node / its FLOPs at GEMM rate"
     for key, label in names.items():
         vals = [res["summary"][n].get(key) for n in variants]
         if any(v is not None for v in vals):
