@@ -10,10 +10,13 @@ reads) and, interleaved in the same run, the verification forward (tree forward
 + LM head on every node, as `lsjax.verify.tree_forward` runs it) at several
 contexts and node counts, for two variants of the same code:
 
-* `before`: the training layout (weights stacked over layers, `lax.scan`) with
-  the old prefix-attention block rule (the largest of 1024/512/256 dividing the
-  cache capacity), i.e. the forward as it was before `prepare_for_decode`;
-* `after`: `prepare_for_decode`'s layout with the current attention.
+* `before`: the forward as it was: the training layout (weights stacked over
+  layers, `lax.scan`), the old prefix-attention block rule (the largest of
+  1024/512/256 dividing the cache capacity) and the old tied LM head
+  (`h @ embed^T`);
+* `stacked`: the training layout with today's attention and LM head (what
+  training and any caller that skips `prepare_for_decode` run);
+* `after`: `prepare_for_decode`'s layout with today's attention and LM head.
 
 It prints, per variant: the 1-token step over the weight-read time at the
 smallest context (goal <= 1.3x); the step's growth with context over the time
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 
@@ -41,7 +45,7 @@ from lsjax.models import target
 from lsjax.tree import TreeConfig, chain_parents, make_tree, root_only
 from lsjax.verify import tree_forward
 
-VARIANTS = ("before", "after")
+VARIANTS = ("before", "stacked", "after")
 
 
 def old_block_rule(capacity: int) -> int:
@@ -96,6 +100,20 @@ def flops_per_node(config: ModelConfig, context: int) -> int:
     return 2 * weights + 2 * 2 * L * N * H * context  # q.k and p.v for every query head
 
 
+def _verify(params, tree, cache, *, config):
+    return tree_forward(params, config, tree, cache)[0]
+
+
+def _old_verify(params, tree, cache, *, config):
+    """tree_forward with the LM head as it was (`h @ embed^T`, slower for more than one row on XLA CPU)."""
+    positions = cache.lengths[:, None] + tree.depth
+    hidden, _, _ = target.forward_hidden(params, config, tree.tokens, positions, cache, tree_mask=tree.mask)
+    h = target.rms_norm(hidden, params["final_norm"], config.rms_norm_eps)
+    if config.tie_embeddings:
+        return jnp.einsum("...d,vd->...v", h, params["embed"]).astype(jnp.float32)
+    return jnp.einsum("...d,dv->...v", h, params["lm_head"]).astype(jnp.float32)
+
+
 def chain_tree(config: ModelConfig, T: int):
     toks = jnp.asarray(np.random.RandomState(T).randint(0, config.vocab_size, (1, T)), jnp.int32)
     if T == 1:
@@ -121,8 +139,8 @@ def measure(
     stacked = jax.tree.map(jnp.asarray, params)
     if target.is_prepared(stacked):
         raise ValueError("pass the stacked (loader) layout: the bench builds both")
-    layouts = {"before": stacked, "after": target.prepare_for_decode(stacked, config)}
-    blocks = {"before": old_block_rule(capacity), "after": None}
+    layouts = {"before": stacked, "stacked": stacked, "after": target.prepare_for_decode(stacked, config)}
+    blocks = {"before": old_block_rule(capacity), "stacked": None, "after": None}
     mats = weight_matrices(layouts["after"], config)
     weight_bytes = sum(w.nbytes for w, _ in mats)
     read, ws = weight_read_fn(mats), [w for w, _ in mats]
@@ -138,7 +156,7 @@ def measure(
     trees = {T: chain_tree(config, T) for T in sizes}
     compiled, compile_s = {}, {}
     for name in variants:
-        fn = jax.jit(lambda p, tree, cache: tree_forward(p, config, tree, cache)[0])
+        fn = jax.jit(functools.partial(_old_verify if name == "before" else _verify, config=config))
         for T in sizes:
             t = time.perf_counter()
             with _xla_block(blocks[name]):
