@@ -29,27 +29,74 @@ import numpy as np
 from lsjax import attention
 from lsjax.cache import KVCache, commit
 from lsjax.config import ModelConfig
+from lsjax.models.layers import ParamSpec, embed, head_logits, init_from_specs, mlp, rms_norm
 from lsjax.rope import apply_rope, inverse_frequencies, rope_angles
 
+__all__ = [
+    "embed",
+    "forward",
+    "forward_hidden",
+    "init_params",
+    "lm_head",
+    "mlp",
+    "param_specs",
+    "prepare_for_decode",
+    "rms_norm",
+]
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    xf = x.astype(jnp.float32)
-    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
-    return weight * xf.astype(x.dtype)
+
+# Logical axes of every parameter (the "layers" axis of stacked leaves is added by param_specs).
+AXES: dict[str, tuple[str, ...]] = {
+    "embed": ("vocab", "embed"),
+    "final_norm": ("norm",),
+    "lm_head": ("embed", "vocab"),
+    "attn_norm": ("norm",),
+    "wq": ("embed", "heads", "head_dim"),
+    "wk": ("embed", "kv_heads", "head_dim"),
+    "wv": ("embed", "kv_heads", "head_dim"),
+    "bq": ("heads", "head_dim"),
+    "bk": ("kv_heads", "head_dim"),
+    "bv": ("kv_heads", "head_dim"),
+    "wo": ("heads", "head_dim", "embed"),
+    "mlp_norm": ("norm",),
+    "w_gate": ("embed", "mlp"),
+    "w_up": ("embed", "mlp"),
+    "w_down": ("mlp", "embed"),
+}
 
 
-def embed(params: dict, tokens: jax.Array) -> jax.Array:
-    return jnp.take(params["embed"], tokens, axis=0)  # [B, T, D]
+def param_specs(config: ModelConfig) -> dict[str, ParamSpec]:
+    """The parameter schema (module docstring's stacked layout): {path: ParamSpec}, per-layer leaves under
+    "layers/". Random init, the loaders' shape checks and the sharding rules derive from it."""
+    L, D, F, V = config.num_layers, config.hidden_size, config.intermediate_size, config.vocab_size
+    N, K, H = config.num_heads, config.num_kv_heads, config.head_dim
+    per_layer = {
+        "wq": (D, N, H),
+        "wk": (D, K, H),
+        "wv": (D, K, H),
+        "wo": (N, H, D),
+        "w_gate": (D, F),
+        "w_up": (D, F),
+        "w_down": (F, D),
+    }
+    if config.qkv_bias:
+        per_layer |= {"bq": (N, H), "bk": (K, H), "bv": (K, H)}
+    specs = {f"layers/{n}": ParamSpec((L, *s), config.dtype, ("layers", *AXES[n])) for n, s in per_layer.items()}
+    specs |= {
+        f"layers/{n}": ParamSpec((L, D), config.dtype, ("layers", "norm"), "ones") for n in ("attn_norm", "mlp_norm")
+    }
+    specs["embed"] = ParamSpec((V, D), config.dtype, AXES["embed"])
+    specs["final_norm"] = ParamSpec((D,), config.dtype, AXES["final_norm"], "ones")
+    if not config.tie_embeddings:
+        specs["lm_head"] = ParamSpec((D, V), config.dtype, AXES["lm_head"])
+    return specs
 
 
 def lm_head(params: dict, config: ModelConfig, hidden: jax.Array) -> jax.Array:
     """Final norm + output projection: hidden [..., D] -> logits [..., V] (fp32)."""
     h = rms_norm(hidden, params["final_norm"], config.rms_norm_eps)
     if config.tie_embeddings:
-        # embed [V, D] @ h^T, not h @ embed^T: for more than one row XLA CPU runs the latter ~2x slower
-        # (measured at 2-16 rows x 49152 x 576); for one row both are the same GEMV.
-        flat = h.reshape(-1, h.shape[-1])
-        logits = (params["embed"] @ flat.T).T.reshape(*h.shape[:-1], -1)
+        logits = head_logits(h, params["embed"])
     else:
         logits = jnp.einsum("...d,dv->...v", h, params["lm_head"])
     return logits.astype(jnp.float32)
@@ -63,12 +110,6 @@ def qkv_projection(layer: dict, config: ModelConfig, x: jax.Array, cos, sin):
     if config.qkv_bias:
         q, k, v = q + layer["bq"], k + layer["bk"], v + layer["bv"]
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
-
-
-def mlp(layer: dict, x: jax.Array) -> jax.Array:
-    gate = jnp.einsum("btd,df->btf", x, layer["w_gate"])
-    up = jnp.einsum("btd,df->btf", x, layer["w_up"])
-    return jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, layer["w_down"])
 
 
 def prepare_for_decode(params: dict, config: ModelConfig) -> dict:
@@ -207,30 +248,10 @@ def forward(
 
 
 def init_params(config: ModelConfig, key: jax.Array, scale: float = 0.02) -> dict:
-    """Random parameters in the layout above (tests and tiny experiments)."""
-    L, D, F, V = config.num_layers, config.hidden_size, config.intermediate_size, config.vocab_size
-    N, K, H = config.num_heads, config.num_kv_heads, config.head_dim
-    dtype = jnp.dtype(config.dtype)
-    shapes = {
-        "wq": (L, D, N, H),
-        "wk": (L, D, K, H),
-        "wv": (L, D, K, H),
-        "wo": (L, N, H, D),
-        "w_gate": (L, D, F),
-        "w_up": (L, D, F),
-        "w_down": (L, F, D),
-    }
-    if config.qkv_bias:
-        shapes |= {"bq": (L, N, H), "bk": (L, K, H), "bv": (L, K, H)}
-    keys = jax.random.split(key, len(shapes) + 2)
-    layers = {name: (scale * jax.random.normal(k, s)).astype(dtype) for k, (name, s) in zip(keys, shapes.items())}
-    layers["attn_norm"] = jnp.ones((L, D), dtype)
-    layers["mlp_norm"] = jnp.ones((L, D), dtype)
-    params = {
-        "embed": (scale * jax.random.normal(keys[-1], (V, D))).astype(dtype),
-        "layers": layers,
-        "final_norm": jnp.ones((D,), dtype),
-    }
-    if not config.tie_embeddings:
-        params["lm_head"] = (scale * jax.random.normal(keys[-2], (D, V))).astype(dtype)
-    return params
+    """Random parameters from `param_specs` (tests and tiny experiments)."""
+    specs = param_specs(config)
+    layer_weights = [p for p, s in specs.items() if p.startswith("layers/") and s.init == "normal"]
+    keys = jax.random.split(key, len(layer_weights) + 2)
+    # The key order predates param_specs: kept so tests' tiny models keep their weights.
+    key_of = dict(zip(layer_weights, keys)) | {"embed": keys[-1], "lm_head": keys[-2]}
+    return init_from_specs(specs, key_of, scale)
