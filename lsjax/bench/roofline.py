@@ -174,12 +174,13 @@ def measure(
         t = time.perf_counter()
         jax.block_until_ready(gemm(gemm_ws, gemm_x))
         gemm_times.append(time.perf_counter() - t)
-        for c in contexts:
-            for T in sizes:
-                for n in variants:
-                    t = time.perf_counter()
-                    jax.block_until_ready(compiled[n, T](layouts[n], trees[T], caches[c]))
-                    times[n, c, T].append(time.perf_counter() - t)
+        # 1-node steps at every context back to back (the context growth compares them), then the trees.
+        order = [(c, sizes[0]) for c in contexts] + [(c, T) for c in contexts for T in sizes[1:]]
+        for c, T in order:
+            for n in variants:
+                t = time.perf_counter()
+                jax.block_until_ready(compiled[n, T](layouts[n], trees[T], caches[c]))
+                times[n, c, T].append(time.perf_counter() - t)
 
     weight_read = min(read_times)
     bandwidth = weight_bytes / weight_read
