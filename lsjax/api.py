@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from lsjax import decoding, speculative
 from lsjax.config import GenerateConfig, ModelConfig
 from lsjax.drafters.base import ARDrafter, Drafter
+from lsjax.models import target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +59,8 @@ def generate(
         raise ValueError(f"prompt_ids length {P} must be a multiple of config.chunk={config.chunk}; pad it")
     lengths = jnp.full((B,), P, jnp.int32) if prompt_lengths is None else prompt_lengths.astype(jnp.int32)
     state = speculative.generate(
-        target_params,
+        # Inside jit this slices the weights once per call (outside the decode loop), not per token.
+        target.prepare_for_decode(target_params, config.model),
         draft_params,
         config.model,
         prompt_ids,

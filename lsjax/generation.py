@@ -21,6 +21,7 @@ from lsjax import decoding, speculative
 from lsjax.config import GenerateConfig, ModelConfig
 from lsjax.drafters.base import ARDrafter, Drafter
 from lsjax.errors import LsjaxError
+from lsjax.models import target
 
 
 class PromptError(LsjaxError, ValueError):
@@ -72,7 +73,7 @@ class Generator:
         self, config: ModelConfig, params, drafter: Drafter = ARDrafter(), draft_params=None, *, backend: str = "auto"
     ):
         self.config = config
-        self.params = jax.tree.map(jnp.asarray, params)
+        self.params = jax.tree.map(jnp.asarray, target.prepare_for_decode(params, config))
         self.draft_params = jax.tree.map(jnp.asarray, draft_params) if draft_params is not None else ()
         self.drafter = drafter
         self.backend = backend

@@ -16,31 +16,23 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lsjax.config import ConfigError, MeshConfig
+from lsjax.models.layers import ParamSpec
+from lsjax.models.target import AXES as target_axes
 
 BATCH = ("data", "fsdp")
 
 # Logical axes of every named leaf (draft and target); target layer leaves carry a leading "layers" axis.
+# The target's come from its schema (`lsjax.models.target.param_specs`).
 LOGICAL_AXES: dict[str, tuple[str, ...]] = {
-    "embed": ("vocab", "embed"),
-    "lm_head": ("embed", "vocab"),
-    "final_norm": ("norm",),
-    "attn_norm": ("norm",),
-    "mlp_norm": ("norm",),
+    **target_axes,
     "self_norm": ("norm",),
     "cross_norm": ("norm",),
-    "wq": ("embed", "heads", "head_dim"),
-    "wk": ("embed", "kv_heads", "head_dim"),
-    "wv": ("embed", "kv_heads", "head_dim"),
-    "wo": ("heads", "head_dim", "embed"),
     "self_wq": ("embed", "heads", "head_dim"),
     "self_wk": ("embed", "kv_heads", "head_dim"),
     "self_wv": ("embed", "kv_heads", "head_dim"),
     "self_wo": ("heads", "head_dim", "embed"),
     "cross_wq": ("embed", "heads", "head_dim"),
     "cross_wo": ("heads", "head_dim", "embed"),
-    "w_gate": ("embed", "mlp"),
-    "w_up": ("embed", "mlp"),
-    "w_down": ("mlp", "embed"),
 }
 
 # Logical axis -> mesh axis. FSDP shards the model width of every matrix (and the vocabulary rows of the
@@ -104,6 +96,11 @@ def spec_for(name: str | None, shape: tuple[int, ...], mesh: Mesh) -> PartitionS
         return PartitionSpec()  # scalars (optimizer counts), unknown leaves: replicated
     if len(shape) == len(axes) + 1:
         axes = ("layers", *axes)
+    return spec_for_axes(axes, shape, mesh)
+
+
+def spec_for_axes(axes: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+    """PartitionSpec of a leaf with these logical axes (one per dimension of `shape`), through `RULES`."""
     out = []
     used = set()
     for dim, logical in zip(shape, axes):
@@ -115,6 +112,11 @@ def spec_for(name: str | None, shape: tuple[int, ...], mesh: Mesh) -> PartitionS
             out.append(mesh_axis)
             used.add(mesh_axis)
     return PartitionSpec(*out)
+
+
+def spec_shardings(specs: dict[str, ParamSpec], mesh: Mesh) -> dict[str, NamedSharding]:
+    """{path: NamedSharding} straight from a model's `param_specs` (no guessing from names or ranks)."""
+    return {path: NamedSharding(mesh, spec_for_axes(s.logical_axes, s.shape, mesh)) for path, s in specs.items()}
 
 
 def _last_name(path) -> str | None:

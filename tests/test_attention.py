@@ -421,3 +421,20 @@ def test_merge_with_empty_parts_has_no_nan():
 def test_tuning_validation_names_the_field(make, field):
     with pytest.raises(ValueError, match=field):
         make()
+
+
+@pytest.mark.parametrize("block", [64, 128, None])
+def test_xla_prefix_blocks_that_do_not_divide_the_capacity(block):
+    """The XLA loop's last block is shifted back inside the cache when the capacity is not a multiple of the
+    block: the keys it shares with the block before must count once (windows and row lengths in any block)."""
+    B, T, N, K, H, S = 3, 4, 6, 2, 16, 300 if block else 1100  # None: the default block on a 1100-slot cache
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((B, T, N, H), dtype=np.float32))
+    k, v = (jnp.asarray(rng.standard_normal((B, K, S, H), dtype=np.float32)) for _ in range(2))
+    lengths = jnp.asarray([S, S - 13, S // 2], jnp.int32)
+    window = jnp.asarray([S - 40, 5, 0], jnp.int32)
+    for win in (None, window):
+        out, lse = jax.jit(functools.partial(attention.prefix_attention_xla, block_size=block))(q, k, v, lengths, win)
+        want_out, want_lse = pk.prefix_attention_reference(q, k, v, lengths, win)
+        assert_close(out, want_out, 1e-5, f"block {block} window {win}")
+        assert_lse_close(lse, want_lse, 1e-4, f"block {block} window {win}")

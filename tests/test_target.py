@@ -96,7 +96,10 @@ def test_parity_with_transformers(tmp_path, kind, tie, rope):
         params, config, jnp.asarray(buf), jnp.full((B,), P), KVCache.zeros(config, B, 1024), chunk=128
     )
     np.testing.assert_allclose(np.asarray(last), ref[:, P - 1], atol=1e-4, rtol=0)
+    prepared = target.prepare_for_decode(params, config)  # the decode layout: fused, per layer
     for t in range(P, P + extra):
+        step, _ = forward(prepared, config, jnp.asarray(toks[:, t : t + 1]), cache.lengths[:, None], cache)
+        np.testing.assert_allclose(np.asarray(step[:, 0]), ref[:, t], atol=1e-4, rtol=0)
         step, cache = forward(params, config, jnp.asarray(toks[:, t : t + 1]), cache.lengths[:, None], cache)
         np.testing.assert_allclose(np.asarray(step[:, 0]), ref[:, t], atol=1e-4, rtol=0)
 
@@ -129,6 +132,35 @@ def test_prefill_then_decode_equals_full_forward(tiny):
         step, cache = forward(params, config, jnp.asarray(toks[:, t : t + 1]), cache.lengths[:, None], cache)
         np.testing.assert_allclose(np.asarray(step[:, 0]), ref[:, t], atol=5e-5, rtol=1e-5)
     assert int(cache.lengths[0]) == 90
+
+
+def test_decode_layout_equals_training_layout(tiny):
+    """prepare_for_decode's layout (per-layer, fused q/k/v and gate/up) runs the same model: a tree forward over
+    a cache gives the same logits and K/V as the stacked layout, with and without qkv biases."""
+    import dataclasses
+
+    from lsjax.tree import TreeConfig, make_tree
+    from lsjax.verify import tree_forward
+
+    config, params = tiny
+    for cfg in (dataclasses.replace(config, qkv_bias=True),):  # biases: the fused b_qkv too
+        p = target.init_params(cfg, jax.random.key(1), scale=0.3)
+        prepared = target.prepare_for_decode(p, cfg)
+        assert target.is_prepared(prepared) and not target.is_prepared(p)
+        assert target.prepare_for_decode(prepared, cfg) is prepared  # idempotent
+        assert len(prepared["layers"]) == cfg.num_layers and "wq" not in prepared["layers"][0]
+        rng = np.random.RandomState(0)
+        kv = [jnp.asarray(rng.randn(cfg.num_layers, 2, cfg.num_kv_heads, 96, cfg.head_dim), jnp.float32)] * 2
+        cache = KVCache(*kv, jnp.array([64, 40], jnp.int32))  # rows of different lengths
+        parents = jnp.asarray([[-1, 0, 0, 1, 2]] * 2)
+        tree = make_tree(
+            jnp.asarray(rng.randint(0, cfg.vocab_size, (2, 5))), parents, jnp.ones((2, 5), bool), TreeConfig((2, 2))
+        )
+        run = jax.jit(tree_forward, static_argnums=1)
+        for a, b in zip(run(p, cfg, tree, cache), run(prepared, cfg, tree, cache)):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-5)
+    host = target.prepare_for_decode(jax.tree.map(np.asarray, params), config)
+    assert isinstance(host["layers"][0]["w_qkv"], np.ndarray)  # numpy in, numpy out: one device copy later
 
 
 @pytest.mark.parametrize("bucket,chunk", [(128, 32), (256, 64), (512, 256)])
@@ -239,6 +271,22 @@ def test_real_smollm2_matches_transformers(real):
     gen = GenerateConfig(max_new_tokens=32, ignore_eos=True)
     state = generate_ar(params, config, jnp.asarray(buf), jnp.array([P]), gen, jax.random.key(0))
     assert np.asarray(state.out[0]).tolist() == hf_out
+
+
+@pytest.mark.slow
+def test_real_smollm2_decode_layout_matches_transformers(real):
+    """The decode layout on the real model (by default, test_speculative runs it through Generator; the tiny HF
+    parity tests check it against transformers): 30 unrolled layers take a while to compile."""
+    import sysconfig
+    from pathlib import Path
+
+    ours, hf = real
+    ids = ours.tokenizer.encode((Path(sysconfig.get_paths()["stdlib"]) / "json" / "decoder.py").read_text()[:2500])
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0].numpy()
+    prepared = target.prepare_for_decode(jax.tree.map(jnp.asarray, ours.params), ours.config)
+    logits = full_logits(prepared, ours.config, np.array([ids]))[0]
+    assert np.abs(logits - ref).max() <= 1e-3  # as the stacked layout (fp32 rounding over 30 layers: ~1e-4)
 
 
 def test_bfloat16_model_runs_close_to_float32(tiny):

@@ -21,6 +21,7 @@ import numpy as np
 
 from lsjax.cache import KVCache
 from lsjax.loading import load_model
+from lsjax.models import target
 from lsjax.tree import TreeConfig, chain_parents, make_tree, root_only
 from lsjax.verify import tree_forward
 
@@ -34,7 +35,7 @@ def main(argv=None) -> None:
 
     model = load_model()
     config = model.config
-    params = jax.tree.map(jnp.asarray, model.params)
+    params = jax.tree.map(jnp.asarray, target.prepare_for_decode(model.params, config))  # as Generator runs
     fwd = jax.jit(lambda params, tree, cache: tree_forward(params, config, tree, cache)[0])
     print(f"device: {jax.devices()[0].device_kind}; model {config.name}")
     print(f"{'context':>8} {'nodes':>6} {'ms':>9} {'vs 1 token':>11}")

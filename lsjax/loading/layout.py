@@ -16,6 +16,8 @@ import numpy as np
 
 from lsjax.config import ModelConfig
 from lsjax.errors import ShapeMismatchError, UnsupportedModelError
+from lsjax.models.layers import check_shapes
+from lsjax.models.target import param_specs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,4 +132,5 @@ def to_params(cfg: ModelConfig, torch_layout: dict[str, np.ndarray], dtype: str)
     params = {"embed": put(t["embed"]), "layers": layers, "final_norm": put(t["final_norm"])}
     if not cfg.tie_embeddings:
         params["lm_head"] = put(t["lm_head"].T)  # [V, D] -> [D, V]
+    check_shapes(params, param_specs(cfg))  # the target's own schema, whatever the checkpoint said
     return params

@@ -55,7 +55,7 @@ from lsjax import attention
 from lsjax.band_attention import band_attention
 from lsjax.cache import RingCache
 from lsjax.config import DraftConfig, ModelConfig
-from lsjax.models.target import embed, mlp, rms_norm
+from lsjax.models.layers import embed, head_logits, mlp, rms_norm
 from lsjax.rope import apply_rope, inverse_frequencies, rope_angles
 
 # ---------------------------------------------------------------------------
@@ -191,10 +191,10 @@ def draft_logits(
     """
     h = rms_norm(hidden, draft_params["final_norm"], config.rms_norm_eps)
     if vocab_ids is not None and "vocab_head" in draft_params:  # gathered once at load (with_vocab_head)
-        return jnp.einsum("...d,vd->...v", h, draft_params["vocab_head"]).astype(jnp.float32)
+        return head_logits(h, draft_params["vocab_head"]).astype(jnp.float32)
     if config.tie_embeddings:
         head = target_params["embed"] if vocab_ids is None else jnp.take(target_params["embed"], vocab_ids, axis=0)
-        logits = jnp.einsum("...d,vd->...v", h, head)
+        logits = head_logits(h, head)
     else:
         head = target_params["lm_head"] if vocab_ids is None else jnp.take(target_params["lm_head"], vocab_ids, axis=1)
         logits = jnp.einsum("...d,dv->...v", h, head)
