@@ -66,7 +66,7 @@ def available_methods() -> dict[str, Callable]:
     so a drafter registered after this module was imported is offered too."""
     from lsjax.drafters import registry
 
-    out = {}
+    out, variants = {}, {}
     for n in registry.names():
         entry, key = registry.get(n), f"lsjax-{n}"
         if key not in _FACTORIES or _FACTORIES[key][0] is not entry:
@@ -76,8 +76,8 @@ def available_methods() -> dict[str, Callable]:
             gkey = f"{key}:greedy-draft"
             if gkey not in _FACTORIES or _FACTORIES[gkey][0] is not entry:
                 _FACTORIES[gkey] = (entry, _lsjax(gkey, entry, "greedy"))
-            out[gkey] = _FACTORIES[gkey][1]
-    return {**out, **METHODS}
+            variants[gkey] = _FACTORIES[gkey][1]
+    return {**out, **variants, **METHODS}
 
 
 def _uses_draft(name: str) -> bool:
