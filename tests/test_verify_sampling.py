@@ -43,7 +43,7 @@ K = 4  # generated tokens whose joint law is tested
 PROMPT = [3, 4, 1, 3, 4]
 N_DEEP = 400_000  # slow set: detects a 1% relative bias in the top cell
 N = 100_000  # default run: detects a 2.5% relative bias
-CHUNK_ROWS = 50_000
+CHUNK_ROWS = 25_000  # rows per compiled call: keeps each call's buffers small
 
 
 def model():
@@ -198,15 +198,9 @@ SAMPLINGS = {
     "topp": SamplingConfig(temperature=1.5, top_p=0.9),
     "minp": SamplingConfig(temperature=1.5, min_p=0.1),
 }
-# By default (N = 100K): every drafter at T=1 but PLD, and the sampled table drafter with top-p. The slow set
-# runs every drafter with every filter at N = 400K.
-DEFAULT = {
-    ("table-sampled", "T1"),
-    ("table-sampled", "topp"),
-    ("longspec", "T1"),
-    ("hybrid", "T1"),
-    ("random-tree", "T1"),
-}
+# By default (N = 100K): the LongSpec drafter's sampled trees at T=1 (recursive rejection sampling over a real
+# draft) and a sampled k-ary tree under top-p; the slow set runs every drafter with every filter at N = 400K.
+DEFAULT = {("longspec", "T1"), ("table-sampled", "topp")}
 CASES = [pytest.param(d, s, N, id=f"{d}-{s}") for d, s in sorted(DEFAULT)] + [
     pytest.param(d, s, N_DEEP, id=f"{d}-{s}-deep", marks=pytest.mark.slow) for d in DRAFTERS for s in SAMPLINGS
 ]
