@@ -1,0 +1,401 @@
+"""The shared target-feature cache: one pass of the frozen target, read by every drafter's training.
+
+The target is the scarcest thing this project runs (~700 tok/s on a 2-core CPU), so its features are computed
+once per token and shared: the LongSpec stages, the block drafter, TokenSwift's heads and Speculative
+Streaming all train from the same files.
+
+    python -m lsjax.train.feature_cache --set chat-2048 --sources sharegpt --chat --seq-len 2048
+    fc = FeatureCache.open(cache_root() / "chat-2048")
+    batch = fc.read(np.array([3, 17]), ("tokens", "hidden"))
+
+A set holds S packed sequences of T tokens (documents joined by EOS), run by the target at plain positions
+0..T-1. Fields (float features in float16: half the disk, and far below the draft's own training noise):
+
+    tokens [S, T] int32, loss_mask [S, T] uint8      the text; 1 where a token is a training target
+    k, v [S, Kh, T, H]                              last layer K *before* RoPE (each stage ropes it at the
+                                                    positions it trains at, e.g. anchor offsets) and V
+    hidden [S, T, D]                                final hidden state before the final norm
+    mid_hidden [S, T, D]                            residual stream entering layer `mid_layer`
+    topk_ids [S, T, k] int32, topk_logprobs [S, T, k] top-k of log_softmax(target logits); [..., 0] = argmax
+
+Layout: `manifest.json` (what was run on what), `tokens.npy`/`loss_mask.npy` for the whole set (in a seeded
+shuffled order, so any prefix of the set is a uniform sample), and one directory per shard of `shard_size`
+sequences with one `.npy` per field (memory-mapped by the reader). A shard is written under a temporary name
+and renamed when complete: an interrupted build loses at most the shard in flight, and a resumed build
+writes files identical to an uninterrupted one (batches never straddle shards).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lsjax import attention
+from lsjax.config import ModelConfig
+from lsjax.errors import LsjaxError
+from lsjax.models.layers import embed, mlp, rms_norm
+from lsjax.models.target import lm_head, qkv_projection
+from lsjax.rope import apply_rope, inverse_frequencies, rope_angles
+
+VERSION = 1
+FIELDS = ("tokens", "loss_mask", "k", "v", "hidden", "mid_hidden", "topk_ids", "topk_logprobs")
+SHARD_FIELDS = FIELDS[2:]
+
+
+class FeatureCacheError(LsjaxError, ValueError):
+    """A missing, incomplete or mismatched feature cache."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("LSJAX_FEATURES") or Path.home() / ".cache" / "lsjax" / "features").expanduser()
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureSpec:
+    """What one pass stores: the middle layer whose input is kept, how many logits per token."""
+
+    mid_layer: int
+    topk: int = 8
+
+    def check(self, config: ModelConfig) -> None:
+        if not 0 < self.mid_layer < config.num_layers:
+            raise FeatureCacheError(
+                f"feature cache: mid_layer must be in [1, {config.num_layers - 1}], got {self.mid_layer}"
+            )
+        if not 1 <= self.topk <= min(64, config.vocab_size):
+            raise FeatureCacheError(f"feature cache: topk must be in [1, 64], got {self.topk}")
+
+
+def default_spec(config: ModelConfig) -> FeatureSpec:
+    # Speculative Streaming runs its top N_s <= 4 layers from here; fewer layers are a prefix of these.
+    return FeatureSpec(mid_layer=max(1, config.num_layers - 4))
+
+
+# ----------------------------------------------------------------------------- the pass
+
+
+def feature_pass(params: dict, config: ModelConfig, tokens: jax.Array, spec: FeatureSpec) -> dict:
+    """The frozen target over tokens [B, T] at positions 0..T-1 (stacked-layer params) -> every field.
+
+    Plain causal attention with no cache; the last layer is unrolled so its K is read before RoPE.
+    """
+    B, T = tokens.shape
+    eps = config.rms_norm_eps
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    cos, sin = rope_angles(positions, inverse_frequencies(config))
+    x = embed(params, tokens).astype(jnp.dtype(config.dtype))
+
+    def attend_block(x, layer):
+        h = rms_norm(x, layer["attn_norm"], eps)
+        q, k, v = qkv_projection(layer, config, h, cos, sin)
+        o, _ = attention.tree_attention_xla(q, k, v, causal=True)
+        x = x + jnp.einsum("btnh,nhd->btd", o, layer["wo"])
+        return x + mlp(layer, rms_norm(x, layer["mlp_norm"], eps))
+
+    def run(x, lo, hi):
+        layers = jax.tree.map(lambda a: a[lo:hi], params["layers"])
+        return jax.lax.scan(lambda c, lay: (attend_block(c, lay), None), x, layers)[0]
+
+    L = config.num_layers
+    x = run(x, 0, spec.mid_layer)
+    mid = x
+    x = run(x, spec.mid_layer, L - 1)
+    last = jax.tree.map(lambda a: a[L - 1], params["layers"])
+    h = rms_norm(x, last["attn_norm"], eps)
+    k_pre = jnp.einsum("btd,dkh->btkh", h, last["wk"])
+    v = jnp.einsum("btd,dkh->btkh", h, last["wv"])
+    if config.qkv_bias:
+        k_pre, v = k_pre + last["bk"], v + last["bv"]
+    hidden = attend_block(x, last)
+    logp = jax.nn.log_softmax(lm_head(params, config, hidden), axis=-1)
+    top_lp, top_ids = jax.lax.top_k(logp, spec.topk)
+    half = jnp.float16
+    return {
+        "k": k_pre.swapaxes(1, 2).astype(half),  # [B, Kh, T, H]
+        "v": v.swapaxes(1, 2).astype(half),
+        "hidden": hidden.astype(half),
+        "mid_hidden": mid.astype(half),
+        "topk_ids": top_ids.astype(jnp.int32),
+        "topk_logprobs": top_lp.astype(half),
+    }
+
+
+def rope_keys(k: jax.Array, positions: jax.Array, config: ModelConfig) -> jax.Array:
+    """Cached pre-RoPE keys k [B, Kh, T, H] roped at positions [B, T] (e.g. anchor offsets), in float32."""
+    cos, sin = rope_angles(positions, inverse_frequencies(config))
+    return apply_rope(k.astype(jnp.float32).swapaxes(1, 2), cos, sin).swapaxes(1, 2)
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def _sha(*arrays: np.ndarray) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
+
+
+def _shard_name(i: int) -> str:
+    return f"shard-{i:05d}"
+
+
+def build(
+    directory: str | Path,
+    tokens: np.ndarray,
+    loss_mask: np.ndarray,
+    params: dict,
+    config: ModelConfig,
+    *,
+    spec: FeatureSpec | None = None,
+    shard_size: int = 16,
+    batch_size: int = 2,
+    seed: int = 0,
+    source: dict | None = None,
+    max_shards: int | None = None,
+    progress: bool = True,
+    log=print,
+) -> FeatureCache:
+    """Runs the target over tokens [S, T] and writes the set into `directory`; resumable.
+
+    A directory holding another set (different tokens, model or spec) is refused, never mixed.
+    `max_shards` stops early (a time budget); calling again continues.
+    """
+    spec = spec or default_spec(config)
+    spec.check(config)
+    if shard_size % batch_size:
+        raise FeatureCacheError(f"feature cache: shard_size {shard_size} must be a multiple of batch_size {batch_size}")
+    directory = Path(directory)
+    S, T = tokens.shape
+    order = np.random.default_rng(seed).permutation(S)
+    tokens, loss_mask = np.asarray(tokens, np.int32)[order], np.asarray(loss_mask, np.uint8)[order]
+    manifest = {
+        "version": VERSION,
+        "sequences": int(S),
+        "seq_len": int(T),
+        "shard_size": int(shard_size),
+        "mid_layer": spec.mid_layer,
+        "topk": spec.topk,
+        "model": _model_fingerprint(config, params),
+        "tokens_sha": _sha(tokens, loss_mask),
+        "source": source or {},
+        "shapes": {
+            "k": [config.num_kv_heads, T, config.head_dim],
+            "hidden": [T, config.hidden_size],
+        },
+    }
+    mfile = directory / "manifest.json"
+    if mfile.exists():
+        old = json.loads(mfile.read_text())
+        if {k: v for k, v in old.items() if k != "source"} != {k: v for k, v in manifest.items() if k != "source"}:
+            raise FeatureCacheError(
+                f"feature cache: {directory} holds another set (manifest differs); choose another --set or delete it"
+            )
+    else:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, arr in (("tokens", tokens), ("loss_mask", loss_mask)):
+            np.save(directory / f"{name}.tmp.npy", arr)
+            (directory / f"{name}.tmp.npy").replace(directory / f"{name}.npy")
+        mfile.write_text(json.dumps(manifest, indent=1) + "\n")
+
+    num_shards = -(-S // shard_size)
+    todo = [i for i in range(num_shards) if not (directory / _shard_name(i)).is_dir()]
+    if max_shards is not None:
+        todo = todo[:max_shards]
+    run = jax.jit(lambda p, t: feature_pass(p, config, t, spec))
+    bar = _bar(len(todo) * shard_size * T, progress)
+    t0, done_tokens = time.perf_counter(), 0
+    for i in todo:
+        lo, hi = i * shard_size, min(S, (i + 1) * shard_size)
+        parts: dict[str, list[np.ndarray]] = {f: [] for f in SHARD_FIELDS}
+        for b in range(lo, hi, batch_size):
+            batch = np.zeros((batch_size, T), np.int32)
+            n = min(batch_size, hi - b)
+            batch[:n] = tokens[b : b + n]
+            out = jax.device_get(run(params, batch))
+            for f in SHARD_FIELDS:
+                parts[f].append(out[f][:n])
+            if bar is not None:
+                bar.update(n * T)
+        tmp = directory / (_shard_name(i) + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for f in SHARD_FIELDS:
+            np.save(tmp / f"{f}.npy", np.concatenate(parts[f]))
+        tmp.rename(directory / _shard_name(i))
+        done_tokens += (hi - lo) * T
+        if bar is None:
+            rate = done_tokens / max(time.perf_counter() - t0, 1e-9)
+            log(f"features {directory.name}: shard {i + 1}/{num_shards} ({rate:.0f} tok/s)")
+    if bar is not None:
+        bar.close()
+    return FeatureCache.open(directory, allow_partial=True)
+
+
+def _model_fingerprint(config: ModelConfig, params: dict) -> str:
+    # Config plus a sample of the weights: a cache of one checkpoint is never read as another's.
+    leaves = jax.tree.leaves(params)
+    sample = [np.asarray(leaf).ravel()[:64].astype(np.float32) for leaf in leaves[:8]]
+    return hashlib.sha256((repr(config) + _sha(*sample)).encode()).hexdigest()[:16]
+
+
+def _bar(total: int, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="tok", unit_scale=True, dynamic_ncols=True)
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+class FeatureCache:
+    """Random access to a built (or partly built) set; memory-maps shards on demand."""
+
+    def __init__(self, directory: Path, manifest: dict, complete_shards: int):
+        self.directory = directory
+        self.manifest = manifest
+        self.seq_len = manifest["seq_len"]
+        self.mid_layer = manifest["mid_layer"]
+        self.topk = manifest["topk"]
+        self.shard_size = manifest["shard_size"]
+        self.total_sequences = manifest["sequences"]
+        self.num_sequences = min(self.total_sequences, complete_shards * self.shard_size)
+        self.complete = self.num_sequences == self.total_sequences
+        self.tokens = np.load(directory / "tokens.npy", mmap_mode="r")[: self.num_sequences]
+        self.loss_mask = np.load(directory / "loss_mask.npy", mmap_mode="r")[: self.num_sequences]
+        self._open: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
+
+    @classmethod
+    def open(cls, directory: str | Path, *, allow_partial: bool = False) -> FeatureCache:
+        directory = Path(directory).expanduser()
+        mfile = directory / "manifest.json"
+        if not mfile.exists():
+            raise FeatureCacheError(
+                f"feature cache: no manifest in {directory}; build it with python -m lsjax.train.feature_cache"
+            )
+        try:
+            manifest = json.loads(mfile.read_text())
+        except json.JSONDecodeError as e:
+            raise FeatureCacheError(f"feature cache: {mfile} is not valid JSON ({e.msg})") from None
+        if manifest.get("version") != VERSION:
+            raise FeatureCacheError(f"feature cache: {directory} has version {manifest.get('version')}, need {VERSION}")
+        shards = 0
+        while (directory / _shard_name(shards)).is_dir():
+            shards += 1
+        fc = cls(directory, manifest, shards)
+        if not fc.complete and not allow_partial:
+            raise FeatureCacheError(
+                f"feature cache: {directory} is incomplete ({fc.num_sequences}/{fc.total_sequences} sequences); "
+                "finish the build or open with allow_partial"
+            )
+        if fc.num_sequences == 0 and allow_partial is False:
+            raise FeatureCacheError(f"feature cache: {directory} has no complete shard")
+        return fc
+
+    def _field(self, shard: int, field: str) -> np.ndarray:
+        key = (shard, field)
+        if key not in self._open:
+            self._open[key] = np.load(self.directory / _shard_name(shard) / f"{field}.npy", mmap_mode="r")
+            if len(self._open) > 256:  # bounded: a long run touches every shard
+                self._open.popitem(last=False)
+        self._open.move_to_end(key)
+        return self._open[key]
+
+    def read(self, indices, fields: tuple[str, ...] = FIELDS) -> dict[str, np.ndarray]:
+        """Rows `indices` (any order, repeats allowed) of each field, as in-memory arrays."""
+        idx = np.asarray(indices, np.int64).reshape(-1)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.num_sequences):
+            raise FeatureCacheError(f"feature cache: index out of range [0, {self.num_sequences})")
+        out = {}
+        for f in fields:
+            if f not in FIELDS:
+                raise FeatureCacheError(f"feature cache: unknown field {f!r}; fields are {', '.join(FIELDS)}")
+            if f == "tokens":
+                out[f] = np.asarray(self.tokens[idx])
+            elif f == "loss_mask":
+                out[f] = np.asarray(self.loss_mask[idx])
+            else:
+                out[f] = np.stack([self._field(i // self.shard_size, f)[i % self.shard_size] for i in idx])
+        return out
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lsjax.train.feature_cache", description=__doc__.split("\n")[0])
+    p.add_argument("--set", required=True, help="name of the set (a directory under the cache root)")
+    p.add_argument("--root", default="", help="cache root (default: $LSJAX_FEATURES or ~/.cache/lsjax/features)")
+    p.add_argument("--sources", nargs="+", default=["sharegpt"])
+    p.add_argument("--chat", action="store_true", help="render dialogues with the chat template (loss on assistant)")
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--max-sequences", type=int, default=0, help="a seeded subset (0 = all)")
+    p.add_argument("--shard-size", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=2)
+    p.add_argument("--max-shards", type=int, default=None, help="stop after this many new shards (resume later)")
+    p.add_argument("--model", default="", help="target .gguf or HF dir (default: the bundled SmolLM2)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    try:
+        return _run(args)
+    except LsjaxError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
+    from lsjax.data import load_sequences
+    from lsjax.loading import load_model
+    from lsjax.train.config import DataConfig, TargetConfig, TrainConfig
+
+    loaded = load_model(args.model or None)
+    config = loaded.config
+    data = DataConfig(
+        sources=tuple(args.sources),
+        chat=args.chat,
+        seq_len=args.seq_len,
+        batch_size=1,
+        max_sequences=args.max_sequences,
+        seed=args.seed,
+    )
+    cfg = TrainConfig(target=TargetConfig(path=args.model), data=data)
+    eos = config.eos_token_ids[0] if config.eos_token_ids else config.pad_token_id
+    tokens, mask = load_sequences(cfg, loaded.tokenizer, eos, config.vocab_size)
+    root = Path(args.root).expanduser() if args.root else cache_root()
+    source = {"sources": list(args.sources), "chat": args.chat, "split": "train", "max_sequences": args.max_sequences}
+    params = jax.tree.map(jnp.asarray, loaded.params)
+    print(f"feature cache {args.set}: {tokens.shape[0]} sequences x {tokens.shape[1]} tokens -> {root / args.set}")
+    fc = build(
+        root / args.set,
+        tokens,
+        mask,
+        params,
+        config,
+        shard_size=args.shard_size,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        source=source,
+        max_shards=args.max_shards,
+    )
+    print(f"feature cache {args.set}: {fc.num_sequences}/{fc.total_sequences} sequences done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
