@@ -23,6 +23,7 @@ from lsjax.models import draft as draft_lib
 from lsjax.models import target as target_lib
 from lsjax.train import loop as train_loop
 from lsjax.train.config import TrainConfig
+from lsjax.tree import TreeConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ModelConfig(
@@ -164,6 +165,23 @@ def _batch(cfg, n=1):
     seqs, mask = data_lib.load_sequences(cfg, None, 2, TINY.vocab_size)
     it = iter(data_lib.batches(seqs, mask, cfg, TINY.max_position).to_iter_dataset())
     return [{k: v for k, v in next(it).items() if k != "index"} for _ in range(n)]
+
+
+@pytest.mark.parametrize("gamma", [2, 5, 6])
+def test_flash_noisy_lags_cover_exactly_the_configured_range(gamma):
+    # Level i of a tree drafts at lag i: gamma = depth + 1 must train every lag 1..depth and nothing else.
+    cfg = tiny_cfg(loss__gamma=gamma)
+    draws = jax.vmap(lambda k: tr.draw_shift(k, cfg))(jax.random.split(jax.random.PRNGKey(0), 2000))
+    assert set(np.asarray(draws).tolist()) == set(range(1, gamma))
+
+
+def test_export_refuses_a_tree_deeper_than_the_trained_lags(tmp_path):
+    from lsjax.train.export import check_tree_lags
+
+    check_tree_lags(tiny_cfg(loss__gamma=6), TreeConfig((4, 16, 16, 16, 16)))
+    with pytest.raises(ConfigError, match="loss.gamma"):
+        check_tree_lags(tiny_cfg(loss__gamma=4), TreeConfig((4, 16, 16, 16, 16)))
+    check_tree_lags(tiny_cfg(loss__gamma=2, loss__flash_noisy=False), TreeConfig((2, 2, 2)))
 
 
 def test_flash_noisy_shift_is_traced_not_static(tiny_models):

@@ -93,8 +93,11 @@ class LossConfig:
     distill: str = "none"  # none | argmax (CE on the target's argmax) | kl (KL(target || draft))
     distill_weight: float = 0.0
     chunk_size: int = 128  # positions per LM-head chunk: [B, chunk, V] is the largest logits block
-    flash_noisy: bool = True  # cross-attention lag j ~ U[1, gamma) per step
-    gamma: int = 4  # the paper's RandomInt(1, 4): j in {1, 2, 3}
+    flash_noisy: bool = True  # cross-attention lag j ~ U[1, gamma) = {1, ..., gamma - 1} per step
+    # Tree level i is drafted at lag i (its root is not in the target's cache yet), so gamma = depth + 1 trains
+    # every level of a depth-(gamma - 1) tree. The paper's gamma = 5 (official randint(1, 4)) covers depth 4;
+    # 6 covers the depth-5 trees lsjax drafts.
+    gamma: int = 6
 
     def __post_init__(self):
         _check(self.ce_weight >= 0, "loss.ce_weight", f"must be >= 0, got {self.ce_weight}")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lsjax.config import DraftConfig, to_dict
+from lsjax.config import ConfigError, DraftConfig, to_dict
 from lsjax.drafters.checkpoints import target_key
 from lsjax.train.checkpoint import load_draft_params
 from lsjax.train.loop import training_summary
@@ -41,10 +41,22 @@ def save_draft(
     (path / "draft.json").write_text(json.dumps(meta, indent=2))
 
 
+def check_tree_lags(cfg, tree: TreeConfig) -> None:
+    """A draft exported with a default tree must have been trained at every lag that tree drafts at."""
+    loss = cfg.loss
+    if loss.flash_noisy and tree.depth > loss.gamma - 1:
+        raise ConfigError(
+            f"loss.gamma: a depth-{tree.depth} tree drafts at lags 1..{tree.depth}, but gamma={loss.gamma} "
+            f"trained lags 1..{loss.gamma - 1}; train with gamma >= {tree.depth + 1} or ship a shallower tree"
+        )
+
+
 def export_run(cfg, out_dir: str | Path, extra: dict | None = None, tree: TreeConfig | None = None) -> dict:
     """A training run's latest checkpoint (TrainConfig `cfg`) -> a draft directory; returns the exported
     params. The run's pruned vocabulary (vocab_ids.npy) travels with them; draft.json records the run's
     training summary and the default `tree` decode.py should use with this draft."""
+    if tree is not None:
+        check_tree_lags(cfg, tree)
     run_dir = Path(cfg.resolved_run_dir)
     params = {k: np.asarray(v) for k, v in load_draft_params(run_dir).items()}
     vocab = run_dir / "vocab_ids.npy"

@@ -64,7 +64,7 @@ def init_state(draft_params: dict, optimizer: optax.GradientTransformation) -> T
 
 
 def draw_shift(key: jax.Array, cfg: TrainConfig) -> jax.Array:
-    """Flash-noisy lag j ~ U[1, gamma) as an int32 array; 0 (no lag) when flash noisy training is off."""
+    """Flash-noisy lag j ~ U{1, ..., gamma - 1} as an int32 array; 0 (no lag) when flash noisy training is off."""
     if not cfg.loss.flash_noisy:
         return jnp.zeros((), jnp.int32)
     return jax.random.randint(key, (), 1, cfg.loss.gamma, dtype=jnp.int32)
