@@ -89,7 +89,9 @@ def dialogue_tokens(tokenizer, messages: list[dict]) -> tuple[list[int], list[in
 
 
 def _documents(source: str, cfg: DataConfig) -> list[corpora.Document]:
-    docs = [d for d in corpora.load(source) if corpora.split_of(d.id, cfg.split_seed, cfg.dev_fraction) == cfg.split]
+    # "dev" is the tunable part of the dev split: the held-out documents are for final evaluation only.
+    split_of = corpora.eval_split_of if cfg.split == "dev" else corpora.split_of
+    docs = [d for d in corpora.load(source) if split_of(d.id, cfg.split_seed, cfg.dev_fraction) == cfg.split]
     return docs[: cfg.max_docs] if cfg.max_docs else docs
 
 
@@ -123,6 +125,7 @@ def source_tokens(
             "max_docs": cfg.max_docs,
             "chat": cfg.chat,
             "eos": eos_id,
+            **({"without_heldout": True} if cfg.split == "dev" else {}),
             "tokenizer": _tokenizer_fingerprint(tokenizer),
         },
         sort_keys=True,

@@ -437,3 +437,32 @@ def test_feature_cache_builds_once_and_reuses(tmp_path):
     assert all(np.isfinite(built["losses"]))
     reused = tr.fit(tiny_cfg(tmp_path / "b", features__dir=str(cache), **common), **quiet)
     assert reused["losses"] == built["losses"]
+
+
+def test_shared_feature_set_trains_like_live_features(tmp_path):
+    """features.set: data and target features from the shared cache (K pre-RoPE, roped at the batch's anchor
+    offsets in the loss) give the same losses as the live target, up to the cache's float16 rounding."""
+    from lsjax.train import feature_cache as fcm
+
+    cfg = tiny_cfg(tmp_path / "run", steps=6, optim__total_steps=6, checkpoint__every=6)
+    _, tp, _ = tr.load_target(cfg)
+    seqs, mask = data_lib.load_sequences(cfg, None, 2, TINY.vocab_size)
+    fc = fcm.build(tmp_path / "set", seqs[:24], mask[:24], tp, TINY, shard_size=8, progress=False)
+    shared = tiny_cfg(
+        tmp_path / "run", steps=6, optim__total_steps=6, checkpoint__every=6, features__set=str(fc.directory)
+    )
+
+    micro = {k: v[0] for k, v in _batch(cfg)[0].items()}
+    rows = fc.read(np.arange(4), ("tokens", "k", "v", "topk_ids"))
+    micro = {**micro, "tokens": jnp.asarray(rows["tokens"]), "loss_mask": jnp.ones((4, 16), jnp.float32)}
+    dp = draft_lib.init_draft_params(TINY, cfg.draft, tp, jax.random.PRNGKey(1))
+    shift = jnp.asarray(2, jnp.int32)
+    live = tr.micro_losses(dp, tp, TINY, cfg, micro, shift)
+    cached = {**micro, "target_k_raw": rows["k"], "target_v": rows["v"], "target_argmax": rows["topk_ids"][..., 0]}
+    from_cache = tr.micro_losses(dp, tp, TINY, cfg, cached, shift)
+    np.testing.assert_allclose(float(from_cache["ce"]), float(live["ce"]), rtol=2e-3)
+
+    out = tr.fit(shared, log=lambda *_: None)
+    assert all(np.isfinite(out["losses"])) and len(out["losses"]) == 6
+    with pytest.raises(ConfigError, match="data.seq_len"):
+        tr.fit(tiny_cfg(tmp_path / "bad", data__seq_len=32, features__set=str(fc.directory)), log=lambda *_: None)

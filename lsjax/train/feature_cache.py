@@ -335,6 +335,26 @@ class FeatureCache:
         return out
 
 
+class FieldView:
+    """One field of a cache as a lazily read per-sequence array (what `data.batches` takes as `extra`)."""
+
+    def __init__(self, cache: FeatureCache, field: str, num_sequences: int, first_only: bool = False):
+        self.cache, self.field, self.n, self.first_only = cache, field, num_sequences, first_only
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i) -> np.ndarray:
+        row = self.cache.read(np.array([i]), (self.field,))[self.field][0]
+        return row[..., 0] if self.first_only else row
+
+
+def resolve_set(name: str) -> Path:
+    """A set name under the cache root, or a path to a set directory."""
+    p = Path(name).expanduser()
+    return p if p.is_absolute() or (p / "manifest.json").exists() else cache_root() / name
+
+
 # ----------------------------------------------------------------------------- CLI
 
 

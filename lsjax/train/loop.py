@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lsjax.config import ModelConfig
+from lsjax.config import ConfigError, ModelConfig
 from lsjax.models import draft as draft_lib
 from lsjax.models import target as target_lib
 from lsjax.train.config import TrainConfig
@@ -78,10 +78,13 @@ def fit(
 
     # --- data
     eos, V, T = eos_id(config), config.vocab_size, cfg.data.seq_len
-    seqs, mask = data_lib.load_sequences(cfg, tokenizer, eos, V, log=log)
-    log(f"data: {data_lib.describe(seqs, mask)} ({', '.join(cfg.data.sources)}, {cfg.data.split})")
     extra = None
-    fixed = cfg.features.enabled
+    fixed = cfg.features.enabled and not cfg.features.set
+    if cfg.features.set:
+        seqs, mask, extra = _shared_features(cfg, config, log)
+    else:
+        seqs, mask = data_lib.load_sequences(cfg, tokenizer, eos, V, log=log)
+        log(f"data: {data_lib.describe(seqs, mask)} ({', '.join(cfg.data.sources)}, {cfg.data.split})")
     if fixed:
         high = data_lib.max_offset(cfg.positions, T, config.max_position)
         offsets = data_lib.offsets_for(cfg.data.seed, np.arange(len(seqs)), high)
@@ -101,12 +104,18 @@ def fit(
     iterator = iter(dataset.to_iter_dataset())
 
     # --- vocabulary, params, optimizer
-    vocab_ids = None
-    if cfg.draft.draft_vocab_size:
+    vocab_ids, exported = None, _exported_draft(cfg)
+    if exported is not None:  # continuing a shipped draft: its vocabulary comes with it
+        vocab_ids = exported.pop("vocab_ids", None)
+    elif cfg.draft.draft_vocab_size:
         counts = np.bincount(seqs[mask > 0].reshape(-1), minlength=V)
         vocab_ids = pruned_vocab(config, cfg.draft.draft_vocab_size, token_counts=counts)
+    if vocab_ids is not None:
         np.save(run_dir / "vocab_ids.npy", vocab_ids)
-    if cfg.checkpoint.init_from:
+    if exported is not None:
+        draft_params = jax.tree.map(jnp.asarray, exported)
+        log(f"draft: initialised from the exported draft {cfg.checkpoint.init_from}")
+    elif cfg.checkpoint.init_from:
         draft_params = jax.tree.map(jnp.asarray, ckpt_lib.load_draft_params(cfg.checkpoint.init_from))
         log(f"draft: initialised from {cfg.checkpoint.init_from}")
     else:
@@ -222,6 +231,45 @@ def training_summary(run_dir) -> dict:
         d = dev[-1]
         out |= {"dev_step": d["step"], "dev_ce": round(d["dev_ce"], 4), "dev_acc": round(d["dev_acc"], 4)}
     return out
+
+
+def _exported_draft(cfg: TrainConfig) -> dict | None:
+    """The params of `checkpoint.init_from` when it is an exported draft directory (draft.json), else None."""
+    src = Path(cfg.checkpoint.init_from) if cfg.checkpoint.init_from else None
+    if src is None or not (src / "draft.json").is_file():
+        return None
+    from lsjax.drafters.checkpoints import load_draft
+
+    params, dcfg, _ = load_draft(src)
+    for field in ("window", "draft_vocab_size"):
+        want, got = getattr(dcfg, field), getattr(cfg.draft, field)
+        if want != got:
+            raise ConfigError(f"draft.{field}: must equal the init_from draft's {want}, got {got}")
+    return params
+
+
+def _shared_features(cfg: TrainConfig, config: ModelConfig, log):
+    """(tokens, loss_mask, extra) from a set of the shared target-feature cache; K stays pre-RoPE (the loss
+    ropes it at the batch's positions, so anchor offsets may change every epoch)."""
+    from lsjax.data import describe
+    from lsjax.train import feature_cache as fcm
+
+    fc = fcm.FeatureCache.open(fcm.resolve_set(cfg.features.set), allow_partial=True)
+    if fc.seq_len != cfg.data.seq_len:
+        raise ConfigError(f"data.seq_len: must equal the feature set's length {fc.seq_len}, got {cfg.data.seq_len}")
+    n = fc.num_sequences if not cfg.data.max_sequences else min(fc.num_sequences, cfg.data.max_sequences)
+    if n < cfg.data.batch_size:
+        raise ConfigError(f"features.set: {fc.directory} has {n} complete sequences, fewer than data.batch_size")
+    seqs, mask = np.asarray(fc.tokens[:n]), np.asarray(fc.loss_mask[:n])
+    extra = {
+        "target_k_raw": fcm.FieldView(fc, "k", n),
+        "target_v": fcm.FieldView(fc, "v", n),
+        "target_argmax": fcm.FieldView(fc, "topk_ids", n, first_only=True),
+    }
+    if cfg.loss.distill == "kl":
+        extra["target_hidden"] = fcm.FieldView(fc, "hidden", n)
+    log(f"data: {describe(seqs, mask)} from feature set {fc.directory} ({fc.num_sequences}/{fc.total_sequences} built)")
+    return seqs, mask, extra
 
 
 def _make_dev_eval(cfg: TrainConfig, config, target_params, tokenizer, eos, vocab_ids, log):

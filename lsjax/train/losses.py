@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from lsjax.config import ModelConfig
 from lsjax.models import draft as draft_lib
 from lsjax.train.config import TrainConfig
+from lsjax.train.feature_cache import rope_keys
 from lsjax.train.features import positions_from_offsets, target_features, target_logits
 from lsjax.vocab import vocab_index
 
@@ -126,7 +127,11 @@ def micro_losses(
     T = tokens.shape[1]
     positions = positions_from_offsets(T, micro["offset"], cfg.positions.num_anchors)
     distill = cfg.loss.distill
-    if "target_k" in micro:
+    if "target_k_raw" in micro:  # the shared feature cache: pre-RoPE keys, float16
+        tk = rope_keys(micro["target_k_raw"], positions, config)
+        tv = micro["target_v"].astype(jnp.float32)
+        th = micro["target_hidden"].astype(jnp.float32) if "target_hidden" in micro else None
+    elif "target_k" in micro:
         tk, tv, th = micro["target_k"], micro["target_v"], micro.get("target_hidden")
     else:
         feats = target_features(target_params, config, tokens, positions)
