@@ -369,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard-size", type=int, default=16)
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--max-shards", type=int, default=None, help="stop after this many new shards (resume later)")
+    p.add_argument("--from-distilled", default="", help="a lsjax.train.self_distill directory instead of corpora")
     p.add_argument("--model", default="", help="target .gguf or HF dir (default: the bundled SmolLM2)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -396,9 +397,16 @@ def _run(args) -> int:
     )
     cfg = TrainConfig(target=TargetConfig(path=args.model), data=data)
     eos = config.eos_token_ids[0] if config.eos_token_ids else config.pad_token_id
-    tokens, mask = load_sequences(cfg, loaded.tokenizer, eos, config.vocab_size)
+    if args.from_distilled:
+        from lsjax.train.self_distill import load as load_distilled
+
+        tokens, mask = load_distilled(args.from_distilled)
+        source = {"self_distill": Path(args.from_distilled).name, "split": "train"}
+    else:
+        tokens, mask = load_sequences(cfg, loaded.tokenizer, eos, config.vocab_size)
+        source = {"sources": list(args.sources), "chat": args.chat, "split": "train"}
+    source["max_sequences"] = args.max_sequences
     root = Path(args.root).expanduser() if args.root else cache_root()
-    source = {"sources": list(args.sources), "chat": args.chat, "split": "train", "max_sequences": args.max_sequences}
     params = jax.tree.map(jnp.asarray, loaded.params)
     print(f"feature cache {args.set}: {tokens.shape[0]} sequences x {tokens.shape[1]} tokens -> {root / args.set}")
     fc = build(
