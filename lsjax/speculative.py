@@ -11,6 +11,9 @@ tree under its ancestor mask); `accept` walks the tree; the accepted path's K/V
 new root. AR and speculative decoding share every line of this loop, so
 comparisons between them measure the method, not two code paths.
 
+A drafter with `step_variants` (the adaptive `auto` policy) picks one whole
+step per iteration with `lax.switch`; each variant is a fixed-shape step.
+
 For profiling, `draft_phase`, `verify_phase` and `commit_phase` are the same
 step cut in three jittable pieces (`lsjax.generation` times them separately).
 Each step's drafting and verification keys are derived from `state.key` by
@@ -107,10 +110,20 @@ def commit_phase(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state
     return dataclasses.replace(new_state, draft=draft)
 
 
-def spec_step(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState) -> DecodeState:
+def fixed_step(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState) -> DecodeState:
     tree = draft_phase(ctx, drafter, state)
     verified = verify_phase(ctx, drafter, gen, state, tree)
     return commit_phase(ctx, drafter, gen, state, verified)
+
+
+def spec_step(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState) -> DecodeState:
+    variants = drafter.step_variants()
+    if not variants:
+        return fixed_step(ctx, drafter, gen, state)
+    # One whole step per variant, each with its own static tree: a branch not taken costs nothing, and all
+    # branches are compiled once into the same loop (no recompile when the choice changes).
+    branches = [functools.partial(fixed_step, ctx, v, gen) for v in variants]
+    return jax.lax.switch(drafter.choose(ctx, state), branches, state)
 
 
 def context(target_params, draft_params, config, gen: GenerateConfig, capacity: int, backend: str = "auto"):
