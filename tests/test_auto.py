@@ -26,9 +26,10 @@ from tests.test_speculative import longspec_params, run
 from tests.tiny import tiny_model
 
 LS = LongSpecDrafter(TreeConfig((2, 1, 1)), DraftConfig(window=16))
-# A small candidate set keeps the tiny model's compile short: ar, pld-3, ls-chain2, ls-tree, hybrid.
-SMALL = AutoDrafter(longspec=LS, pld_tokens=(3,), chains=(2,), hybrid_pld=3)
 FULL = AutoDrafter(longspec=LS)  # the shipped layout: ar, pld-4, pld-8, ls-chain2, ls-chain4, ls-tree, hybrid
+# A small candidate set keeps the tiny model's compile short: ar, pld-3, ls-tree (2, 1), hybrid. pld-3 and the
+# tree have 4 nodes each: they share one verification forward (the engine's inner switch).
+SMALL = AutoDrafter(longspec=LongSpecDrafter(TreeConfig((2, 1)), LS.draft), pld_tokens=(3,), chains=(), hybrid_pld=2)
 
 
 # ------------------------------------------------------------------------------ the policy, scripted
@@ -39,28 +40,54 @@ def true_rates(auto, spec: dict[str, float]) -> np.ndarray:
     return np.asarray([[spec.get(f, 0.0)] * auto.max_depth for f in auto.families])
 
 
+SIM_STEPS = 600  # every simulation runs this many steps (one compile per layout and match); tests read a prefix
+
+
+@functools.cache
+def _simulator(auto, match: int):
+    """A jitted scan of the policy against scripted acceptances (see `simulate`)."""
+    D = auto.max_depth
+    pld = auto.families.index("pld1") + max(match - 1, 0)
+    fam = jnp.asarray([pld if c.kind == "pld" else max(c.family, 0) for c in auto.candidates])
+    depth = jnp.asarray([0 if c.kind == "ar" else c.drafter.max_depth for c in auto.candidates])
+    is_pld = jnp.asarray([c.kind == "pld" for c in auto.candidates])
+    n, avail, active = jnp.array([match]), jnp.array([16]), jnp.ones((1,), bool)
+    learners = [functools.partial(auto.learn, index=i) for i in range(len(auto.candidates))]
+
+    def leading(key, rates, limit):  # how many depths in a row succeed, at most `limit`
+        ok = (jax.random.uniform(key, (D,)) < rates) & (jnp.arange(D) < limit)
+        return jnp.sum(jnp.cumprod(ok))
+
+    @jax.jit
+    def run(costs, rates, key):
+        def body(pol, xs):
+            step, rates, key = xs
+            c = auto.decide(pol, costs, n, avail, active.astype(jnp.float32), step)
+            k1, k2 = jax.random.split(key)
+            a = leading(k1, rates[fam[c]], depth[c])
+            kw = dict(costs=costs, n=n, avail=avail, accepted=a[None], active=active, steps=step + 1)
+            pol = jax.lax.switch(c, [functools.partial(f, **kw) for f in learners], pol)
+            # Prompt lookup's shadow: how far its proposal matches the a + 1 emitted tokens.
+            m = leading(k2, rates[pld], D)
+            emitted = jnp.where(jnp.arange(D) < m, 0, 1)[None]
+            shadowed = auto.shadow(pol, n, avail, jnp.zeros((1, D), jnp.int32), emitted, (a + 1)[None])
+            return jax.tree.map(lambda x, y: jnp.where(is_pld[c], x, y), pol, shadowed), c
+
+        steps = jnp.arange(SIM_STEPS, dtype=jnp.int32)
+        return jax.lax.scan(body, auto.init_policy(), (steps, rates, jax.random.split(key, SIM_STEPS)))[1]
+
+    return run
+
+
 def simulate(auto, costs, phases, seed=0, match=3):
     """Runs the policy against scripted acceptances: `phases` is [(steps, true rates [F, D])]. Every row has a
     `match`-gram prompt-lookup match (0: none). Returns the candidate index chosen at every step."""
-    rng = np.random.RandomState(seed)
-    decide = jax.jit(auto.decide)
-    learn = jax.jit(auto.learn, static_argnums=1)
-    pol = auto.init_policy()
-    n, avail, active = jnp.array([match]), jnp.array([16]), jnp.ones((1,), bool)
-    costs, chosen, step = jnp.asarray(costs, jnp.float32), [], 0
-    for steps, rates in phases:
-        for _ in range(steps):
-            c = int(decide(pol, costs, n, avail, active.astype(jnp.float32), jnp.int32(step)))
-            cand = auto.candidates[c]
-            a = 0
-            if cand.kind != "ar":
-                fam = cand.family + (match - 1 if cand.kind == "pld" else 0)
-                while a < cand.drafter.max_depth and rng.rand() < rates[fam, a]:
-                    a += 1
-            step += 1
-            pol = learn(pol, c, costs, n, avail, jnp.array([a]), active, jnp.int32(step))
-            chosen.append(c)
-    return np.asarray(chosen)
+    per_step = np.concatenate([np.broadcast_to(r, (k, *r.shape)) for k, r in phases])
+    total = len(per_step)
+    assert total <= SIM_STEPS
+    per_step = np.concatenate([per_step, np.zeros((SIM_STEPS - total, *per_step.shape[1:]))]).astype(np.float32)
+    chosen = _simulator(auto, match)(jnp.asarray(costs, jnp.float32), per_step, jax.random.key(seed))
+    return np.asarray(chosen)[:total]
 
 
 def best(auto, costs, rates, match=3) -> int:
@@ -122,7 +149,8 @@ def test_policy_follows_a_change_of_text():
     prose, code = true_rates(FULL, {"pld3": 0.2, "ls-chain": 0.15}), true_rates(FULL, {"pld3": 0.95})
     chosen = simulate(FULL, COSTS, [(200, prose), (200, code)])
     assert best(FULL, COSTS, prose) == 0 and FULL.candidates[best(FULL, COSTS, code)].name == "pld-8"
-    assert np.mean(chosen[100:200] == 0) >= 0.85
+    # A close call (prompt lookup at 0.98x AR): what matters is the speed of what was chosen.
+    assert efficiency(FULL, COSTS, prose, chosen[100:200]) >= 0.95
     switched = np.argmax(chosen[200:] == best(FULL, COSTS, code))
     assert switched <= FULL.policy.probe_max + 8, f"noticed the change only after {switched} steps"
     assert np.mean(chosen[300:] == best(FULL, COSTS, code)) >= 0.85
@@ -164,20 +192,31 @@ def repetitive_prompts():
 
 
 @functools.cache
-def _decode_inputs(temperature: float):
+def _engine():
+    """The tiny model, AR's greedy reference, and auto's start; every decode below shares one compiled loop."""
     config, params = tiny_model()
-    gen = GenerateConfig(max_new_tokens=40, sampling=SamplingConfig(temperature=temperature), ignore_eos=True)
-    dp = auto_params(SMALL, longspec_params(params, config, LS))
-    return config, params, gen, dp
+    gen = GenerateConfig(max_new_tokens=40, sampling=SamplingConfig(temperature=0.0), ignore_eos=True)
+    dp = auto_params(SMALL, longspec_params(params, config, SMALL.longspec))
+    prompts = repetitive_prompts()
+    ref = run(params, config, prompts, gen, ARDrafter())
+    tokens = jnp.asarray(np.stack([np.pad(p, (0, 64 - len(p))) for p in prompts]).astype(np.int32))
+    lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
+    cap = speculative.required_capacity(64, gen, SMALL)
+    start = jax.jit(functools.partial(speculative.start, config=config, drafter=SMALL, gen=gen, capacity=cap, chunk=64))
+
+    def decode(draft_params, force: int = -1):
+        state = start(params, dp, tokens=tokens, lengths=lengths, key=jax.random.key(0))
+        pol = dataclasses.replace(state.draft.policy, force=jnp.int32(force))
+        state = dataclasses.replace(state, draft=dataclasses.replace(state.draft, policy=pol))
+        return speculative.decode(params, draft_params, config, SMALL, gen, state, jnp.int32(100))
+
+    return dp, ref, decode
 
 
 def test_greedy_equals_ar_and_switches():
-    config, params, gen, dp = _decode_inputs(0.0)
-    prompts = repetitive_prompts()
-    ref = run(params, config, prompts, gen, ARDrafter())
+    dp, ref, decode = _engine()
     # Cheap speculation so the policy moves between candidates within a short run.
-    dp = {**dp, "costs": jnp.asarray([1.0, 1.05, 1.1, 1.1, 1.15])}
-    out = run(params, config, prompts, gen, SMALL, draft_params=dp)
+    out = decode({**dp, "costs": jnp.asarray([1.0, 1.05, 1.1, 1.15])})
     np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out))
     uses = np.asarray(out.draft.policy.uses)
     assert (uses > 0).sum() >= 2 and uses[1:].sum() > 0, uses
@@ -186,24 +225,14 @@ def test_greedy_equals_ar_and_switches():
 
 def test_every_candidate_forced_equals_ar_without_recompiling():
     """One compiled loop: forcing each candidate in turn (and new costs) reuses it, and each is lossless."""
-    config, params, gen, dp = _decode_inputs(0.0)
-    prompts = repetitive_prompts()
-    ref = np.asarray(run(params, config, prompts, gen, ARDrafter()).out)
-    tokens = jnp.asarray(np.stack([np.pad(p, (0, 64 - len(p))) for p in prompts]).astype(np.int32))
-    lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
-    cap = speculative.required_capacity(64, gen, SMALL)
-    start = jax.jit(functools.partial(speculative.start, config=config, drafter=SMALL, gen=gen, capacity=cap, chunk=64))
-    decode = speculative.decode
-    before = decode._cache_size()
+    dp, ref, decode = _engine()
+    decode(dp)  # compiled once (shared with the test above)
+    before = speculative.decode._cache_size()
     for c in range(len(SMALL.candidates)):
-        state = start(params, dp, tokens=tokens, lengths=lengths, key=jax.random.key(0))
-        pol = dataclasses.replace(state.draft.policy, force=jnp.int32(c))
-        state = dataclasses.replace(state, draft=dataclasses.replace(state.draft, policy=pol))
-        costs = {**dp, "costs": dp["costs"] * (1 + c)}
-        out = decode(params, costs, config, SMALL, gen, state, jnp.int32(100))
-        np.testing.assert_array_equal(np.asarray(out.out), ref, err_msg=SMALL.candidates[c].name)
+        out = decode({**dp, "costs": dp["costs"] * (1 + c)}, force=c)
+        np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out), err_msg=SMALL.candidates[c].name)
         assert int(np.asarray(out.draft.policy.uses)[c]) == int(out.steps)
-    assert decode._cache_size() == before + 1
+    assert speculative.decode._cache_size() == before
 
 
 def test_registry_and_bench_offer_auto():

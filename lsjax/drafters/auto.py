@@ -198,14 +198,15 @@ class AutoDrafter(Drafter):
     # ------------------------------------------------------------------------------------------ policy
 
     def _match(self, hist: History):
-        """(n [B] the n-gram of the most recent prompt-lookup match, 0 for none; tokens available after it)."""
+        """(n [B] the n-gram of the most recent prompt-lookup match, 0 for none; where its continuation starts;
+        tokens available after it)."""
         n = jnp.zeros(hist.length.shape, jnp.int32)
         start = jnp.zeros(hist.length.shape, jnp.int32)
         for g in range(self.pld_ngram, 0, -1):  # longer n-grams first, as PLDDrafter does
             f, s = find_continuation(hist.tokens, hist.length, g, 1)
             take = (n == 0) & f
             n, start = jnp.where(take, g, n), jnp.where(take, s, start)
-        return n, jnp.maximum(hist.length - start, 0)
+        return n, start, jnp.maximum(hist.length - start, 0)
 
     def _rows(self, c: Candidate, n, avail):
         """Per row: (family index [B], depth limit [B], valid [B]) of candidate c given the match."""
@@ -243,7 +244,7 @@ class AutoDrafter(Drafter):
 
     def choose(self, ctx: DraftContext, state) -> jax.Array:
         ds: AutoState = state.draft
-        n, avail = self._match(ds.pld)
+        n, _, avail = self._match(ds.pld)
         active = (~state.done).astype(jnp.float32)
         return self.decide(ds.policy, ctx.draft_params["costs"], n, avail, active, state.steps)
 
@@ -251,6 +252,8 @@ class AutoDrafter(Drafter):
         """The candidate to run: the best expected tokens per second, unless a probe is due (module doc)."""
         score = self._scores(costs, pol, n, avail, active)
         greedy = jnp.argmax(score).astype(jnp.int32)
+        if not _members(self).shape[0]:  # nothing to probe (AR and prompt lookup only)
+            return jnp.where(pol.force >= 0, pol.force, greedy).astype(jnp.int32)
         hopeful = self._scores(costs, pol, n, avail, active, self.policy.optimism)
         # Each group's most hopeful member is its probe: it could beat the greedy choice if its rates sit at the
         # top of their confidence range.
@@ -261,14 +264,59 @@ class AutoDrafter(Drafter):
         choice = jnp.where(jnp.any(probe), reps[jnp.argmax(probe)], greedy)
         return jnp.where(pol.force >= 0, pol.force, choice).astype(jnp.int32)
 
-    def observe(self, ctx: DraftContext, state, ds: AutoState, verdict: Verdict, index: int) -> AutoState:
-        """Every sub-drafter sees the committed tokens; the candidate that ran updates its family's rates."""
+    def update(self, ctx: DraftContext, state, ds: AutoState, verdict: Verdict) -> AutoState:
+        """After the engine's commit (once per step, whichever candidate ran; `verdict` is the accepted path as
+        a chain, `verdict.extras` the candidate's index): every sub-drafter sees the committed tokens, the
+        candidate that ran updates its family's rates, and prompt lookup learns from the committed tokens."""
         pld = self._pld(max(self.pld_tokens)).update(ctx, state, ds.pld, verdict)
         ring = self.longspec.update(_sub(ctx), state, ds.ring, verdict) if self.longspec is not None else ()
-        n, avail = self._match(ds.pld)  # the match the step was chosen and drafted with (old history)
+        n, start, avail = self._match(ds.pld)  # the match the step was chosen and drafted with (old history)
         costs = ctx.draft_params["costs"]
-        pol = self.learn(ds.policy, index, costs, n, avail, verdict.num_accepted, verdict.count > 0, state.steps)
+        active = verdict.count > 0
+        # One small branch per candidate: the policy state is a few hundred floats, so this switch is cheap.
+        learners = [functools.partial(self._learn_at, i) for i in range(len(self.candidates))]
+        operands = (ds.policy, costs, n, avail, verdict.num_accepted, active, state.steps)
+        pol = jax.lax.switch(verdict.extras, learners, *operands)
+        # What prompt lookup would have proposed, against what was emitted (a prompt-lookup step taught itself).
+        D = self.max_depth
+        idx = jnp.clip(start[:, None] + jnp.arange(D)[None], 0, ds.pld.tokens.shape[1] - 1)
+        proposal = jnp.take_along_axis(ds.pld.tokens, idx, axis=1)
+        shadowed = self.shadow(pol, n, avail, proposal, verdict.emitted()[:, :D], verdict.count)
+        ran_pld = jnp.asarray([c.kind == "pld" for c in self.candidates])[verdict.extras]
+        pol = jax.tree.map(lambda a, b: jnp.where(ran_pld, a, b), pol, shadowed)
         return AutoState(pld, ring, pol)
+
+    def _learn_at(self, index: int, pol, costs, n, avail, accepted, active, steps) -> PolicyState:
+        return self.learn(pol, index, costs, n, avail, accepted, active, steps)
+
+    def _observe(self, pol: PolicyState, fam, trial, hit) -> PolicyState:
+        """Adds rows' observations (family fam [B]; trial, hit [B, D] per depth) to the decayed counts."""
+        onehot = jax.nn.one_hot(fam, pol.succ.shape[0], dtype=jnp.float32)  # [B, F]
+        add_t = jnp.einsum("bf,bd->fd", onehot, trial.astype(jnp.float32))
+        add_s = jnp.einsum("bf,bd->fd", onehot, hit.astype(jnp.float32))
+        seen = add_t > 0  # only what was observed forgets: an idle family keeps its estimate
+        g = self.policy.decay
+        return dataclasses.replace(
+            pol,
+            succ=jnp.where(seen, g * pol.succ + add_s, pol.succ),
+            trials=jnp.where(seen, g * pol.trials + add_t, pol.trials),
+        )
+
+    def shadow(self, pol: PolicyState, n, avail, proposal, emitted, count) -> PolicyState:
+        """Prompt lookup's rates from a step it did not run: its proposal [B, D] (the continuation of the match
+        the step saw) against the emitted tokens [B, D] (the first count [B] valid). Whatever ran, the emitted
+        tokens are the target's own (T = 0: its greedy choices; T > 0: draws from its distribution), and a
+        prompt-lookup child is accepted exactly when it equals that token (greedy or sample-and-match): so
+        depth d is observed, without bias, whenever d <= count. Free, so prompt lookup is never probed."""
+        D = proposal.shape[1]
+        d = jnp.arange(1, D + 1)[None]
+        same = (proposal == emitted) & (d <= avail[:, None]) & (d <= count[:, None])
+        matched = jnp.sum(jnp.cumprod(same, axis=1), axis=1)  # [B] leading depths that would be accepted
+        valid = (n > 0) & (count > 0)
+        trial = valid[:, None] & (d <= count[:, None]) & (d <= avail[:, None]) & (matched[:, None] >= d - 1)
+        hit = trial & (matched[:, None] >= d)
+        fam = self.families.index("pld1") + jnp.maximum(n - 1, 0)
+        return self._observe(pol, fam, trial, hit)
 
     def learn(self, pol: PolicyState, index: int, costs, n, avail, accepted, active, steps) -> PolicyState:
         """Policy state after candidate `index` ran and rows accepted `accepted` [B] nodes (`active` [B] rows
@@ -281,17 +329,9 @@ class AutoDrafter(Drafter):
         valid = active & (valid | (c.kind == "hybrid"))
         d = jnp.arange(1, pol.succ.shape[1] + 1)[None]  # [1, D]
         trial = valid[:, None] & (d <= limit[:, None]) & (accepted[:, None] >= d - 1)  # [B, D]
-        hit = trial & (accepted[:, None] >= d)
-        onehot = jax.nn.one_hot(fam, pol.succ.shape[0], dtype=jnp.float32)  # [B, F]
-        add_t = jnp.einsum("bf,bd->fd", onehot, trial.astype(jnp.float32))
-        add_s = jnp.einsum("bf,bd->fd", onehot, hit.astype(jnp.float32))
-        seen = add_t > 0  # only what was observed forgets: an idle family keeps its estimate
-        g = self.policy.decay
-        pol = dataclasses.replace(
-            pol,
-            succ=jnp.where(seen, g * pol.succ + add_s, pol.succ),
-            trials=jnp.where(seen, g * pol.trials + add_t, pol.trials),
-        )
+        pol = self._observe(pol, fam, trial, trial & (accepted[:, None] >= d))
+        if c.group < 0:
+            return pol
         # Back off probing a group the new estimates still rank below the rest; probe it again soon if it wins.
         score = self._scores(costs, pol, n, avail, active.astype(jnp.float32))
         mine = np.asarray(_members(self)[c.group])
@@ -337,9 +377,6 @@ class _Step(Drafter):
             return c.drafter.propose(_sub(ctx), state, draft_state.ring, key)
         return c.drafter.propose(_sub(ctx), state, (draft_state.pld, draft_state.ring), key)
 
-    def update(self, ctx: DraftContext, state, draft_state: AutoState, verdict: Verdict) -> AutoState:
-        return self.auto.observe(ctx, state, draft_state, verdict, self.index)
-
 
 def _sub(ctx: DraftContext) -> DraftContext:
     """The context the LongSpec sub-drafters see: their own params, not auto's {"longspec", "costs"} dict."""
@@ -363,16 +400,22 @@ def _families(auto: AutoDrafter) -> tuple[str, ...]:
 def _candidates(auto: AutoDrafter) -> tuple[Candidate, ...]:
     fams = _families(auto)
     out = [Candidate("ar", "ar", ARDrafter(), -1, -1)]
-    out += [Candidate(f"pld-{k}", "pld", auto._pld(k), 0, 0) for k in sorted(auto.pld_tokens)]
+    # Prompt lookup learns from every step for free (`AutoDrafter.shadow`): never probed.
+    out += [Candidate(f"pld-{k}", "pld", auto._pld(k), 0, -1) for k in sorted(auto.pld_tokens)]
     ls = auto.longspec
     if ls is not None:
-        chain = fams.index("ls-chain")
-        for k in sorted(auto.chains):
-            out.append(Candidate(f"ls-chain{k}", "ls", dataclasses.replace(ls, tree=TreeConfig((1,) * k)), chain, 1))
-        out.append(Candidate("ls-tree", "ls", ls, fams.index("ls-tree"), 2))
+        groups = 0  # probe groups, numbered densely in order
+        if auto.chains:
+            chain = fams.index("ls-chain")
+            for k in sorted(auto.chains):
+                tree = TreeConfig((1,) * k)
+                out.append(Candidate(f"ls-chain{k}", "ls", dataclasses.replace(ls, tree=tree), chain, groups))
+            groups += 1
+        out.append(Candidate("ls-tree", "ls", ls, fams.index("ls-tree"), groups))
+        groups += 1
         if auto.hybrid_pld:
             hyb = HybridDrafter(ls, auto._pld(auto.hybrid_pld))
-            out.append(Candidate("hybrid", "hybrid", hyb, fams.index("hybrid"), 3))
+            out.append(Candidate("hybrid", "hybrid", hyb, fams.index("hybrid"), groups))
     return tuple(out)
 
 
