@@ -175,7 +175,9 @@ def main(argv=None) -> int:
         if args.compare == "ar":
             baseline = Generator(model.config, model.params, backend=args.backend).generate(ids, gen, seed=args.seed)
         if args.json and method != "ar":
-            split = generator.time_split(ids, gen, seed=args.seed)
+            from lsjax.bench.profiling import time_split
+
+            split = time_split(generator, ids, gen, seed=args.seed)
     except (LsjaxError, FileNotFoundError) as e:
         fail(str(e))
 
