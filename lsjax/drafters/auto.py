@@ -1,7 +1,8 @@
 """`--method auto`: an adaptive, hardware-aware speculation policy that picks a whole step per iteration.
 
 A small static tuple of candidate steps is compiled once into the engine's loop (`Drafter.step_variants`;
-the engine `lax.switch`es over them, so a small tree costs only its own small verification):
+the engine `lax.switch`es over their drafting and verification, so a small tree costs only its own small
+verification, and candidates with equal node counts share one compiled forward):
 
     ar                   one token per forward
     pld-4, pld-8         prompt-lookup chains
@@ -13,21 +14,24 @@ Each step runs the candidate with the highest expected tokens per second,
 
     E[accepted + 1] / cost,    cost = the device's measured seconds per step of that candidate (`costs`)
 
-Acceptance is estimated online from the steps actually taken: per *family* and depth d, a decayed count of
-"node d accepted | node d - 1 accepted" (truncations of one family share it: pld-4 teaches pld-8's first four
-depths). Prompt lookup's family is keyed by the n-gram its match used (a 3-gram match is far more reliable
-than a 1-gram one), and the match is found before choosing, so a step without one never pays for an empty
-chain. Families start from a prior (a few pseudo-observations) and forget with a ~20-observation window.
+Acceptance is estimated online: per *family* and depth d, a decayed count of "node d accepted | node d - 1
+accepted" (truncations of one family share it: pld-4 teaches pld-8's first four depths). Prompt lookup's
+family is keyed by the n-gram its match used (a 3-gram match is far more reliable than a 1-gram one), and
+the match is found before choosing, so a step without one never pays for an empty chain. Families start from
+a prior (a few pseudo-observations) and forget with a ~20-observation window.
 
-Exploration: a probe group (pld, ls-chain, ls-tree, hybrid) not being played is probed when its probe is due:
-its most hopeful candidate (rates + a binomial confidence width) runs once. A probe that leaves the group
-ranked below the rest doubles its interval (8 .. 64 steps), one that makes it win resets it. This bounds
-what exploration costs when AR is best and notices when the text changes (prose, then code). Everything is a
-deterministic function of the decode state: the same seed gives the same choices.
+Prompt lookup learns from every step, whichever candidate ran (`AutoDrafter.shadow`): its would-be proposal
+is compared with the tokens the step emitted, which are the target's own, so acceptance up to the step's
+length is observed exactly and for free. The draft's families learn only when they run, so they are probed:
+a probe group (ls-chain, ls-tree, hybrid) not being played is probed when its probe is due, its most hopeful
+candidate (rates + a binomial confidence width) running once. A probe that leaves the group ranked below the
+rest doubles its interval (8 .. 64 steps), one that makes it win resets it. This bounds what exploration
+costs when AR is best and notices when the text changes (prose, then code). Everything is a deterministic
+function of the decode state: the same seed gives the same choices.
 
 Lossless whatever it picks: every candidate is a valid tree drafted without the verification key, and the
 choice only looks at the committed history. Every sub-drafter's state (PLD's token history, LongSpec's ring)
-is updated from every verdict, whichever candidate ran.
+is updated once per step from the committed path, whichever candidate ran (`update`).
 
 Costs reach the jitted step as an array in the draft params (`draft_params["costs"]`, one entry per
 candidate), so a measured profile replaces the prior without recompiling (`lsjax.drafters.auto_profile`).
@@ -162,6 +166,14 @@ class AutoDrafter(Drafter):
     def step_variants(self) -> tuple[Drafter, ...]:
         return tuple(_Step(self, i) for i in range(len(self.candidates)))
 
+    def _costs(self, ctx: DraftContext) -> jax.Array:
+        """The per-candidate costs in the draft params; the built-in prior when none were given (`()`)."""
+        if isinstance(ctx.draft_params, dict) and "costs" in ctx.draft_params:
+            return ctx.draft_params["costs"]
+        from lsjax.drafters.auto_profile import prior_costs
+
+        return jnp.asarray(prior_costs(self), jnp.float32)
+
     def _pld(self, num_tokens: int) -> PLDDrafter:
         return PLDDrafter(num_tokens=num_tokens, ngram_max=self.pld_ngram)
 
@@ -246,7 +258,7 @@ class AutoDrafter(Drafter):
         ds: AutoState = state.draft
         n, _, avail = self._match(ds.pld)
         active = (~state.done).astype(jnp.float32)
-        return self.decide(ds.policy, ctx.draft_params["costs"], n, avail, active, state.steps)
+        return self.decide(ds.policy, self._costs(ctx), n, avail, active, state.steps)
 
     def decide(self, pol: PolicyState, costs, n, avail, active, steps) -> jax.Array:
         """The candidate to run: the best expected tokens per second, unless a probe is due (module doc)."""
@@ -271,7 +283,7 @@ class AutoDrafter(Drafter):
         pld = self._pld(max(self.pld_tokens)).update(ctx, state, ds.pld, verdict)
         ring = self.longspec.update(_sub(ctx), state, ds.ring, verdict) if self.longspec is not None else ()
         n, start, avail = self._match(ds.pld)  # the match the step was chosen and drafted with (old history)
-        costs = ctx.draft_params["costs"]
+        costs = self._costs(ctx)
         active = verdict.count > 0
         # One small branch per candidate: the policy state is a few hundred floats, so this switch is cheap.
         learners = [functools.partial(self._learn_at, i) for i in range(len(self.candidates))]
@@ -380,7 +392,8 @@ class _Step(Drafter):
 
 def _sub(ctx: DraftContext) -> DraftContext:
     """The context the LongSpec sub-drafters see: their own params, not auto's {"longspec", "costs"} dict."""
-    return dataclasses.replace(ctx, draft_params=ctx.draft_params.get("longspec"))
+    dp = ctx.draft_params
+    return dataclasses.replace(ctx, draft_params=dp.get("longspec") if isinstance(dp, dict) else None)
 
 
 def _prior(family: str, depth: int, greedy: bool) -> list[float]:

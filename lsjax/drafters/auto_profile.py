@@ -30,7 +30,7 @@ import numpy as np
 
 FORMAT = 1
 STEPS = 4  # forced steps per timing
-REPEATS = 3
+REPEATS = 5
 # Verification cost vs nodes (log2 scale), in 1-token forwards; drafting in the same unit.
 _NODES = (1, 2, 4, 8, 16, 32)
 _VERIFY = (1.0, 1.34, 1.52, 1.72, 2.36, 3.8)

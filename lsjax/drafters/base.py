@@ -20,9 +20,13 @@ explicit state `S` (any pytree; `()` for stateless drafters):
   `Verdict`: which nodes were accepted, how many tokens each row committed, the bonus token.
 
 * `step_variants` lets one drafter pick among trees of different static shapes at every step (the adaptive
-  `auto` policy): the engine runs `lax.switch(choose(ctx, state), ...)` over one whole step per variant, so a
-  small tree costs a small verification (no padding to the largest). Every variant shares the drafter's state
-  (same pytree), so each variant's `update` keeps all of it current. Empty (the default): a fixed-shape step.
+  `auto` policy): the engine runs `lax.switch(choose(ctx, state), ...)` over the variants' drafting and
+  verification only, so a small tree costs a small verification (no padding to the largest); variants with
+  the same node count share one compiled forward. The variants' `propose` read the drafter's state; their
+  `init`/`update` are never called. The commit and the drafter's own `update` run once after the switch, with
+  `lsjax.speculative.chain_verdict`: the accepted path as a chain (`verdict.tree` holds the path's tokens,
+  `verdict.path` = 0, 1, ..., padded to the deepest variant) and `verdict.extras` = the variant's index.
+  Variants cannot ask for `verify_extras`. Empty (the default): a fixed-shape step.
 
 `ctx` is a `DraftContext` bundling params, configs and static sizes, so signatures stay short and every
 drafter sees the same things.
