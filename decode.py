@@ -52,7 +52,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         + "; ".join(f"{m.name} ({m.help})" if m.help else m.name for m in methods)
         + ". Default: longspec when a draft for the target is found, else ar",
     )
-    p.add_argument("--draft", help="a LongSpec draft checkpoint (directory) for --method longspec|hybrid")
+    p.add_argument(
+        "--cost-profile",
+        choices=("cached", "measure", "prior"),
+        default="cached",
+        help="auto: per-candidate step costs of this device; cached = measured once per prompt bucket (~15 s, "
+        "in $LSJAX_PROFILE_DIR or ~/.cache/lsjax/profiles) then reused; measure = measure again; prior = the "
+        "built-in estimate, never measure",
+    )
+    p.add_argument("--draft", help="a LongSpec draft checkpoint (directory) for --method auto|longspec|hybrid")
     p.add_argument(
         "--tree",
         default=None,
@@ -144,11 +152,14 @@ def main(argv=None) -> int:
         else:
             ids = tok.encode(text)
         check_prompt(model.config, ids, gen.max_new_tokens)
+        # auto stays opt-in until its step costs no more than AR's (see the closing note of 2026-11-23).
         method = args.method or ("longspec" if args.draft or default_draft_path(model.path) else "ar")
         drafter, draft_params = registry.build(
             method, model, draft=args.draft, tree=args.tree, pld_tokens=args.pld_tokens, pld_ngram=args.pld_ngram
         )
-        generator = Generator(model.config, model.params, drafter, draft_params, backend=args.backend)
+        generator = Generator(
+            model.config, model.params, drafter, draft_params, backend=args.backend, cost_profile=args.cost_profile
+        )
         if not args.json:
             print(
                 f"[lsjax] {model.path.name}: {len(ids)} prompt tokens, method {method}, "
@@ -164,7 +175,9 @@ def main(argv=None) -> int:
         if args.compare == "ar":
             baseline = Generator(model.config, model.params, backend=args.backend).generate(ids, gen, seed=args.seed)
         if args.json and method != "ar":
-            split = generator.time_split(ids, gen, seed=args.seed)
+            from lsjax.bench.profiling import time_split
+
+            split = time_split(generator, ids, gen, seed=args.seed)
     except (LsjaxError, FileNotFoundError) as e:
         fail(str(e))
 
@@ -185,6 +198,8 @@ def main(argv=None) -> int:
     }
     if split:
         summary.update(split)
+    if result.drafter_stats:
+        summary.update(result.drafter_stats)
     if baseline is not None:
         speedup = result.tokens_per_s / baseline.tokens_per_s if baseline.tokens_per_s else 0.0
         summary.update(

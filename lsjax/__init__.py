@@ -7,12 +7,14 @@ The public API — pure functions under `jax.jit`, frozen configs static:
     ModelConfig, GenerateConfig, SamplingConfig, DraftConfig, TreeConfig
     ARDrafter, PLDDrafter, LongSpecDrafter,       proposers on one verify engine
     HybridDrafter (LongSpec tree + PLD chain)
+    AutoDrafter, auto_params                      per step, the candidate with the most expected tokens/s
     load_model                                    GGUF / HF safetensors -> config, params, tokenizer
 """
 
 from lsjax.api import GenerateOutput, SpecConfig, generate
 from lsjax.config import DraftConfig, GenerateConfig, ModelConfig, SamplingConfig
 from lsjax.decoding import DecodeState, prefill
+from lsjax.drafters.auto import AutoDrafter, auto_params
 from lsjax.drafters.base import ARDrafter, Drafter
 from lsjax.drafters.hybrid import HybridDrafter
 from lsjax.drafters.longspec import LongSpecDrafter
@@ -23,6 +25,7 @@ from lsjax.tree import TreeConfig
 
 __all__ = [
     "ARDrafter",
+    "AutoDrafter",
     "DecodeState",
     "DraftConfig",
     "Drafter",
@@ -35,6 +38,7 @@ __all__ = [
     "SamplingConfig",
     "SpecConfig",
     "TreeConfig",
+    "auto_params",
     "commit_phase",
     "decode",
     "draft_phase",

@@ -38,6 +38,8 @@ class GenerationResult:
     target_forwards: int  # prefill counts as one
     stop_reason: str  # "eos" | "max_new_tokens"
     method: str = "ar"
+    # Drafter diagnostics (auto: steps run by each candidate), from `drafter.summary(draft_state)` if it has one.
+    drafter_stats: dict | None = None
 
     @property
     def new_tokens(self) -> int:
@@ -70,13 +72,23 @@ class Generator:
     """Compiles prefill + decode for one model and one drafter (AR by default) and runs prompts through them."""
 
     def __init__(
-        self, config: ModelConfig, params, drafter: Drafter = ARDrafter(), draft_params=None, *, backend: str = "auto"
+        self,
+        config: ModelConfig,
+        params,
+        drafter: Drafter = ARDrafter(),
+        draft_params=None,
+        *,
+        backend: str = "auto",
+        cost_profile: str = "cached",
     ):
         self.config = config
         self.params = jax.tree.map(jnp.asarray, target.prepare_for_decode(params, config))
         self.draft_params = jax.tree.map(jnp.asarray, draft_params) if draft_params is not None else ()
         self.drafter = drafter
         self.backend = backend
+        # auto's per-device costs: "cached" (measured once per bucket, then read from disk), "measure", "prior".
+        self.cost_profile = cost_profile
+        self._costs: dict = {}
         self._compiled: dict = {}
 
     def _compile(self, bucket: int, capacity: int, gen: GenerateConfig, key):
@@ -129,11 +141,12 @@ class Generator:
         )
         jax.block_until_ready(state.num_out)
         prefill_s = time.perf_counter() - t0
+        draft_params = self._draft_params(gen, buf.shape[1], state, decode)
 
         t0 = time.perf_counter()
         emitted = 0
         if on_tokens is None:
-            state = decode(self.params, self.draft_params, state, jnp.int32(gen.max_new_tokens))
+            state = decode(self.params, draft_params, state, jnp.int32(gen.max_new_tokens))
         else:
             limit = 0
             while True:
@@ -144,7 +157,7 @@ class Generator:
                 if bool(state.done[0]):
                     break
                 limit += stream_every
-                state = decode(self.params, self.draft_params, state, jnp.int32(limit))
+                state = decode(self.params, draft_params, state, jnp.int32(limit))
         jax.block_until_ready(state.num_out)
         decode_s = time.perf_counter() - t0
 
@@ -160,85 +173,18 @@ class Generator:
             target_forwards=1 + int(state.steps),
             stop_reason="eos" if tokens and tokens[-1] in stops else "max_new_tokens",
             method=self.drafter.name,
+            drafter_stats=self.drafter.summary(state.draft) if hasattr(self.drafter, "summary") else None,
         )
 
-    def _phases(self, bucket: int, capacity: int, gen: GenerateConfig, drafter: Drafter):
-        # Cached per shape signature like the fused programs, so profiling many prompts compiles once per bucket.
-        sig = ("phases", bucket, capacity, gen)
-        if sig in self._compiled:
-            return self._compiled[sig]
-        config, backend = self.config, self.backend
+    def _draft_params(self, gen: GenerateConfig, bucket: int, state, decode):
+        """The draft params for this prompt: auto's carry the device's per-candidate costs at this bucket (an
+        array: a new profile never recompiles); measured before the timed decode, once per bucket and cached."""
+        if not isinstance(self.draft_params, dict) or "costs" not in self.draft_params:
+            return self.draft_params
+        from lsjax.drafters.auto_profile import profile_costs
 
-        def ctx(tp, dp):
-            return speculative.context(tp, dp, config, gen, capacity, backend)
-
-        draft = jax.jit(lambda tp, dp, st: speculative.draft_phase(ctx(tp, dp), drafter, st))
-        verify = jax.jit(lambda tp, dp, st, tr: speculative.verify_phase(ctx(tp, dp), drafter, gen, st, tr))
-        commit = jax.jit(  # donated, as in the fused step: the cache is updated in place, not copied
-            lambda tp, dp, st, v: speculative.commit_phase(ctx(tp, dp), drafter, gen, st, v),
-            donate_argnums=(2,),
-        )
-        self._compiled[sig] = (draft, verify, commit)
-        return self._compiled[sig]
-
-    def state_nbytes(self, prompt_len: int, gen: GenerateConfig) -> dict[str, int]:
-        """Bytes of the decode state for a prompt of this length: the target's KV cache and the drafter's own
-        state (ring cache, token history; 0 for AR). Shapes are static, so this is also their peak."""
-        gen = dataclasses.replace(gen, max_new_tokens=min(gen.max_new_tokens, self.config.max_position - prompt_len))
-        bucket = decoding.prompt_bucket(prompt_len)
-        capacity = speculative.required_capacity(bucket, gen, self.drafter)
-        shape = jax.eval_shape(
-            functools.partial(
-                speculative.start,
-                config=self.config,
-                drafter=self.drafter,
-                gen=gen,
-                capacity=capacity,
-                backend=self.backend,
-            ),
-            self.params,
-            self.draft_params,
-            tokens=jax.ShapeDtypeStruct((1, bucket), jnp.int32),
-            lengths=jax.ShapeDtypeStruct((1,), jnp.int32),
-            key=jax.random.key(0),
-        )
-
-        def nbytes(tree) -> int:
-            return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
-
-        return {"kv_cache": nbytes(shape.cache), "draft": nbytes(shape.draft)}
-
-    def time_split(self, prompt_ids: list[int], gen: GenerateConfig, seed: int = 0, steps: int = 16) -> dict:
-        """Mean ms per step spent drafting, verifying (target forward + acceptance) and committing, measured
-        by running the step's three phases as separate jitted calls for `steps` steps (the fused step used
-        for the real timings runs them in one program, so this split is a profile, not the total)."""
-        gen, P, buf, key, (start, _, drafter), _ = self._prepare(prompt_ids, gen, seed)
-        state = start(
-            self.params, self.draft_params, tokens=jnp.asarray(buf), lengths=jnp.array([P], jnp.int32), key=key
-        )
-        bucket = buf.shape[1]
-        draft, verify, commit = self._phases(
-            bucket, speculative.required_capacity(bucket, gen, self.drafter), gen, drafter
-        )
-        totals = np.zeros(3)
-        counted = 0
-        for i in range(steps + 1):  # step 0 compiles and is not counted
-            if bool(state.done[0]):
-                break
-            t0 = time.perf_counter()
-            tree = jax.block_until_ready(draft(self.params, self.draft_params, state))
-            t1 = time.perf_counter()
-            verified = jax.block_until_ready(verify(self.params, self.draft_params, state, tree))
-            t2 = time.perf_counter()
-            state = jax.block_until_ready(commit(self.params, self.draft_params, state, verified))
-            t3 = time.perf_counter()
-            if i > 0:
-                totals += (t1 - t0, t2 - t1, t3 - t2)
-                counted += 1
-        ms = totals / max(counted, 1) * 1e3
-        return {
-            "draft_ms": round(ms[0], 3),
-            "verify_ms": round(ms[1], 3),
-            "commit_ms": round(ms[2], 3),
-            "steps_profiled": counted,
-        }
+        key = (bucket, gen.sampling)
+        if key not in self._costs:
+            mode = self.cost_profile
+            self._costs[key] = jnp.asarray(profile_costs(self, gen, bucket, state, decode, mode), jnp.float32)
+        return {**self.draft_params, "costs": self._costs[key]}

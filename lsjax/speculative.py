@@ -11,6 +11,15 @@ tree under its ancestor mask); `accept` walks the tree; the accepted path's K/V
 new root. AR and speculative decoding share every line of this loop, so
 comparisons between them measure the method, not two code paths.
 
+A drafter with `step_variants` (the adaptive `auto` policy) picks one variant
+per step with `lax.switch` (`switched_step`). Only drafting, verification and
+the walk run inside the switch, and each branch returns the same small result:
+the accepted path's tokens and K/V padded to the deepest variant's depth. The
+cache commit, the emit and the drafter's update run once, after the switch: a
+big buffer threaded through a conditional's outputs is copied at its boundary
+(XLA CPU copied the whole target cache ~8 times per step that way), while one
+only read inside the branches is not.
+
 For profiling, `draft_phase`, `verify_phase` and `commit_phase` are the same
 step cut in three jittable pieces (`lsjax.generation` times them separately).
 Each step's drafting and verification keys are derived from `state.key` by
@@ -28,6 +37,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lsjax import decoding
 from lsjax.cache import KVCache, commit
@@ -35,7 +45,7 @@ from lsjax.config import GenerateConfig
 from lsjax.decoding import DecodeState
 from lsjax.drafters.base import ARDrafter, DraftContext, Drafter, Verdict
 from lsjax.errors import LsjaxError
-from lsjax.tree import Tree
+from lsjax.tree import Tree, chain_parents
 from lsjax.verify import accept, gather_path_kv, tree_forward
 
 
@@ -60,10 +70,13 @@ def draft_phase(ctx: DraftContext, drafter: Drafter, state: DecodeState) -> Tree
 def verify_phase(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState, tree: Tree):
     """Target forward over the tree + acceptance. Returns (verdict, path_k, path_v) with the path's K/V
     [L, B, max_depth + 1, K, H] for the commit."""
+    extras = functools.partial(drafter.verify_extras, ctx)
+    return _verify(ctx, gen, state, tree, drafter.max_depth, _levels(drafter), extras)
+
+
+def _verify(ctx: DraftContext, gen: GenerateConfig, state: DecodeState, tree: Tree, max_depth: int, levels, extras):
     hidden, logits, new_k, new_v = tree_forward(ctx.target_params, ctx.config, tree, state.cache, backend=ctx.backend)
-    path, num_accepted, bonus = accept(
-        tree, logits, gen.sampling, step_keys(state.key)[2], drafter.max_depth, _levels(drafter)
-    )
+    path, num_accepted, bonus = accept(tree, logits, gen.sampling, step_keys(state.key)[2], max_depth, levels)
     active = ~state.done
     num_accepted = jnp.where(active, num_accepted, 0)
     path = jnp.where(active[:, None], path, 0)
@@ -73,10 +86,15 @@ def verify_phase(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state
         num_accepted=num_accepted,
         bonus=jnp.where(active, bonus, state.root),
         count=jnp.where(active, num_accepted + 1, 0),
-        extras=drafter.verify_extras(ctx, tree, hidden, logits),
+        extras=extras(tree, hidden, logits),
     )
     path_k, path_v = gather_path_kv(new_k, new_v, path)
-    return verdict, path_k, path_v
+    # The commit must wait for the walk. An AR path (the root) is known before the forward ends, so XLA
+    # scheduled the cache write ahead of the last layers' attention reads of that cache and then copied the
+    # whole cache twice per step to keep those reads intact (an optimization_barrier does not survive to
+    # copy insertion on CPU). A select on the bonus token, which comes out of the LM head, orders it.
+    after = (verdict.bonus >= 0)[None, :, None, None, None]
+    return verdict, jnp.where(after, path_k, 0), jnp.where(after, path_v, 0)
 
 
 def commit_phase(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState, verified) -> DecodeState:
@@ -107,10 +125,106 @@ def commit_phase(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state
     return dataclasses.replace(new_state, draft=draft)
 
 
-def spec_step(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState) -> DecodeState:
+def fixed_step(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState) -> DecodeState:
     tree = draft_phase(ctx, drafter, state)
     verified = verify_phase(ctx, drafter, gen, state, tree)
     return commit_phase(ctx, drafter, gen, state, verified)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PathResult:
+    """One switched variant's outcome, shaped alike for every variant: the accepted path padded to A =
+    the deepest variant's depth + 1 (entries past `count` are junk the commit writes past the length)."""
+
+    tokens: jax.Array  # [B, A] the path's tokens, root first
+    num_accepted: jax.Array  # [B]
+    bonus: jax.Array  # [B]
+    count: jax.Array  # [B] tokens to commit (0 for finished rows)
+    k: jax.Array  # [L, B, A, K, H] the path's K/V
+    v: jax.Array
+
+
+def _stochastic(tree: Tree, vocab_size: int) -> Tree:
+    """A deterministic tree in a sampled tree's layout: no sampled node (so verification runs sample-and-match
+    at every node, as for the tree itself) and an unused q."""
+    B, T = tree.tokens.shape
+    logq = jnp.full((B, T, vocab_size), -jnp.inf, jnp.float32)
+    return dataclasses.replace(tree, logq=logq, sampled=jnp.zeros((B, T), bool))
+
+
+def _group_path(ctx, gen, variants, depth: int, operand) -> PathResult:
+    """Variants with the same node count share one verification forward: an inner switch drafts the chosen
+    one's tree, one target forward over T nodes verifies it (tokens, depths and the mask are arrays)."""
+    state, member = operand
+    trees = [jax.eval_shape(functools.partial(draft_phase, ctx, v), state) for v in variants]
+    stochastic = any(t.stochastic for t in trees)
+
+    def draft(v, state):
+        tree = draft_phase(ctx, v, state)
+        return _stochastic(tree, ctx.config.vocab_size) if stochastic and not tree.stochastic else tree
+
+    if len(variants) == 1:
+        tree, max_depth, levels = draft(variants[0], state), variants[0].max_depth, _levels(variants[0])
+    else:
+        tree = jax.lax.switch(member, [functools.partial(draft, v) for v in variants], state)
+        max_depth, levels = max(v.max_depth for v in variants), None  # the walk checks every node's depth
+    verdict, path_k, path_v = _verify(ctx, gen, state, tree, max_depth, levels, lambda *_: ())
+    pad = depth - max_depth
+    kv_pad = ((0, 0), (0, 0), (0, pad), (0, 0), (0, 0))
+    return PathResult(
+        jnp.pad(verdict.path_tokens, ((0, 0), (0, pad))),
+        verdict.num_accepted,
+        verdict.bonus,
+        verdict.count,
+        jnp.pad(path_k, kv_pad),
+        jnp.pad(path_v, kv_pad),
+    )
+
+
+def chain_verdict(path: PathResult, extras=()) -> Verdict:
+    """The accepted path as the verdict of a chain tree: what a switched drafter's `update` sees (it reads the
+    accepted tokens, never the variant's node indices)."""
+    B, A = path.tokens.shape
+    idx = jnp.arange(A, dtype=jnp.int32)
+    valid = idx[None] <= path.num_accepted[:, None]
+    tree = Tree(
+        path.tokens,
+        jnp.broadcast_to(jnp.asarray(chain_parents(A)), (B, A)),
+        jnp.broadcast_to(idx, (B, A)),
+        valid,
+        (idx[:, None] >= idx[None, :])[None] & valid[:, :, None] & valid[:, None, :],
+    )
+    return Verdict(tree, jnp.where(valid, idx, 0), path.num_accepted, path.bonus, path.count, extras)
+
+
+def switched_step(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState) -> DecodeState:
+    """One step of a drafter with `step_variants`: the chosen variant drafts and verifies inside a `lax.switch`
+    (its own static tree: a small tree pays only its own verification; variants with equal node counts share
+    one compiled forward); the commit and `drafter.update` (with `chain_verdict(path, extras=index)`) run once
+    after it (module doc: why the cache stays out)."""
+    variants = drafter.step_variants()
+    for v in variants:
+        if type(v).verify_extras is not Drafter.verify_extras:
+            raise TypeError(f"{drafter.name}: a step variant cannot ask for verify_extras ({type(v).__name__})")
+    depth = max(v.max_depth for v in variants)
+    sizes = list(dict.fromkeys(v.num_nodes for v in variants))  # one group per node count, in first-seen order
+    groups = [[i for i, v in enumerate(variants) if v.num_nodes == n] for n in sizes]
+    where = np.zeros((len(variants), 2), np.int32)  # variant -> (group, member)
+    for g, members in enumerate(groups):
+        for m, i in enumerate(members):
+            where[i] = (g, m)
+    index = drafter.choose(ctx, state)
+    at = jnp.asarray(where)[index]
+    branches = [functools.partial(_group_path, ctx, gen, [variants[i] for i in members], depth) for members in groups]
+    path = jax.lax.switch(at[0], branches, (state, at[1]))
+    return commit_phase(ctx, drafter, gen, state, (chain_verdict(path, index), path.k, path.v))
+
+
+def spec_step(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState) -> DecodeState:
+    if drafter.step_variants():
+        return switched_step(ctx, drafter, gen, state)
+    return fixed_step(ctx, drafter, gen, state)
 
 
 def context(target_params, draft_params, config, gen: GenerateConfig, capacity: int, backend: str = "auto"):

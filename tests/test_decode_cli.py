@@ -56,9 +56,10 @@ def test_prompt_longer_than_context(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["pld", "hybrid"])
+@pytest.mark.parametrize("method", ["pld", "hybrid", "auto"])
 def test_json_run_matches_ar(method):
     draft = ["--draft", "random", "--tree", "2,1"] if method == "hybrid" else []
+    draft += ["--cost-profile", "prior"] if method == "auto" else []
     proc = decode(
         "--prompt",
         "def fibonacci(n):",

@@ -26,6 +26,7 @@ from scipy import stats
 from lsjax import speculative
 from lsjax.cache import KVCache
 from lsjax.config import DraftConfig, GenerateConfig, SamplingConfig
+from lsjax.drafters.auto import AutoDrafter, auto_params
 from lsjax.drafters.base import Drafter
 from lsjax.drafters.hybrid import HybridDrafter
 from lsjax.drafters.longspec import LongSpecDrafter
@@ -191,6 +192,11 @@ DRAFTERS = {
     "pld": PLDDrafter(num_tokens=3, ngram_max=2),
     "longspec": LongSpecDrafter(TreeConfig((2, 3, 2)), LS),
     "hybrid": HybridDrafter(LongSpecDrafter(TreeConfig((2, 2, 2)), LS), PLDDrafter(num_tokens=3, ngram_max=2)),
+    # The adaptive policy over AR, a PLD chain, a draft chain, the draft's tree and the hybrid: each row's steps
+    # switch between trees as the (batch-wide) estimates move.
+    "auto": AutoDrafter(
+        LongSpecDrafter(TreeConfig((2, 2, 2)), LS), pld_tokens=(3,), pld_ngram=2, chains=(2,), hybrid_pld=3
+    ),
 }
 SAMPLINGS = {
     "T1": SamplingConfig(temperature=1.0),
@@ -207,6 +213,10 @@ CASES = [pytest.param(d, s, N, id=f"{d}-{s}") for d, s in sorted(DEFAULT)] + [
 
 
 def draft_params_for(params, config, drafter):
+    if isinstance(drafter, AutoDrafter):
+        # AR priced out, so the first step drafts a tree (the depth histogram below needs one).
+        costs = [10.0] + [1.0] * (len(drafter.candidates) - 1)
+        return auto_params(drafter, longspec_params(params, config, drafter.longspec), costs)
     if isinstance(drafter, LongSpecDrafter | HybridDrafter):
         return longspec_params(params, config, getattr(drafter, "longspec", drafter))
     return ()

@@ -12,6 +12,7 @@ import dataclasses
 import time
 from typing import Protocol
 
+from lsjax.bench.profiling import state_nbytes, time_split
 from lsjax.config import GenerateConfig
 from lsjax.generation import Generator
 
@@ -64,10 +65,10 @@ class LsjaxMethod:
         return [len(c) for c in chunks[1:]], r.tokens  # chunks[0] is the token prefill emits
 
     def split(self, ids, gen, seed, steps: int) -> dict:
-        return self.generator.time_split(ids, self._gen(gen), seed=seed, steps=steps)
+        return time_split(self.generator, ids, self._gen(gen), seed=seed, steps=steps)
 
     def state_nbytes(self, num_tokens: int, gen) -> dict[str, int]:
-        return self.generator.state_nbytes(num_tokens, gen)
+        return state_nbytes(self.generator, num_tokens, gen)
 
 
 @dataclasses.dataclass

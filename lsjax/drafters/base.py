@@ -7,6 +7,8 @@ explicit state `S` (any pytree; `()` for stateless drafters):
     propose(ctx, state, draft_state: S, key) -> Tree
     verify_extras(ctx, tree, hidden, logits) -> E   optional: extra per-node outputs of the verify forward
     update(ctx, state, draft_state: S, verdict: Verdict[E]) -> S
+    step_variants() -> tuple[Drafter, ...]          optional: whole-step alternatives chosen per step
+    choose(ctx, state) -> int32 []                  (with step_variants) which variant runs this step
 
 * `propose` builds a tree rooted at `state.root` (the last emitted token, not yet in the cache). `key` is the
   drafting key: independent of the verification key by construction, so a tree sampled with it keeps
@@ -16,6 +18,15 @@ explicit state `S` (any pytree; `()` for stateless drafters):
   reaches `update` as `verdict.extras`.
 * `update` sees the decode state after the commit (its cache already holds the accepted tokens) and the
   `Verdict`: which nodes were accepted, how many tokens each row committed, the bonus token.
+
+* `step_variants` lets one drafter pick among trees of different static shapes at every step (the adaptive
+  `auto` policy): the engine runs `lax.switch(choose(ctx, state), ...)` over the variants' drafting and
+  verification only, so a small tree costs a small verification (no padding to the largest); variants with
+  the same node count share one compiled forward. The variants' `propose` read the drafter's state; their
+  `init`/`update` are never called. The commit and the drafter's own `update` run once after the switch, with
+  `lsjax.speculative.chain_verdict`: the accepted path as a chain (`verdict.tree` holds the path's tokens,
+  `verdict.path` = 0, 1, ..., padded to the deepest variant) and `verdict.extras` = the variant's index.
+  Variants cannot ask for `verify_extras`. Empty (the default): a fixed-shape step.
 
 `ctx` is a `DraftContext` bundling params, configs and static sizes, so signatures stay short and every
 drafter sees the same things.
@@ -97,6 +108,12 @@ class Drafter:
 
     def update(self, ctx: DraftContext, state, draft_state, verdict: Verdict) -> Any:
         return draft_state
+
+    def step_variants(self) -> tuple[Drafter, ...]:
+        return ()
+
+    def choose(self, ctx: DraftContext, state) -> jax.Array:
+        raise NotImplementedError
 
 
 @dataclasses.dataclass(frozen=True)

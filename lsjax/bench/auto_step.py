@@ -1,0 +1,107 @@
+"""What does one `auto` step cost? Each candidate forced inside auto's compiled loop vs the same drafter run as
+a fixed method vs AR, per step, interleaved and repeated in one run.
+
+    python -m lsjax.bench.auto_step                       # a 1K-2K dev code prompt, T=0
+    python -m lsjax.bench.auto_step --temperature 1 --task dialogue --bucket 2K-4K
+
+Prints ms per step and the ratio to a plain AR step measured in the same round (median over rounds, min-max),
+and the compile time of every program. An auto step that runs `ar` should cost ~1.0x an AR step, and one that
+runs a tree about what that tree costs as a fixed method: the policy's bookkeeping (choosing, the sub-drafters'
+updates, the statistics) is the difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import numpy as np
+
+
+def main(argv=None) -> int:
+    from lsjax.bench.prompts import BUCKETS, TASKS
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", choices=TASKS, default="code")
+    p.add_argument("--bucket", choices=list(BUCKETS), default="1K-2K")
+    p.add_argument("--suite", choices=("dev", "heldout"), default="dev")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--steps", type=int, default=8, help="steps per timing")
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args(argv)
+
+    import jax
+    import jax.numpy as jnp
+
+    from lsjax.bench.suites import encode, load_suite
+    from lsjax.config import GenerateConfig, SamplingConfig
+    from lsjax.drafters import registry
+    from lsjax.drafters.base import ARDrafter
+    from lsjax.generation import Generator
+    from lsjax.loading import load_model
+    from lsjax.models import target
+
+    model = load_model()
+    # One device copy of the decode-layout weights for every program (a Generator given raw params makes its own).
+    params = jax.tree.map(jnp.asarray, target.prepare_for_decode(model.params, model.config))
+    prompt = load_suite(model.tokenizer, args.suite, None, 1, [args.task], [args.bucket])[0]
+    ids = encode(model.tokenizer, prompt)
+    # Long enough that no timed stretch reaches the end, whatever a step accepts.
+    gen = GenerateConfig(
+        args.steps * 10 * (args.repeats + 1), SamplingConfig(temperature=args.temperature), ignore_eos=True
+    )
+    auto, auto_params = registry.build("auto", model)
+    ls_params = auto_params.get("longspec")
+    programs = {"ar": Generator(model.config, params, ARDrafter())}
+    programs["auto"] = Generator(model.config, params, auto, auto_params)
+    for c in auto.candidates[1:]:
+        programs[c.name] = Generator(model.config, params, c.drafter, ls_params if c.kind != "pld" else None)
+
+    states, compile_s = {}, {}
+    for name, g in programs.items():
+        gen_, P, buf, key, (start, decode, _), compile_s[name] = g._prepare(ids, gen, 0)
+        state = start(g.params, g.draft_params, tokens=jnp.asarray(buf), lengths=jnp.array([P], jnp.int32), key=key)
+        states[name] = (jax.block_until_ready(state), decode)
+
+    def timed(name: str, force: int | None = None) -> float:
+        g = programs[name]
+        state, decode = states[name]
+        s = jax.tree.map(jnp.copy, state)  # decode donates its state
+        if force is not None:
+            pol = dataclasses.replace(s.draft.policy, force=jnp.int32(force))
+            s = dataclasses.replace(s, draft=dataclasses.replace(s.draft, policy=pol))
+        s0 = int(s.steps)
+        jax.block_until_ready(s)
+        t = time.perf_counter()
+        s = jax.block_until_ready(decode(g.params, g.draft_params, s, jnp.int32(s0 + args.steps)))
+        return (time.perf_counter() - t) / max(int(s.steps) - s0, 1)
+
+    runs = [("ar", "ar", None)]
+    for i, c in enumerate(auto.candidates):
+        runs.append((f"auto:{c.name}", "auto", i))
+        if c.kind != "ar":
+            runs.append((c.name, c.name, None))
+    for _, name, force in runs:  # warm-up: first calls allocate
+        timed(name, force)
+    times: dict[str, list[float]] = {label: [] for label, _, _ in runs}
+    ratios: dict[str, list[float]] = {label: [] for label, _, _ in runs}
+    for _ in range(args.repeats):
+        round_ = {label: timed(name, force) for label, name, force in runs}
+        for label, t in round_.items():
+            times[label].append(t)
+            ratios[label].append(t / round_["ar"])
+    print(
+        f"{prompt.id} ({len(ids)} tokens), T={args.temperature:g}, {args.steps} steps x {args.repeats} rounds; "
+        f"device {jax.devices()[0].device_kind}"
+    )
+    print(f"{'step':>16} {'ms':>8} {'vs AR':>20}")
+    for label, _, _ in runs:
+        r = ratios[label]
+        print(f"{label:>16} {np.median(times[label]) * 1e3:>8.1f} {np.median(r):>7.2f}x ({min(r):.2f}-{max(r):.2f})")
+    print("compile s: " + ", ".join(f"{k} {v:.1f}" for k, v in compile_s.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

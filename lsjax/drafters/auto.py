@@ -1,0 +1,467 @@
+"""`--method auto`: an adaptive, hardware-aware speculation policy that picks a whole step per iteration.
+
+A small static tuple of candidate steps is compiled once into the engine's loop (`Drafter.step_variants`;
+the engine `lax.switch`es over their drafting and verification, so a small tree costs only its own small
+verification, and candidates with equal node counts share one compiled forward):
+
+    ar                   one token per forward
+    pld-4, pld-8         prompt-lookup chains
+    ls-chain2, ls-chain4 the LongSpec draft's greedy (T > 0: sampled) chains
+    ls-tree              the draft's own tree (the shipped draft's (2, 1, 1))
+    hybrid               that tree plus a 6-token prompt-lookup chain, verified together
+
+Each step runs the candidate with the highest expected tokens per second,
+
+    E[accepted + 1] / cost,    cost = the device's measured seconds per step of that candidate (`costs`)
+
+Acceptance is estimated online: per *family* and depth d, a decayed count of "node d accepted | node d - 1
+accepted" (truncations of one family share it: pld-4 teaches pld-8's first four depths). Prompt lookup's
+family is keyed by the n-gram its match used (a 3-gram match is far more reliable than a 1-gram one), and
+the match is found before choosing, so a step without one never pays for an empty chain. Families start from
+a prior (a few pseudo-observations) and forget with a ~20-observation window.
+
+Prompt lookup learns from every step, whichever candidate ran (`AutoDrafter.shadow`): its would-be proposal
+is compared with the tokens the step emitted, which are the target's own, so acceptance up to the step's
+length is observed exactly and for free. The draft's families learn only when they run, so they are probed:
+a probe group (ls-chain, ls-tree, hybrid) not being played is probed when its probe is due, its most hopeful
+candidate (rates + a binomial confidence width) running once. A probe that leaves the group ranked below the
+rest doubles its interval (8 .. 64 steps), one that makes it win resets it. This bounds what exploration
+costs when AR is best and notices when the text changes (prose, then code). Everything is a deterministic
+function of the decode state: the same seed gives the same choices.
+
+Lossless whatever it picks: every candidate is a valid tree drafted without the verification key, and the
+choice only looks at the committed history. Every sub-drafter's state (PLD's token history, LongSpec's ring)
+is updated once per step from the committed path, whichever candidate ran (`update`).
+
+Costs reach the jitted step as an array in the draft params (`draft_params["costs"]`, one entry per
+candidate), so a measured profile replaces the prior without recompiling (`lsjax.drafters.auto_profile`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lsjax.config import ConfigError
+from lsjax.drafters import registry
+from lsjax.drafters.base import ARDrafter, DraftContext, Drafter, Verdict
+from lsjax.drafters.hybrid import HybridDrafter
+from lsjax.drafters.longspec import LongSpecDrafter
+from lsjax.drafters.pld import History, PLDDrafter, find_continuation
+from lsjax.tree import Tree, TreeConfig, root_only
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoPolicy:
+    # Tuned on scripted acceptances (tests/test_auto.py's simulator; copy, chain, tree, nothing, and changes
+    # of text): a ~20-observation memory and a narrow confidence width kept >= 0.89 of the best's speed in all.
+    decay: float = 0.95  # per observation of a family
+    prior_weight: float = 1.5  # pseudo-observations behind each prior rate
+    probe_min: int = 8  # steps between probes of a family that may be better
+    probe_max: int = 64  # ... and of one that was confirmed worse, after doubling
+    optimism: float = 0.25  # confidence width (binomial std units) a probe's optimistic score adds
+
+    def __post_init__(self):
+        if not 0.0 < self.decay < 1.0:
+            raise ConfigError(f"auto.decay: must be in (0, 1), got {self.decay!r}")
+        if not self.prior_weight > 0:
+            raise ConfigError(f"auto.prior_weight: must be > 0, got {self.prior_weight!r}")
+        if not (isinstance(self.probe_min, int) and isinstance(self.probe_max, int) and self.probe_min >= 1):
+            raise ConfigError(f"auto.probe_min/probe_max: must be integers >= 1, got {self.probe_min!r}")
+        if self.probe_max < self.probe_min:
+            raise ConfigError(f"auto.probe_max: must be >= probe_min={self.probe_min}, got {self.probe_max}")
+        if not self.optimism >= 0:
+            raise ConfigError(f"auto.optimism: must be >= 0, got {self.optimism!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    name: str
+    kind: str  # "ar" | "pld" | "ls" | "hybrid"
+    drafter: Drafter
+    family: int  # row of the acceptance statistics (pld: the 1-gram family; + n - 1 for an n-gram match)
+    group: int  # probe group (-1: AR, never probed)
+
+
+# Prior per-depth rates P(node d accepted | node d - 1 accepted), greedy and sampled (T > 0). Deliberately
+# modest: the first steps of a run lean towards AR, the data decide within a few steps.
+PRIORS = {
+    "pld1": ((0.25, 0.55, 0.65, 0.7), (0.15, 0.45, 0.55, 0.6)),
+    "pld2": ((0.4, 0.65, 0.75, 0.8), (0.25, 0.5, 0.6, 0.65)),
+    "pld3": ((0.55, 0.75, 0.8, 0.85), (0.35, 0.6, 0.65, 0.7)),
+    "ls-chain": ((0.4, 0.5, 0.5, 0.5), (0.3, 0.4, 0.4, 0.4)),
+    "ls-tree": ((0.5, 0.5, 0.5, 0.5), (0.4, 0.4, 0.4, 0.4)),
+    "hybrid": ((0.55, 0.65, 0.7, 0.75), (0.4, 0.5, 0.55, 0.6)),
+}
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PolicyState:
+    succ: jax.Array  # [F, D] f32 decayed count of accepted nodes at depth d
+    trials: jax.Array  # [F, D] f32 decayed count of depth-d nodes whose parent was accepted
+    due: jax.Array  # [G] int32 step at which each probe group may be probed
+    interval: jax.Array  # [G] int32
+    uses: jax.Array  # [C] int32 steps each candidate ran (diagnostics)
+    force: jax.Array  # [] int32: >= 0 runs that candidate every step (cost profiling); -1 = the policy
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AutoState:
+    pld: History
+    ring: Any  # LongSpec's RingCache; () without a draft
+    policy: PolicyState
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoDrafter(Drafter):
+    longspec: LongSpecDrafter | None = None  # the draft and its own tree; None: AR and prompt lookup only
+    pld_tokens: tuple[int, ...] = (4, 8)
+    pld_ngram: int = 3
+    chains: tuple[int, ...] = (2, 4)  # LongSpec chain depths
+    hybrid_pld: int = 6  # the hybrid's chain length; 0 = no hybrid candidate
+    policy: AutoPolicy = AutoPolicy()
+
+    name = "auto"
+
+    def __post_init__(self):
+        for field, vals in (("pld_tokens", self.pld_tokens), ("chains", self.chains)):
+            if not isinstance(vals, tuple) or not all(isinstance(v, int) and v >= 1 for v in vals):
+                raise ConfigError(f"auto.{field}: must be a tuple of integers >= 1, got {vals!r}")
+        if not (isinstance(self.pld_ngram, int) and self.pld_ngram >= 1):
+            raise ConfigError(f"auto.pld_ngram: must be an integer >= 1, got {self.pld_ngram!r}")
+        if not (isinstance(self.hybrid_pld, int) and self.hybrid_pld >= 0):
+            raise ConfigError(f"auto.hybrid_pld: must be an integer >= 0, got {self.hybrid_pld!r}")
+        if self.longspec is not None and not isinstance(self.longspec, LongSpecDrafter):
+            raise ConfigError(f"auto.longspec: must be a LongSpecDrafter or None, got {type(self.longspec).__name__}")
+
+    # ------------------------------------------------------------------------------------------ layout
+
+    @property
+    def candidates(self) -> tuple[Candidate, ...]:
+        return _candidates(self)
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        return _families(self)
+
+    @property
+    def max_depth(self) -> int:
+        return max(c.drafter.max_depth for c in self.candidates)
+
+    @property
+    def num_nodes(self) -> int:
+        return max(c.drafter.num_nodes for c in self.candidates)
+
+    @property
+    def tree(self) -> TreeConfig:  # the deepest step's shape, for capacity checks
+        return TreeConfig((1,) * self.max_depth)
+
+    def step_variants(self) -> tuple[Drafter, ...]:
+        return tuple(_Step(self, i) for i in range(len(self.candidates)))
+
+    def _costs(self, ctx: DraftContext) -> jax.Array:
+        """The per-candidate costs in the draft params; the built-in prior when none were given (`()`)."""
+        if isinstance(ctx.draft_params, dict) and "costs" in ctx.draft_params:
+            return ctx.draft_params["costs"]
+        from lsjax.drafters.auto_profile import prior_costs
+
+        return jnp.asarray(prior_costs(self), jnp.float32)
+
+    def _pld(self, num_tokens: int) -> PLDDrafter:
+        return PLDDrafter(num_tokens=num_tokens, ngram_max=self.pld_ngram)
+
+    # ------------------------------------------------------------------------------------------ state
+
+    def init(self, ctx: DraftContext, state) -> AutoState:
+        pld = self._pld(max(self.pld_tokens)).init(ctx, state)
+        ring = self.longspec.init(_sub(ctx), state) if self.longspec is not None else ()
+        return AutoState(pld, ring, self.init_policy(ctx.sampling.greedy or not ctx.sampling.sample_drafts))
+
+    def init_policy(self, greedy: bool = True) -> PolicyState:
+        prior = np.asarray([_prior(f, self.max_depth, greedy) for f in self.families], np.float32)
+        w = self.policy.prior_weight
+        G = 1 + max(c.group for c in self.candidates)
+        # Staggered first probes, so no two families are explored in the same stretch of steps.
+        due = self.policy.probe_min + 2 * np.arange(G)
+        return PolicyState(
+            succ=jnp.asarray(prior * w),
+            trials=jnp.full(prior.shape, w, jnp.float32),
+            due=jnp.asarray(due, jnp.int32),
+            interval=jnp.full((G,), self.policy.probe_min, jnp.int32),
+            uses=jnp.zeros((len(self.candidates),), jnp.int32),
+            force=jnp.int32(-1),
+        )
+
+    def summary(self, draft_state: AutoState) -> dict:
+        """Steps each candidate ran (host side, after decoding)."""
+        uses = np.asarray(draft_state.policy.uses)
+        return {"steps_by_candidate": {c.name: int(u) for c, u in zip(self.candidates, uses) if u}}
+
+    def propose(self, ctx, state, draft_state, key) -> Tree:
+        raise NotImplementedError("auto runs one of its step_variants() per step (the engine switches over them)")
+
+    # ------------------------------------------------------------------------------------------ policy
+
+    def _match(self, hist: History):
+        """(n [B] the n-gram of the most recent prompt-lookup match, 0 for none; where its continuation starts;
+        tokens available after it)."""
+        n = jnp.zeros(hist.length.shape, jnp.int32)
+        start = jnp.zeros(hist.length.shape, jnp.int32)
+        for g in range(self.pld_ngram, 0, -1):  # longer n-grams first, as PLDDrafter does
+            f, s = find_continuation(hist.tokens, hist.length, g, 1)
+            take = (n == 0) & f
+            n, start = jnp.where(take, g, n), jnp.where(take, s, start)
+        return n, start, jnp.maximum(hist.length - start, 0)
+
+    def _rows(self, c: Candidate, n, avail):
+        """Per row: (family index [B], depth limit [B], valid [B]) of candidate c given the match."""
+        k = c.drafter.max_depth
+        if c.kind == "pld":
+            return c.family + jnp.maximum(n - 1, 0), jnp.minimum(k, avail), n > 0
+        if c.kind == "hybrid":
+            # Without a match the union is exactly the draft's tree: those rows belong to the ls-tree family.
+            ls_depth = self.longspec.max_depth
+            fam = jnp.where(n > 0, c.family, self.families.index("ls-tree"))
+            return fam, jnp.where(n > 0, jnp.maximum(ls_depth, jnp.minimum(self.hybrid_pld, avail)), ls_depth), n > 0
+        full = jnp.full(n.shape, 1)
+        return c.family * full, k * full, full > 0
+
+    def _scores(self, costs, policy: PolicyState, n, avail, active, optimism: float = 0.0):
+        """Expected tokens per second of every candidate for the batch [C] (-inf where no row can use it)."""
+        rates = policy.succ / jnp.maximum(policy.trials, 1e-6)
+        if optimism:
+            width = jnp.sqrt(jnp.maximum(rates * (1 - rates), 0.04) / jnp.maximum(policy.trials, 1e-6))
+            rates = jnp.minimum(rates + optimism * width, 1.0)
+        w = active / jnp.maximum(jnp.sum(active), 1)
+        depths = jnp.arange(1, rates.shape[1] + 1)
+        out = []
+        for c in self.candidates:
+            if c.kind == "ar":
+                out.append(jnp.float32(1.0) / costs[0])
+                continue
+            fam, limit, valid = self._rows(c, n, avail)
+            r = jnp.where(depths[None] <= limit[:, None], rates[fam], 0.0)  # [B, D]
+            expected = jnp.sum(jnp.cumprod(r, axis=1), axis=1)  # E[accepted] = sum_d P(accepted >= d)
+            tokens = jnp.sum(w * (1.0 + expected))
+            ok = jnp.any(valid & (active > 0))
+            out.append(jnp.where(ok, tokens / costs[len(out)], -jnp.inf))
+        return jnp.stack(out)
+
+    def choose(self, ctx: DraftContext, state) -> jax.Array:
+        ds: AutoState = state.draft
+        n, _, avail = self._match(ds.pld)
+        active = (~state.done).astype(jnp.float32)
+        return self.decide(ds.policy, self._costs(ctx), n, avail, active, state.steps)
+
+    def decide(self, pol: PolicyState, costs, n, avail, active, steps) -> jax.Array:
+        """The candidate to run: the best expected tokens per second, unless a probe is due (module doc)."""
+        score = self._scores(costs, pol, n, avail, active)
+        greedy = jnp.argmax(score).astype(jnp.int32)
+        if not _members(self).shape[0]:  # nothing to probe (AR and prompt lookup only)
+            return jnp.where(pol.force >= 0, pol.force, greedy).astype(jnp.int32)
+        hopeful = self._scores(costs, pol, n, avail, active, self.policy.optimism)
+        # Each group's most hopeful member is its probe: it could beat the greedy choice if its rates sit at the
+        # top of their confidence range.
+        members = jnp.asarray(_members(self))  # [G, C]
+        reps = jnp.argmax(jnp.where(members, hopeful[None], -jnp.inf), axis=1).astype(jnp.int32)
+        # Due is enough: gating on the (stale) estimates would never re-check a family after the text changes.
+        probe = (steps >= pol.due) & jnp.isfinite(score[reps]) & (reps != greedy)
+        choice = jnp.where(jnp.any(probe), reps[jnp.argmax(probe)], greedy)
+        return jnp.where(pol.force >= 0, pol.force, choice).astype(jnp.int32)
+
+    def update(self, ctx: DraftContext, state, ds: AutoState, verdict: Verdict) -> AutoState:
+        """After the engine's commit (once per step, whichever candidate ran; `verdict` is the accepted path as
+        a chain, `verdict.extras` the candidate's index): every sub-drafter sees the committed tokens, the
+        candidate that ran updates its family's rates, and prompt lookup learns from the committed tokens."""
+        pld = self._pld(max(self.pld_tokens)).update(ctx, state, ds.pld, verdict)
+        ring = self.longspec.update(_sub(ctx), state, ds.ring, verdict) if self.longspec is not None else ()
+        n, start, avail = self._match(ds.pld)  # the match the step was chosen and drafted with (old history)
+        costs = self._costs(ctx)
+        active = verdict.count > 0
+        # One small branch per candidate: the policy state is a few hundred floats, so this switch is cheap.
+        learners = [functools.partial(self._learn_at, i) for i in range(len(self.candidates))]
+        operands = (ds.policy, costs, n, avail, verdict.num_accepted, active, state.steps)
+        pol = jax.lax.switch(verdict.extras, learners, *operands)
+        # What prompt lookup would have proposed, against what was emitted (a prompt-lookup step taught itself).
+        D = self.max_depth
+        idx = jnp.clip(start[:, None] + jnp.arange(D)[None], 0, ds.pld.tokens.shape[1] - 1)
+        proposal = jnp.take_along_axis(ds.pld.tokens, idx, axis=1)
+        shadowed = self.shadow(pol, n, avail, proposal, verdict.emitted()[:, :D], verdict.count)
+        ran_pld = jnp.asarray([c.kind == "pld" for c in self.candidates])[verdict.extras]
+        pol = jax.tree.map(lambda a, b: jnp.where(ran_pld, a, b), pol, shadowed)
+        return AutoState(pld, ring, pol)
+
+    def _learn_at(self, index: int, pol, costs, n, avail, accepted, active, steps) -> PolicyState:
+        return self.learn(pol, index, costs, n, avail, accepted, active, steps)
+
+    def _observe(self, pol: PolicyState, fam, trial, hit) -> PolicyState:
+        """Adds rows' observations (family fam [B]; trial, hit [B, D] per depth) to the decayed counts."""
+        onehot = jax.nn.one_hot(fam, pol.succ.shape[0], dtype=jnp.float32)  # [B, F]
+        add_t = jnp.einsum("bf,bd->fd", onehot, trial.astype(jnp.float32))
+        add_s = jnp.einsum("bf,bd->fd", onehot, hit.astype(jnp.float32))
+        seen = add_t > 0  # only what was observed forgets: an idle family keeps its estimate
+        g = self.policy.decay
+        return dataclasses.replace(
+            pol,
+            succ=jnp.where(seen, g * pol.succ + add_s, pol.succ),
+            trials=jnp.where(seen, g * pol.trials + add_t, pol.trials),
+        )
+
+    def shadow(self, pol: PolicyState, n, avail, proposal, emitted, count) -> PolicyState:
+        """Prompt lookup's rates from a step it did not run: its proposal [B, D] (the continuation of the match
+        the step saw) against the emitted tokens [B, D] (the first count [B] valid). Whatever ran, the emitted
+        tokens are the target's own (T = 0: its greedy choices; T > 0: draws from its distribution), and a
+        prompt-lookup child is accepted exactly when it equals that token (greedy or sample-and-match): so
+        depth d is observed, without bias, whenever d <= count. Free, so prompt lookup is never probed."""
+        D = proposal.shape[1]
+        d = jnp.arange(1, D + 1)[None]
+        same = (proposal == emitted) & (d <= avail[:, None]) & (d <= count[:, None])
+        matched = jnp.sum(jnp.cumprod(same, axis=1), axis=1)  # [B] leading depths that would be accepted
+        valid = (n > 0) & (count > 0)
+        trial = valid[:, None] & (d <= count[:, None]) & (d <= avail[:, None]) & (matched[:, None] >= d - 1)
+        hit = trial & (matched[:, None] >= d)
+        fam = self.families.index("pld1") + jnp.maximum(n - 1, 0)
+        return self._observe(pol, fam, trial, hit)
+
+    def learn(self, pol: PolicyState, index: int, costs, n, avail, accepted, active, steps) -> PolicyState:
+        """Policy state after candidate `index` ran and rows accepted `accepted` [B] nodes (`active` [B] rows
+        that were generating; n, avail: the prompt-lookup match the step was drafted with)."""
+        c = self.candidates[index]
+        pol = dataclasses.replace(pol, uses=pol.uses.at[index].add(jnp.any(active).astype(jnp.int32)))
+        if c.kind == "ar":
+            return pol
+        fam, limit, valid = self._rows(c, n, avail)
+        valid = active & (valid | (c.kind == "hybrid"))
+        d = jnp.arange(1, pol.succ.shape[1] + 1)[None]  # [1, D]
+        trial = valid[:, None] & (d <= limit[:, None]) & (accepted[:, None] >= d - 1)  # [B, D]
+        pol = self._observe(pol, fam, trial, trial & (accepted[:, None] >= d))
+        if c.group < 0:
+            return pol
+        # Back off probing a group the new estimates still rank below the rest; probe it again soon if it wins.
+        score = self._scores(costs, pol, n, avail, active.astype(jnp.float32))
+        mine = np.asarray(_members(self)[c.group])
+        worse = jnp.max(jnp.where(mine, score, -jnp.inf)) < jnp.max(jnp.where(mine, -jnp.inf, score))
+        iv = jnp.where(worse, jnp.minimum(2 * pol.interval[c.group], self.policy.probe_max), self.policy.probe_min)
+        return dataclasses.replace(
+            pol, interval=pol.interval.at[c.group].set(iv), due=pol.due.at[c.group].set(steps + iv)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Step(Drafter):
+    """Candidate `index` of `auto` as a fixed-shape drafter over the shared AutoState."""
+
+    auto: AutoDrafter
+    index: int
+
+    name = "auto"
+
+    @property
+    def _c(self) -> Candidate:
+        return self.auto.candidates[self.index]
+
+    @property
+    def tree(self) -> TreeConfig:
+        return self._c.drafter.tree
+
+    @property
+    def max_depth(self) -> int:
+        return self._c.drafter.max_depth
+
+    @property
+    def num_nodes(self) -> int:
+        return self._c.drafter.num_nodes
+
+    def propose(self, ctx: DraftContext, state, draft_state: AutoState, key) -> Tree:
+        c = self._c
+        if c.kind == "ar":
+            return root_only(state.root)
+        if c.kind == "pld":
+            return c.drafter.propose(ctx, state, draft_state.pld, key)
+        if c.kind == "ls":
+            return c.drafter.propose(_sub(ctx), state, draft_state.ring, key)
+        return c.drafter.propose(_sub(ctx), state, (draft_state.pld, draft_state.ring), key)
+
+
+def _sub(ctx: DraftContext) -> DraftContext:
+    """The context the LongSpec sub-drafters see: their own params, not auto's {"longspec", "costs"} dict."""
+    dp = ctx.draft_params
+    return dataclasses.replace(ctx, draft_params=dp.get("longspec") if isinstance(dp, dict) else None)
+
+
+def _prior(family: str, depth: int, greedy: bool) -> list[float]:
+    rates = PRIORS[family][0 if greedy else 1]
+    return [rates[min(d, len(rates) - 1)] for d in range(depth)]
+
+
+@functools.cache
+def _families(auto: AutoDrafter) -> tuple[str, ...]:
+    out = [f"pld{min(n, 3)}" for n in range(1, auto.pld_ngram + 1)]
+    if auto.longspec is not None:
+        out += ["ls-chain", "ls-tree"] + (["hybrid"] if auto.hybrid_pld else [])
+    return tuple(out)
+
+
+@functools.cache
+def _candidates(auto: AutoDrafter) -> tuple[Candidate, ...]:
+    fams = _families(auto)
+    out = [Candidate("ar", "ar", ARDrafter(), -1, -1)]
+    # Prompt lookup learns from every step for free (`AutoDrafter.shadow`): never probed.
+    out += [Candidate(f"pld-{k}", "pld", auto._pld(k), 0, -1) for k in sorted(auto.pld_tokens)]
+    ls = auto.longspec
+    if ls is not None:
+        groups = 0  # probe groups, numbered densely in order
+        if auto.chains:
+            chain = fams.index("ls-chain")
+            for k in sorted(auto.chains):
+                tree = TreeConfig((1,) * k)
+                out.append(Candidate(f"ls-chain{k}", "ls", dataclasses.replace(ls, tree=tree), chain, groups))
+            groups += 1
+        out.append(Candidate("ls-tree", "ls", ls, fams.index("ls-tree"), groups))
+        groups += 1
+        if auto.hybrid_pld:
+            hyb = HybridDrafter(ls, auto._pld(auto.hybrid_pld))
+            out.append(Candidate("hybrid", "hybrid", hyb, fams.index("hybrid"), groups))
+    return tuple(out)
+
+
+@functools.cache
+def _members(auto: AutoDrafter) -> np.ndarray:
+    """[G, C] bool: the candidates of each probe group."""
+    groups = 1 + max(c.group for c in auto.candidates)
+    return np.asarray([[c.group == g for c in auto.candidates] for g in range(groups)])
+
+
+def auto_params(drafter: AutoDrafter, longspec_params=None, costs=None) -> dict:
+    """The draft params `auto` runs with: the LongSpec draft's, and the per-candidate costs (the built-in prior
+    unless given; `lsjax.drafters.auto_profile` measures them)."""
+    from lsjax.drafters.auto_profile import prior_costs
+
+    out = {"costs": jnp.asarray(prior_costs(drafter) if costs is None else costs, jnp.float32)}
+    if longspec_params is not None:
+        out["longspec"] = longspec_params
+    return out
+
+
+@registry.register(
+    "auto",
+    help="adaptive: per step, the candidate (AR, PLD, draft trees, hybrid) with the "
+    "most expected tokens per second on this device",
+    uses_draft=True,
+)
+def _build(model, *, pld_ngram: int = registry.PLD_NGRAM, **opts):
+    from lsjax.errors import ModelNotFoundError
+
+    try:
+        ls, params = registry.get("longspec").build(model, **opts)
+    except ModelNotFoundError:  # no draft for this target: AR and prompt lookup only
+        ls, params = None, None
+    drafter = AutoDrafter(longspec=ls, pld_ngram=pld_ngram)
+    return drafter, auto_params(drafter, params)

@@ -1,0 +1,306 @@
+"""`--method auto`: the policy converges, settles on AR when nothing matches, stays lossless, never recompiles
+across switches; its cost profile is keyed, cached and rebuilt when missing or corrupt.
+
+(T > 0 losslessness: the `auto` entry of tests/test_verify_sampling.py.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lsjax import speculative
+from lsjax.config import ConfigError, DraftConfig, GenerateConfig, SamplingConfig
+from lsjax.drafters import auto_profile, registry
+from lsjax.drafters.auto import AutoDrafter, AutoPolicy, auto_params
+from lsjax.drafters.base import ARDrafter
+from lsjax.drafters.longspec import LongSpecDrafter
+from lsjax.tree import TreeConfig
+from tests.test_speculative import longspec_params, run
+from tests.tiny import tiny_model
+
+LS = LongSpecDrafter(TreeConfig((2, 1, 1)), DraftConfig(window=16))
+FULL = AutoDrafter(longspec=LS)  # the shipped layout: ar, pld-4, pld-8, ls-chain2, ls-chain4, ls-tree, hybrid
+# A small candidate set keeps the tiny model's compile short: ar, pld-3, ls-tree (2, 1), hybrid. pld-3 and the
+# tree have 4 nodes each: they share one verification forward (the engine's inner switch).
+SMALL = AutoDrafter(longspec=LongSpecDrafter(TreeConfig((2, 1)), LS.draft), pld_tokens=(3,), chains=(), hybrid_pld=2)
+
+
+# ------------------------------------------------------------------------------ the policy, scripted
+
+
+def true_rates(auto, spec: dict[str, float]) -> np.ndarray:
+    """[F, D] per-depth conditional acceptance of each family (default 0)."""
+    return np.asarray([[spec.get(f, 0.0)] * auto.max_depth for f in auto.families])
+
+
+SIM_STEPS = 600  # every simulation runs this many steps (one compile per layout and match); tests read a prefix
+
+
+@functools.cache
+def _simulator(auto, match: int):
+    """A jitted scan of the policy against scripted acceptances (see `simulate`)."""
+    D = auto.max_depth
+    pld = auto.families.index("pld1") + max(match - 1, 0)
+    fam = jnp.asarray([pld if c.kind == "pld" else max(c.family, 0) for c in auto.candidates])
+    depth = jnp.asarray([0 if c.kind == "ar" else c.drafter.max_depth for c in auto.candidates])
+    is_pld = jnp.asarray([c.kind == "pld" for c in auto.candidates])
+    n, avail, active = jnp.array([match]), jnp.array([16]), jnp.ones((1,), bool)
+    learners = [functools.partial(auto.learn, index=i) for i in range(len(auto.candidates))]
+
+    def leading(key, rates, limit):  # how many depths in a row succeed, at most `limit`
+        ok = (jax.random.uniform(key, (D,)) < rates) & (jnp.arange(D) < limit)
+        return jnp.sum(jnp.cumprod(ok))
+
+    @jax.jit
+    def run(costs, rates, key):
+        def body(pol, xs):
+            step, rates, key = xs
+            c = auto.decide(pol, costs, n, avail, active.astype(jnp.float32), step)
+            k1, k2 = jax.random.split(key)
+            a = leading(k1, rates[fam[c]], depth[c])
+            kw = dict(costs=costs, n=n, avail=avail, accepted=a[None], active=active, steps=step + 1)
+            pol = jax.lax.switch(c, [functools.partial(f, **kw) for f in learners], pol)
+            # Prompt lookup's shadow: how far its proposal matches the a + 1 emitted tokens.
+            m = leading(k2, rates[pld], D)
+            emitted = jnp.where(jnp.arange(D) < m, 0, 1)[None]
+            shadowed = auto.shadow(pol, n, avail, jnp.zeros((1, D), jnp.int32), emitted, (a + 1)[None])
+            return jax.tree.map(lambda x, y: jnp.where(is_pld[c], x, y), pol, shadowed), c
+
+        steps = jnp.arange(SIM_STEPS, dtype=jnp.int32)
+        return jax.lax.scan(body, auto.init_policy(), (steps, rates, jax.random.split(key, SIM_STEPS)))[1]
+
+    return run
+
+
+def simulate(auto, costs, phases, seed=0, match=3):
+    """Runs the policy against scripted acceptances: `phases` is [(steps, true rates [F, D])]. Every row has a
+    `match`-gram prompt-lookup match (0: none). Returns the candidate index chosen at every step."""
+    per_step = np.concatenate([np.broadcast_to(r, (k, *r.shape)) for k, r in phases])
+    total = len(per_step)
+    assert total <= SIM_STEPS
+    per_step = np.concatenate([per_step, np.zeros((SIM_STEPS - total, *per_step.shape[1:]))]).astype(np.float32)
+    chosen = _simulator(auto, match)(jnp.asarray(costs, jnp.float32), per_step, jax.random.key(seed))
+    return np.asarray(chosen)[:total]
+
+
+def best(auto, costs, rates, match=3) -> int:
+    """The candidate with the most true expected tokens per second."""
+    out = []
+    for c, cost in zip(auto.candidates, costs):
+        if c.kind == "ar":
+            out.append(1.0 / cost)
+            continue
+        fam = c.family + (match - 1 if c.kind == "pld" else 0)
+        out.append((1 + np.cumprod(rates[fam, : c.drafter.max_depth]).sum()) / cost)
+    return int(np.argmax(out))
+
+
+COSTS = (1.0, 1.28, 1.55, 1.25, 1.28, 1.24, 1.5)  # measured ratios on the 2-core CPU (1.2K-token prompt)
+
+
+def names(auto, idx):
+    return [auto.candidates[i].name for i in idx]
+
+
+def speed(auto, costs, rates, c, match=3) -> float:
+    """True expected tokens per unit cost of candidate c."""
+    cand = auto.candidates[c]
+    if cand.kind == "ar":
+        return 1.0 / costs[0]
+    fam = cand.family + (match - 1 if cand.kind == "pld" else 0)
+    return (1 + np.cumprod(rates[fam, : cand.drafter.max_depth]).sum()) / costs[c]
+
+
+def efficiency(auto, costs, rates, chosen) -> float:
+    """Mean speed of the choices relative to always running the best candidate."""
+    b = speed(auto, costs, rates, best(auto, costs, rates))
+    return float(np.mean([speed(auto, costs, rates, c) for c in chosen]) / b)
+
+
+@pytest.mark.parametrize(
+    "spec,clear",
+    [
+        ({"pld3": 0.9}, True),  # copying: a long prompt-lookup chain
+        ({"ls-chain": 0.8}, True),  # the draft's chain
+        ({"ls-tree": 0.7, "ls-chain": 0.3}, True),  # the draft's tree beats its chain
+        ({}, True),  # nothing matches: AR
+        ({"pld3": 0.35, "ls-chain": 0.25}, False),  # pld-4 wins by ~20% over AR: close calls
+    ],
+)
+def test_policy_converges_to_the_best_candidate(spec, clear):
+    rates = true_rates(FULL, spec)
+    target = best(FULL, COSTS, rates)
+    tail = simulate(FULL, COSTS, [(300, rates)])[150:]
+    got = dict(zip(*np.unique(names(FULL, tail), return_counts=True)))
+    assert efficiency(FULL, COSTS, rates, tail) >= 0.9, f"best {FULL.candidates[target].name}: chose {got}"
+    if clear:
+        assert np.mean(tail == target) >= 0.85, f"best {FULL.candidates[target].name}: chose {got}"
+
+
+def test_policy_follows_a_change_of_text():
+    """Prose (nothing pays: AR), then code (prompt lookup copies): the policy notices within a bounded delay."""
+    prose, code = true_rates(FULL, {"pld3": 0.2, "ls-chain": 0.15}), true_rates(FULL, {"pld3": 0.95})
+    chosen = simulate(FULL, COSTS, [(200, prose), (200, code)])
+    assert best(FULL, COSTS, prose) == 0 and FULL.candidates[best(FULL, COSTS, code)].name == "pld-8"
+    # A close call (prompt lookup at 0.98x AR): what matters is the speed of what was chosen.
+    assert efficiency(FULL, COSTS, prose, chosen[100:200]) >= 0.95
+    switched = np.argmax(chosen[200:] == best(FULL, COSTS, code))
+    assert switched <= FULL.policy.probe_max + 8, f"noticed the change only after {switched} steps"
+    assert np.mean(chosen[300:] == best(FULL, COSTS, code)) >= 0.85
+
+
+def test_a_drafter_that_never_matches_settles_on_ar():
+    """Every proposal fails: after a bounded warm-up only spaced-out probes leave AR, and they thin out."""
+    chosen = simulate(FULL, COSTS, [(600, true_rates(FULL, {}))])
+    first_ar_run = np.argmax(np.convolve(chosen == 0, np.ones(16), "valid") == 16)
+    assert first_ar_run <= 48, f"AR only from step {first_ar_run}: {names(FULL, chosen[:60])}"
+    late = np.flatnonzero(chosen[200:] != 0)
+    groups = len({c.group for c in FULL.candidates if c.group >= 0})
+    assert len(late) <= (400 // FULL.policy.probe_max + 1) * groups
+    # What exploration costs when AR is best: one probe per group every probe_max steps, no more.
+    assert np.mean(chosen[100:] == 0) >= 1 - groups / FULL.policy.probe_max - 0.01
+
+
+def test_no_match_never_runs_prompt_lookup():
+    chosen = simulate(FULL, COSTS, [(100, true_rates(FULL, {"pld3": 1.0}))], match=0)
+    assert not any(FULL.candidates[c].kind in ("pld", "hybrid") for c in chosen)
+
+
+def test_config_validation_names_the_field():
+    with pytest.raises(ConfigError, match="auto.decay"):
+        AutoPolicy(decay=1.0)
+    with pytest.raises(ConfigError, match="auto.probe_max"):
+        AutoPolicy(probe_min=8, probe_max=4)
+    with pytest.raises(ConfigError, match="auto.pld_tokens"):
+        AutoDrafter(pld_tokens=(0,))
+
+
+# ------------------------------------------------------------------------------ the engine, tiny model
+
+
+def repetitive_prompts():
+    rng = np.random.RandomState(0)
+    loop = list(rng.randint(3, 97, 7))
+    return [loop * 6 + list(rng.randint(3, 97, 5)), list(rng.randint(3, 97, 37))]
+
+
+@functools.cache
+def _engine():
+    """The tiny model, AR's greedy reference, and auto's start; every decode below shares one compiled loop."""
+    config, params = tiny_model()
+    gen = GenerateConfig(max_new_tokens=40, sampling=SamplingConfig(temperature=0.0), ignore_eos=True)
+    dp = auto_params(SMALL, longspec_params(params, config, SMALL.longspec))
+    prompts = repetitive_prompts()
+    ref = run(params, config, prompts, gen, ARDrafter())
+    tokens = jnp.asarray(np.stack([np.pad(p, (0, 64 - len(p))) for p in prompts]).astype(np.int32))
+    lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
+    cap = speculative.required_capacity(64, gen, SMALL)
+    start = jax.jit(functools.partial(speculative.start, config=config, drafter=SMALL, gen=gen, capacity=cap, chunk=64))
+
+    def decode(draft_params, force: int = -1):
+        state = start(params, dp, tokens=tokens, lengths=lengths, key=jax.random.key(0))
+        pol = dataclasses.replace(state.draft.policy, force=jnp.int32(force))
+        state = dataclasses.replace(state, draft=dataclasses.replace(state.draft, policy=pol))
+        return speculative.decode(params, draft_params, config, SMALL, gen, state, jnp.int32(100))
+
+    return dp, ref, decode
+
+
+def test_greedy_equals_ar_and_switches():
+    dp, ref, decode = _engine()
+    # Cheap speculation so the policy moves between candidates within a short run.
+    out = decode({**dp, "costs": jnp.asarray([1.0, 1.05, 1.1, 1.15])})
+    np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out))
+    uses = np.asarray(out.draft.policy.uses)
+    assert (uses > 0).sum() >= 2 and uses[1:].sum() > 0, uses
+    assert int(out.steps) < int(ref.steps)  # prompt lookup copies the loop
+
+
+def test_every_candidate_forced_equals_ar_without_recompiling():
+    """One compiled loop: forcing each candidate in turn (and new costs) reuses it, and each is lossless."""
+    dp, ref, decode = _engine()
+    decode(dp)  # compiled once (shared with the test above)
+    before = speculative.decode._cache_size()
+    for c in range(len(SMALL.candidates)):
+        out = decode({**dp, "costs": dp["costs"] * (1 + c)}, force=c)
+        np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out), err_msg=SMALL.candidates[c].name)
+        assert int(np.asarray(out.draft.policy.uses)[c]) == int(out.steps)
+    assert speculative.decode._cache_size() == before
+
+
+def test_registry_and_bench_offer_auto():
+    from lsjax.bench.run import available_methods
+
+    assert "auto" in registry.names() and registry.get("auto").uses_draft
+    assert "lsjax-auto" in available_methods()
+
+
+# ------------------------------------------------------------------------------ the cost profile
+
+
+NAMES = ("ar", "pld-4", "ls-tree")
+
+
+def test_profile_is_keyed_by_device_model_backend_and_candidates(tmp_path, monkeypatch):
+    monkeypatch.setenv("LSJAX_PROFILE_DIR", str(tmp_path))
+    p = auto_profile.profile_path("cpu", "SmolLM2", "auto", NAMES)
+    assert p.parent == tmp_path
+    others = [
+        auto_profile.profile_path("TPU v5 lite", "SmolLM2", "auto", NAMES),
+        auto_profile.profile_path("cpu", "Llama-3", "auto", NAMES),
+        auto_profile.profile_path("cpu", "SmolLM2", "pallas", NAMES),
+        auto_profile.profile_path("cpu", "SmolLM2", "auto", NAMES + ("hybrid",)),
+    ]
+    assert len({p, *others}) == 5
+    assert (
+        auto_profile.entry_key(1024, True) != auto_profile.entry_key(2048, True) != auto_profile.entry_key(2048, False)
+    )
+
+
+def test_profile_is_measured_once_then_read(tmp_path):
+    path, calls = tmp_path / "p.json", []
+
+    def measure():
+        calls.append(1)
+        return [0.05, 0.07, 0.06]
+
+    costs, fresh = auto_profile.cached_costs(path, NAMES, "1024/greedy", measure)
+    assert fresh and len(calls) == 1 and np.allclose(costs, [0.05, 0.07, 0.06])
+    costs, fresh = auto_profile.cached_costs(path, NAMES, "1024/greedy", measure)
+    assert not fresh and len(calls) == 1
+    auto_profile.cached_costs(path, NAMES, "4096/greedy", measure)  # another bucket: measured, kept beside
+    assert len(calls) == 2 and set(json.loads(path.read_text())["entries"]) == {"1024/greedy", "4096/greedy"}
+    auto_profile.cached_costs(path, NAMES[:2], "1024/greedy", lambda: [1.0, 2.0])  # other candidates: stale
+    assert auto_profile.read_profile(path, NAMES) == {}
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"{not json",
+        b"\x00\xff\xfe",
+        b'{"format": 1, "candidates": ["ar", "pld-4", "ls-tree"], "entries": []}',
+        b'{"format": 1, "candidates": ["ar", "pld-4", "ls-tree"], "entries": {"1024/greedy": [1, -2, "x"]}}',
+        b'{"format": 99, "candidates": ["ar", "pld-4", "ls-tree"], "entries": {"1024/greedy": [1, 2, 3]}}',
+    ],
+)
+def test_corrupt_profile_is_rebuilt(tmp_path, content):
+    path = tmp_path / "p.json"
+    path.write_bytes(content)
+    costs, fresh = auto_profile.cached_costs(path, NAMES, "1024/greedy", lambda: [0.1, 0.2, 0.3])
+    assert fresh and np.allclose(costs, [0.1, 0.2, 0.3])
+    assert auto_profile.read_profile(path, NAMES) == {"1024/greedy": [0.1, 0.2, 0.3]}
+
+
+def test_prior_costs_grow_with_the_tree():
+    prior = auto_profile.prior_costs(FULL)
+    by = dict(zip((c.name for c in FULL.candidates), prior))
+    assert by["ar"] == 1.0 and by["pld-4"] < by["pld-8"] and by["ls-chain2"] < by["ls-chain4"] < by["hybrid"]
