@@ -36,7 +36,7 @@ from lsjax.decoding import DecodeState
 from lsjax.drafters.base import ARDrafter, DraftContext, Drafter, Verdict
 from lsjax.errors import LsjaxError
 from lsjax.tree import Tree
-from lsjax.verify import accept, gather_path_kv, tree_forward
+from lsjax.verify import accept, gather_path_kv, tapped_tree_forward, tree_forward
 
 
 class CapacityError(LsjaxError, ValueError):
@@ -60,7 +60,17 @@ def draft_phase(ctx: DraftContext, drafter: Drafter, state: DecodeState) -> Tree
 def verify_phase(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState, tree: Tree):
     """Target forward over the tree + acceptance. Returns (verdict, path_k, path_v) with the path's K/V
     [L, B, max_depth + 1, K, H] for the commit."""
-    hidden, logits, new_k, new_v = tree_forward(ctx.target_params, ctx.config, tree, state.cache, backend=ctx.backend)
+    if drafter.extra_hidden_layer is None:
+        hidden, logits, new_k, new_v = tree_forward(
+            ctx.target_params, ctx.config, tree, state.cache, backend=ctx.backend
+        )
+        extras = drafter.verify_extras(ctx, tree, hidden, logits)
+    else:  # the drafter reads the forward at a middle layer (and may prune the tree there)
+        prune = functools.partial(drafter.prune, ctx)
+        tree, hidden, logits, new_k, new_v, taps = tapped_tree_forward(
+            ctx.target_params, ctx.config, tree, state.cache, drafter.extra_hidden_layer, prune, backend=ctx.backend
+        )
+        extras = drafter.verify_extras(ctx, tree, hidden, logits, taps)
     path, num_accepted, bonus = accept(
         tree, logits, gen.sampling, step_keys(state.key)[2], drafter.max_depth, _levels(drafter)
     )
@@ -73,7 +83,7 @@ def verify_phase(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state
         num_accepted=num_accepted,
         bonus=jnp.where(active, bonus, state.root),
         count=jnp.where(active, num_accepted + 1, 0),
-        extras=drafter.verify_extras(ctx, tree, hidden, logits),
+        extras=extras,
     )
     path_k, path_v = gather_path_kv(new_k, new_v, path)
     return verdict, path_k, path_v
