@@ -52,13 +52,20 @@ def parse_args(argv=None) -> argparse.Namespace:
         + "; ".join(f"{m.name} ({m.help})" if m.help else m.name for m in methods)
         + ". Default: longspec when a draft for the target is found, else ar",
     )
-    p.add_argument("--draft", help="a LongSpec draft checkpoint (directory) for --method longspec|hybrid")
+    p.add_argument(
+        "--draft",
+        help="a draft checkpoint (directory) for --method longspec|hybrid, or a stream checkpoint for streams "
+        "('random': untrained)",
+    )
     p.add_argument(
         "--tree",
         default=None,
         help="speculation tree for longspec: a preset (paper, gpu, cpu, cpu-small, chain4, chain8) or "
-        "comma-separated widths per depth, e.g. 2,2,2",
+        "comma-separated widths per depth, e.g. 2,2,2; streams: widths, or proposed:kept widths for early-exit "
+        "pruning, e.g. 3,4,4:2,2,2",
     )
+    p.add_argument("--streams", type=int, default=None, help="streams: speculative streams gamma (<= the checkpoint's)")
+    p.add_argument("--msa-layers", type=int, default=None, help="streams: MSA layers N_s (the checkpoint's)")
     p.add_argument(
         "--pld-tokens",
         type=int,
@@ -107,6 +114,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if (args.pld_tokens is not None and args.pld_tokens < 1) or args.pld_ngram < 1:
         fail("--pld-tokens and --pld-ngram must be >= 1")
+    if any(x is not None and x < 1 for x in (args.streams, args.msa_layers)):
+        fail("--streams and --msa-layers must be >= 1")
     # The engine's imports come after argument parsing, so `--help` and flag errors stay quick.
     from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
     from lsjax.drafters import registry
@@ -146,7 +155,14 @@ def main(argv=None) -> int:
         check_prompt(model.config, ids, gen.max_new_tokens)
         method = args.method or ("longspec" if args.draft or default_draft_path(model.path) else "ar")
         drafter, draft_params = registry.build(
-            method, model, draft=args.draft, tree=args.tree, pld_tokens=args.pld_tokens, pld_ngram=args.pld_ngram
+            method,
+            model,
+            draft=args.draft,
+            tree=args.tree,
+            pld_tokens=args.pld_tokens,
+            pld_ngram=args.pld_ngram,
+            streams=args.streams,
+            msa_layers=args.msa_layers,
         )
         generator = Generator(model.config, model.params, drafter, draft_params, backend=args.backend)
         if not args.json:

@@ -34,10 +34,14 @@ def stream_params(config, scfg=SCFG, seed=1):
     return p
 
 
-@pytest.mark.parametrize("widths,prune_to", [((2, 2, 2), None), ((3, 4, 4), (2, 2, 1))], ids=["unpruned", "pruned"])
-def test_greedy_streams_equal_ar(widths, prune_to):
+@pytest.mark.parametrize(
+    "widths,prune_to,streams_at",
+    [((2, 2, 2), None, "accepted"), ((3, 4, 4), (2, 2, 1), "nodes")],
+    ids=["unpruned-accepted", "pruned-nodes"],
+)
+def test_greedy_streams_equal_ar(widths, prune_to, streams_at):
     config, params = tiny_model()
-    drafter = StreamsDrafter.for_target(config, SCFG, widths, prune_to)
+    drafter = StreamsDrafter.for_target(config, SCFG, widths, prune_to, streams_at)
     gen = GenerateConfig(max_new_tokens=24, ignore_eos=True)
     prompts = repetitive_prompts(config, 4, 40, seed=2) + [np.arange(3, 20)]
     ar = run(params, config, prompts, gen, ARDrafter())
@@ -60,13 +64,14 @@ def _reference_topk(params, config, sp, toks, k):
     return jax.lax.top_k(lp, k)
 
 
-def test_draft_state_is_the_streams_at_the_last_accepted_node():
+@pytest.mark.parametrize("streams_at", ["accepted", pytest.param("nodes", marks=pytest.mark.slow)])
+def test_draft_state_is_the_streams_at_the_last_accepted_node(streams_at):
     """After prefill and after each step, the drafter's state is the streams' top-k at the newest committed
     token, as the training-time pass over the committed text computes it: the verify-forward hand-off
     (taps -> verify_extras -> update) picks the right node and the right keys."""
     config, params = tiny_model()
     sp = stream_params(config)
-    drafter = StreamsDrafter.for_target(config, SCFG, (2, 2, 2))
+    drafter = StreamsDrafter.for_target(config, SCFG, (2, 2, 2), streams_at=streams_at)
     gen = GenerateConfig(max_new_tokens=24, ignore_eos=True)
     prompts = repetitive_prompts(config, 4, 40, seed=2)
     B, P = len(prompts), 64

@@ -1,10 +1,12 @@
 """Speculative Streaming (lossless mode): the verify forward drafts the next tree, no draft forward at all.
 
-Each step's verification forward also runs the gamma speculative streams (`lsjax.models.streams`) at every
-node: the engine hands the drafter the residual stream entering layer L = N - N_s, the nodes' K/V and the
-committed cache (`extra_hidden_layer`), and `verify_extras` runs the top N_s layers' streams on them. After
-acceptance, `update` keeps the top-k tokens of each stream at the last accepted node, and the next `propose`
-builds its tree from those alone: stream d's candidates fill depth d (stream d at node t predicts the token
+Each step's verification forward also yields the gamma speculative streams (`lsjax.models.streams`): the
+engine hands the drafter the residual stream entering layer L = N - N_s, the nodes' K/V and the committed
+cache (`extra_hidden_layer`). With `streams_at="nodes"` (the paper's layout) `verify_extras` runs the top
+N_s layers' streams at every node; with "accepted" (default) `update` runs them at the last accepted node
+only, over the cache that now holds every key it may see (same outputs, gamma rows instead of gamma x T).
+`update` keeps the top-k tokens of each stream at the last accepted node, and the next `propose` builds its
+tree from those alone: stream d's candidates fill depth d (stream d at node t predicts the token
 at t + 1 + d, and the next root, the bonus, sits at t + 1). A beam over the product of the streams' top-k
 (cumulative stream log-probability) keeps `widths[d]` nodes per depth.
 
@@ -41,6 +43,8 @@ from lsjax.models import streams as ss
 from lsjax.models import target
 from lsjax.tree import Tree, TreeConfig, make_tree
 
+STREAMS_AT = ("accepted", "nodes")
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -57,10 +61,17 @@ class StreamsDrafter(Drafter):
     widths: tuple[int, ...] = (2, 2, 2)  # proposed nodes per depth (depth <= gamma)
     prune_to: tuple[int, ...] | None = None  # nodes per depth kept by early-exit pruning (None: no pruning)
     layer: int = 26  # L = N - N_s of the target (`for_target` sets it)
+    # Where the streams run: "nodes" = at every verified node inside verification (the paper's layout, free
+    # when fused into the target's batched forward on an accelerator); "accepted" = after acceptance, at the
+    # last accepted node only, over the committed cache (the same stream outputs: that node's keys are all
+    # committed by then; on a CPU, gamma rows instead of gamma x T through the top layers).
+    streams_at: str = "accepted"
 
     name = "streams"
 
     def __post_init__(self):
+        if self.streams_at not in STREAMS_AT:
+            raise ConfigError(f"streams_at: must be one of {'|'.join(STREAMS_AT)}, got {self.streams_at!r}")
         TreeConfig(self.widths)
         if len(self.widths) > self.streams.num_streams:
             raise ConfigError(
@@ -77,8 +88,11 @@ class StreamsDrafter(Drafter):
                 )
 
     @classmethod
-    def for_target(cls, config, streams: ss.StreamsConfig, widths=(2, 2, 2), prune_to=None) -> StreamsDrafter:
-        return cls(streams, tuple(widths), tuple(prune_to) if prune_to else None, streams.first_layer(config))
+    def for_target(
+        cls, config, streams: ss.StreamsConfig, widths=(2, 2, 2), prune_to=None, streams_at="accepted"
+    ) -> StreamsDrafter:
+        prune_to = tuple(prune_to) if prune_to else None
+        return cls(streams, tuple(widths), prune_to, streams.first_layer(config), streams_at)
 
     @property
     def extra_hidden_layer(self) -> int:
@@ -110,13 +124,19 @@ class StreamsDrafter(Drafter):
             mid, _, _ = target.forward_hidden(tp, cfg, last, pos, below, backend=ctx.backend, layers=(0, self.layer))
         else:
             mid = target.embed(tp, last).astype(jnp.dtype(cfg.dtype))
-        cache = state.cache
+        return self._topk(ctx, self._streams_over_cache(ctx, state.cache, mid, pos))
 
-        def main(i):  # the committed prompt holds the token's own K/V too
+    def _streams_over_cache(self, ctx: DraftContext, cache, mid, pos) -> jax.Array:
+        """Streams [B, S, D] of the newest committed token (mid [B, 1, D] entering layer L, pos [B, 1]): every
+        key it may see is in the cache, its own included."""
+
+        def main(i):
             return ("cache", cache.k, cache.v, cache.lengths, i)
 
-        s = ss.stream_hidden(ctx.draft_params, tp, cfg, self.streams, mid, pos, main, backend=ctx.backend)
-        return self._topk(ctx, s[:, 0])
+        s = ss.stream_hidden(
+            ctx.draft_params, ctx.target_params, ctx.config, self.streams, mid, pos, main, backend=ctx.backend
+        )
+        return s[:, 0]
 
     def propose(self, ctx: DraftContext, state, draft_state: StreamTopK, key=None) -> Tree:
         tc = self.proposed
@@ -144,8 +164,10 @@ class StreamsDrafter(Drafter):
         )
 
     def verify_extras(self, ctx: DraftContext, tree: Tree, hidden, logits, taps=None) -> jax.Array:
-        """The streams' final residuals [B, T, S, D] at every verified node (the head runs in `update`, at the
-        one node that matters)."""
+        """ "nodes": the streams' final residuals [B, T, S, D] at every verified node (the head runs in `update`,
+        at the one node that matters); "accepted": the residual entering layer L [B, T, D]."""
+        if self.streams_at == "accepted":
+            return taps.mid_hidden
         return ss.stream_hidden(
             ctx.draft_params,
             ctx.target_params,
@@ -159,7 +181,12 @@ class StreamsDrafter(Drafter):
 
     def update(self, ctx: DraftContext, state, draft_state: StreamTopK, verdict: Verdict) -> StreamTopK:
         last = jnp.take_along_axis(verdict.path, verdict.num_accepted[:, None], axis=1)[:, 0]  # [B]
-        s = jnp.take_along_axis(verdict.extras, last[:, None, None, None], axis=1)[:, 0]  # [B, S, D]
+        if self.streams_at == "accepted":
+            mid = jnp.take_along_axis(verdict.extras, last[:, None, None], axis=1)  # [B, 1, D]
+            pos = (state.cache.lengths - 1)[:, None]  # the cache now ends with the last accepted node
+            s = self._streams_over_cache(ctx, state.cache, mid, pos)
+        else:
+            s = jnp.take_along_axis(verdict.extras, last[:, None, None, None], axis=1)[:, 0]  # [B, S, D]
         new = self._topk(ctx, s)
         # A finished row keeps its state (its verdict is empty).
         keep = (verdict.count == 0)[:, None, None]
