@@ -60,13 +60,20 @@ def parse_args(argv=None) -> argparse.Namespace:
         "in $LSJAX_PROFILE_DIR or ~/.cache/lsjax/profiles) then reused; measure = measure again; prior = the "
         "built-in estimate, never measure",
     )
-    p.add_argument("--draft", help="a LongSpec draft checkpoint (directory) for --method auto|longspec|hybrid")
+    p.add_argument(
+        "--draft",
+        help="a draft checkpoint (directory) for --method auto|longspec|hybrid, or a stream checkpoint for streams "
+        "('random': untrained)",
+    )
     p.add_argument(
         "--tree",
         default=None,
         help="speculation tree for longspec: a preset (paper, gpu, cpu, cpu-small, chain4, chain8) or "
-        "comma-separated widths per depth, e.g. 2,2,2",
+        "comma-separated widths per depth, e.g. 2,2,2; streams: widths, or proposed:kept widths for early-exit "
+        "pruning, e.g. 3,4,4:2,2,2",
     )
+    p.add_argument("--streams", type=int, default=None, help="streams: speculative streams gamma (<= the checkpoint's)")
+    p.add_argument("--msa-layers", type=int, default=None, help="streams: MSA layers N_s (the checkpoint's)")
     p.add_argument(
         "--pld-tokens",
         type=int,
@@ -115,6 +122,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if (args.pld_tokens is not None and args.pld_tokens < 1) or args.pld_ngram < 1:
         fail("--pld-tokens and --pld-ngram must be >= 1")
+    if any(x is not None and x < 1 for x in (args.streams, args.msa_layers)):
+        fail("--streams and --msa-layers must be >= 1")
     # The engine's imports come after argument parsing, so `--help` and flag errors stay quick.
     from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
     from lsjax.drafters import registry
@@ -155,7 +164,14 @@ def main(argv=None) -> int:
         # auto stays opt-in until its step costs no more than AR's (see the closing note of 2026-11-23).
         method = args.method or ("longspec" if args.draft or default_draft_path(model.path) else "ar")
         drafter, draft_params = registry.build(
-            method, model, draft=args.draft, tree=args.tree, pld_tokens=args.pld_tokens, pld_ngram=args.pld_ngram
+            method,
+            model,
+            draft=args.draft,
+            tree=args.tree,
+            pld_tokens=args.pld_tokens,
+            pld_ngram=args.pld_ngram,
+            streams=args.streams,
+            msa_layers=args.msa_layers,
         )
         generator = Generator(
             model.config, model.params, drafter, draft_params, backend=args.backend, cost_profile=args.cost_profile

@@ -1,4 +1,7 @@
-"""Train a LongSpec draft: python train.py --config configs/train/X.yaml [--set a.b=value ...] [--resume]"""
+"""Train a LongSpec draft, or Speculative Streaming's streams (a config with a `streams:` section):
+
+python train.py --config configs/train/X.yaml [--set a.b=value ...] [--resume]
+"""
 
 from __future__ import annotations
 
@@ -30,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with open(args.config) as f:
             raw = yaml.safe_load(f) or {}
+        if isinstance(raw, dict) and "streams" in raw:  # Speculative Streaming: its own trainer
+            from lsjax.train.streams import cli
+
+            return cli(raw, args)
         cfg = from_dict(TrainConfig, apply_overrides(raw, args.set))
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -46,7 +46,7 @@ from lsjax.decoding import DecodeState
 from lsjax.drafters.base import ARDrafter, DraftContext, Drafter, Verdict
 from lsjax.errors import LsjaxError
 from lsjax.tree import Tree, chain_parents
-from lsjax.verify import accept, gather_path_kv, tree_forward
+from lsjax.verify import accept, gather_path_kv, tapped_tree_forward, tree_forward
 
 
 class CapacityError(LsjaxError, ValueError):
@@ -70,12 +70,22 @@ def draft_phase(ctx: DraftContext, drafter: Drafter, state: DecodeState) -> Tree
 def verify_phase(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState, tree: Tree):
     """Target forward over the tree + acceptance. Returns (verdict, path_k, path_v) with the path's K/V
     [L, B, max_depth + 1, K, H] for the commit."""
-    extras = functools.partial(drafter.verify_extras, ctx)
-    return _verify(ctx, gen, state, tree, drafter.max_depth, _levels(drafter), extras)
+    return _verify(ctx, gen, state, tree, drafter.max_depth, _levels(drafter), drafter)
 
 
-def _verify(ctx: DraftContext, gen: GenerateConfig, state: DecodeState, tree: Tree, max_depth: int, levels, extras):
-    hidden, logits, new_k, new_v = tree_forward(ctx.target_params, ctx.config, tree, state.cache, backend=ctx.backend)
+def _verify(ctx: DraftContext, gen: GenerateConfig, state: DecodeState, tree: Tree, max_depth: int, levels, drafter):
+    """`drafter` None: no extras (a switched variant, whose drafter updates from the chain verdict)."""
+    if drafter is None or drafter.extra_hidden_layer is None:
+        hidden, logits, new_k, new_v = tree_forward(
+            ctx.target_params, ctx.config, tree, state.cache, backend=ctx.backend
+        )
+        extras = () if drafter is None else drafter.verify_extras(ctx, tree, hidden, logits)
+    else:  # the drafter reads the forward at a middle layer (and may prune the tree there)
+        prune = functools.partial(drafter.prune, ctx)
+        tree, hidden, logits, new_k, new_v, taps = tapped_tree_forward(
+            ctx.target_params, ctx.config, tree, state.cache, drafter.extra_hidden_layer, prune, backend=ctx.backend
+        )
+        extras = drafter.verify_extras(ctx, tree, hidden, logits, taps)
     path, num_accepted, bonus = accept(tree, logits, gen.sampling, step_keys(state.key)[2], max_depth, levels)
     active = ~state.done
     num_accepted = jnp.where(active, num_accepted, 0)
@@ -86,7 +96,7 @@ def _verify(ctx: DraftContext, gen: GenerateConfig, state: DecodeState, tree: Tr
         num_accepted=num_accepted,
         bonus=jnp.where(active, bonus, state.root),
         count=jnp.where(active, num_accepted + 1, 0),
-        extras=extras(tree, hidden, logits),
+        extras=extras,
     )
     path_k, path_v = gather_path_kv(new_k, new_v, path)
     # The commit must wait for the walk. An AR path (the root) is known before the forward ends, so XLA
@@ -169,7 +179,7 @@ def _group_path(ctx, gen, variants, depth: int, operand) -> PathResult:
     else:
         tree = jax.lax.switch(member, [functools.partial(draft, v) for v in variants], state)
         max_depth, levels = max(v.max_depth for v in variants), None  # the walk checks every node's depth
-    verdict, path_k, path_v = _verify(ctx, gen, state, tree, max_depth, levels, lambda *_: ())
+    verdict, path_k, path_v = _verify(ctx, gen, state, tree, max_depth, levels, None)
     pad = depth - max_depth
     kv_pad = ((0, 0), (0, 0), (0, pad), (0, 0), (0, 0))
     return PathResult(

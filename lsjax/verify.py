@@ -30,6 +30,10 @@ the target's *processed* distribution at a node (`processed_logprobs`, the one A
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -48,6 +52,65 @@ def tree_forward(params: dict, config: ModelConfig, tree: Tree, cache: KVCache, 
         params, config, tree.tokens, positions, cache, tree_mask=tree.mask, backend=backend
     )
     return hidden, target.lm_head(params, config, hidden), new_k, new_v
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ForwardTaps:
+    """What a drafter that sets `extra_hidden_layer` receives from the verify forward (`verify_extras`'s
+    `taps`), every node in the verified tree's order."""
+
+    mid_hidden: jax.Array  # [B, T, D] the residual stream entering layer `extra_hidden_layer`
+    positions: jax.Array  # [B, T] the nodes' positions (cache length + depth)
+    cache: KVCache  # the committed cache the nodes attended to (the tree is not in it)
+    tree_k: jax.Array  # [L, B, T, K, H] the nodes' K (RoPE applied) and V at every layer, not committed
+    tree_v: jax.Array
+
+
+def _take_nodes(x: jax.Array, idx: jax.Array, axis: int) -> jax.Array:
+    """x with node axis `axis` (batch on the axis before it) gathered at idx [B, T']."""
+    shape = [1] * x.ndim
+    shape[axis - 1], shape[axis] = idx.shape
+    return jnp.take_along_axis(x, idx.reshape(shape), axis=axis)
+
+
+def tapped_tree_forward(
+    params: dict,
+    config: ModelConfig,
+    tree: Tree,
+    cache: KVCache,
+    layer: int,
+    select: Callable[[Tree, jax.Array], tuple[Tree, jax.Array] | None] | None = None,
+    *,
+    backend: str = "auto",
+):
+    """`tree_forward` cut before layer `layer`: returns (tree, hidden, logits, new_k, new_v, ForwardTaps).
+
+    `select(tree, mid_hidden)` may return (a smaller tree, idx [B, T'] of its nodes in `tree`): layers
+    [layer, L) and the LM head then run on those T' nodes only (early-exit tree pruning). The kept nodes must
+    be closed under ancestors, so their lower-layer states are what a forward of the smaller tree computes;
+    the returned tree is the one to verify. Without `select` (or when it returns None) the outputs are
+    `tree_forward`'s up to float rounding.
+    """
+    positions = cache.lengths[:, None] + tree.depth
+    fwd = functools.partial(target.forward_hidden, params, config, cache=cache, backend=backend)
+    if layer > 0:
+        x, k_lo, v_lo = fwd(tree.tokens, positions, tree_mask=tree.mask, layers=(0, layer))
+    else:
+        x = target.embed(params, tree.tokens).astype(jnp.dtype(config.dtype))
+        k_lo = v_lo = None
+    picked = select(tree, x) if select is not None else None
+    if picked is not None:
+        tree, idx = picked
+        x = _take_nodes(x, idx, 1)
+        positions = cache.lengths[:, None] + tree.depth
+        if k_lo is not None:
+            k_lo, v_lo = _take_nodes(k_lo, idx, 2), _take_nodes(v_lo, idx, 2)
+    hidden, k_hi, v_hi = fwd(tree.tokens, positions, tree_mask=tree.mask, layers=(layer, config.num_layers), x=x)
+    new_k = k_hi if k_lo is None else jnp.concatenate([k_lo, k_hi], axis=0)
+    new_v = v_hi if v_lo is None else jnp.concatenate([v_lo, v_hi], axis=0)
+    taps = ForwardTaps(x, positions, cache, new_k, new_v)
+    return tree, hidden, target.lm_head(params, config, hidden), new_k, new_v, taps
 
 
 def _take(x: jax.Array, idx: jax.Array) -> jax.Array:

@@ -31,12 +31,15 @@ from lsjax.drafters.base import Drafter
 from lsjax.drafters.hybrid import HybridDrafter
 from lsjax.drafters.longspec import LongSpecDrafter
 from lsjax.drafters.pld import PLDDrafter
+from lsjax.drafters.streams import StreamsDrafter
 from lsjax.models import target
+from lsjax.models.streams import StreamsConfig
 from lsjax.sampling import processed_logprobs
 from lsjax.tree import Tree, TreeConfig, make_tree
 from lsjax.verify import accept
 from tests.filters_ref import reference_probs
 from tests.test_speculative import RandomTreeDrafter, longspec_params
+from tests.test_streams_drafter import stream_params
 from tests.tiny import tiny_model
 
 V = 5
@@ -185,6 +188,7 @@ class TableDrafter(Drafter):
 
 
 LS = DraftConfig(window=4)
+SS = StreamsConfig(num_streams=3, msa_layers=1, rank=4)
 DRAFTERS = {
     "table-sampled": TableDrafter(),
     "table-topk": TableDrafter(sampled=False),
@@ -197,6 +201,9 @@ DRAFTERS = {
     "auto": AutoDrafter(
         LongSpecDrafter(TreeConfig((2, 2, 2)), LS), pld_tokens=(3,), pld_ngram=2, chains=(2,), hybrid_pld=3
     ),
+    # The model has one layer: its streams start from the embeddings (layer 0) and run through that layer.
+    "streams": StreamsDrafter(SS, (3, 3, 2), layer=0),
+    "streams-pruned": StreamsDrafter(SS, (3, 3, 3), (2, 2, 1), layer=0),
 }
 SAMPLINGS = {
     "T1": SamplingConfig(temperature=1.0),
@@ -219,6 +226,8 @@ def draft_params_for(params, config, drafter):
         return auto_params(drafter, longspec_params(params, config, drafter.longspec), costs)
     if isinstance(drafter, LongSpecDrafter | HybridDrafter):
         return longspec_params(params, config, getattr(drafter, "longspec", drafter))
+    if isinstance(drafter, StreamsDrafter):
+        return stream_params(config, drafter.streams)
     return ()
 
 

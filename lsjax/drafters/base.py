@@ -5,7 +5,7 @@ explicit state `S` (any pytree; `()` for stateless drafters):
 
     init(ctx, state) -> S                           after the prompt is prefilled and the first token emitted
     propose(ctx, state, draft_state: S, key) -> Tree
-    verify_extras(ctx, tree, hidden, logits) -> E   optional: extra per-node outputs of the verify forward
+    verify_extras(ctx, tree, hidden, logits[, taps]) -> E   optional: extra per-node outputs of the verify forward
     update(ctx, state, draft_state: S, verdict: Verdict[E]) -> S
     step_variants() -> tuple[Drafter, ...]          optional: whole-step alternatives chosen per step
     choose(ctx, state) -> int32 []                  (with step_variants) which variant runs this step
@@ -16,6 +16,11 @@ explicit state `S` (any pytree; `()` for stateless drafters):
 * `verify_extras` runs inside the verification forward on its final hidden states `[B, T, D]` and logits
   `[B, T, V]` at every node (heads on verified hidden states need no forward of their own); what it returns
   reaches `update` as `verdict.extras`.
+* A drafter that sets `extra_hidden_layer = l` (static) also gets `taps` (`lsjax.verify.ForwardTaps`): the
+  residual stream entering layer l, the nodes' positions, the committed cache and the nodes' K/V at every
+  layer (what heads attending inside the target need, e.g. Speculative Streaming's streams). Such a drafter
+  may also `prune` the tree between layers l - 1 and l (early exit): the verified tree is then the pruned
+  one, and `tree` describes its shape. Drafters that leave it None run the plain forward, unchanged.
 * `update` sees the decode state after the commit (its cache already holds the accepted tokens) and the
   `Verdict`: which nodes were accepted, how many tokens each row committed, the bonus token.
 
@@ -87,7 +92,8 @@ class Drafter:
     """Base class. Subclasses are frozen dataclasses and set `tree` (the static tree shape)."""
 
     name = "base"
-    tree: TreeConfig
+    tree: TreeConfig  # the shape of the tree verification walks
+    extra_hidden_layer: int | None = None
 
     @property
     def max_depth(self) -> int:
@@ -103,8 +109,13 @@ class Drafter:
     def propose(self, ctx: DraftContext, state, draft_state, key: jax.Array) -> Tree:
         raise NotImplementedError
 
-    def verify_extras(self, ctx: DraftContext, tree: Tree, hidden: jax.Array, logits: jax.Array) -> Any:
+    def verify_extras(self, ctx: DraftContext, tree: Tree, hidden: jax.Array, logits: jax.Array, taps=None) -> Any:
         return ()
+
+    def prune(self, ctx: DraftContext, tree: Tree, mid_hidden: jax.Array) -> tuple[Tree, jax.Array] | None:
+        """With `extra_hidden_layer` set: (the tree to verify, idx [B, T'] of its nodes in `tree`), chosen from
+        the residual stream entering that layer; None keeps the proposed tree."""
+        return None
 
     def update(self, ctx: DraftContext, state, draft_state, verdict: Verdict) -> Any:
         return draft_state

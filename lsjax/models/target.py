@@ -176,6 +176,8 @@ def forward_hidden(
     tree_mask: jax.Array | None = None,
     *,
     backend: str = "auto",
+    layers: tuple[int, int] | None = None,
+    x: jax.Array | None = None,
 ):
     """Runs the decoder over T new tokens.
 
@@ -183,9 +185,15 @@ def forward_hidden(
     `[0, cache.lengths)` unmasked and each other under `tree_mask` [B, T, T]
     (None = causal chain). Returns (hidden [B, T, D] before the final norm,
     new_k, new_v [L, B, T, K, H]).
+
+    `layers=(lo, hi)` runs layers [lo, hi) only, from `x` [B, T, D] (the residual stream entering layer lo;
+    the embeddings when None), and returns that range's K/V [hi - lo, B, T, K, H]: a caller can stop
+    between layers (to read or prune the tree there) and go on. Without it the code is the plain forward.
     """
     cos, sin = rope_angles(positions, inverse_frequencies(config))
-    x = embed(params, tokens).astype(jnp.dtype(config.dtype))
+    lo, hi = layers if layers is not None else (0, config.num_layers)
+    if x is None:
+        x = embed(params, tokens).astype(jnp.dtype(config.dtype))
     eps = config.rms_norm_eps
 
     def attend(q, k, v, index):
@@ -206,7 +214,7 @@ def forward_hidden(
     if is_prepared(params):
         # Unrolled: each layer reads its own weight arrays in place (see prepare_for_decode).
         new_k, new_v = [], []
-        for i, layer in enumerate(params["layers"]):
+        for i, layer in enumerate(params["layers"][lo:hi], start=lo):
             x, k, v = _prepared_layer(layer, config, x, cos, sin, lambda q, k, v, i=i: attend(q, k, v, i))
             new_k.append(k)
             new_v.append(v)
@@ -221,7 +229,10 @@ def forward_hidden(
         x = x + mlp(layer, rms_norm(x, layer["mlp_norm"], eps))
         return x, (k, v)
 
-    x, (new_k, new_v) = jax.lax.scan(layer_fn, x, (params["layers"], jnp.arange(config.num_layers)))
+    stacked = params["layers"]
+    if layers is not None:
+        stacked = jax.tree.map(lambda a: a[lo:hi], stacked)
+    x, (new_k, new_v) = jax.lax.scan(layer_fn, x, (stacked, jnp.arange(lo, hi)))
     return x, new_k, new_v
 
 

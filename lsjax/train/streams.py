@@ -1,0 +1,404 @@
+"""Training Speculative Streaming's streams (lossless mode) from the shared target-feature cache.
+
+    python train.py --config configs/train/smollm2-streams.yaml [--resume] [--export DIR]
+
+The target stays frozen and mostly unrun: a batch is a few sequences of the feature cache (`tokens`,
+`loss_mask`, `mid_hidden` = the residual entering layer L = N - N_s, `topk_ids`). The step runs only the top
+N_s layers:
+
+* the main stream from `mid_hidden` over every position (no gradient): the keys and values each stream
+  attends to at those layers;
+* the gamma streams at `positions` query positions per sequence drawn among the supervised ones (streams at
+  different positions never interact, so the others are not computed: the paper's segment attention (App. I)
+  saves memory the same way);
+* loss = sum_j alpha_j CE(stream j at t, label at t + 1 + j) / sum of weights, plus `exit_weight` x the
+  early-exit adapter's next-token CE at the same positions. Labels are the target's own argmax continuation
+  (`labels: target`, what verification accepts) or the data (`labels: data`).
+
+Only the stream params (stream embeddings, stream adapters, the early-exit adapter) are optimised. The run
+resumes exactly (orbax: params, optimizer, step, RNG, data position) and exports a stream checkpoint
+(`lsjax.drafters.streams.save_streams`) that `decode.py --method streams` finds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lsjax.config import ConfigError, ModelConfig, _check, _positive_int
+from lsjax.models import streams as ss
+from lsjax.models import target as target_lib
+from lsjax.train.config import CheckpointConfig, LogConfig, OptimConfig, TargetConfig
+
+LABELS = ("target", "data")
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamsDataConfig:
+    set: str = "chat-2048"  # feature-cache set(s), comma-separated: names under the cache root or paths
+    seq_len: int = 2048  # must equal the set's
+    batch_size: int = 1  # sequences per micro-batch
+    grad_accum: int = 4
+    positions: int = 128  # stream query positions per sequence
+    max_sequences: int = 0  # 0 = every complete sequence of the set(s)
+
+    def __post_init__(self):
+        _check(isinstance(self.set, str) and bool(self.set), "data.set", "must name a feature-cache set")
+        for f in ("seq_len", "batch_size", "grad_accum", "positions"):
+            _positive_int(getattr(self, f), f"data.{f}")
+        _check(self.max_sequences >= 0, "data.max_sequences", f"must be >= 0 (0 = all), got {self.max_sequences}")
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamsLossConfig:
+    alphas: tuple[float, ...] = ()  # per stream; () = 1.0 each
+    exit_weight: float = 1.0  # the early-exit (pruning) adapter's next-token loss
+    labels: str = "target"
+    chunk_size: int = 128  # rows per LM-head chunk
+
+    def __post_init__(self):
+        _check(all(a >= 0 for a in self.alphas), "loss.alphas", f"must be >= 0, got {self.alphas}")
+        _check(self.exit_weight >= 0, "loss.exit_weight", f"must be >= 0, got {self.exit_weight}")
+        _check(self.labels in LABELS, "loss.labels", f"must be one of {'|'.join(LABELS)}, got {self.labels!r}")
+        _positive_int(self.chunk_size, "loss.chunk_size")
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamsTrainConfig:
+    name: str = "streams"
+    run_dir: str = ""  # "" = runs/<name>
+    seed: int = 0
+    steps: int = 0  # 0 = optim.total_steps
+    target: TargetConfig = TargetConfig()
+    streams: ss.StreamsConfig = ss.StreamsConfig()
+    data: StreamsDataConfig = StreamsDataConfig()
+    loss: StreamsLossConfig = StreamsLossConfig()
+    optim: OptimConfig = OptimConfig(lr=5e-4, warmup_steps=20, total_steps=500, weight_decay=0.0)
+    checkpoint: CheckpointConfig = CheckpointConfig(every=50)
+    log: LogConfig = LogConfig(tensorboard=False)
+    tree: str = ""  # the decode tree stored with the export ("" = the drafter's default)
+
+    def __post_init__(self):
+        _check(bool(self.name) and "/" not in self.name, "name", f"must be a name without '/', got {self.name!r}")
+        _check(
+            0 <= self.steps <= self.optim.total_steps, "steps", f"must be in [0, optim.total_steps], got {self.steps}"
+        )
+        _check(
+            not self.loss.alphas or len(self.loss.alphas) == self.streams.num_streams,
+            "loss.alphas",
+            f"needs one weight per stream ({self.streams.num_streams}), got {len(self.loss.alphas)}",
+        )
+
+    @property
+    def num_steps(self) -> int:
+        return self.steps or self.optim.total_steps
+
+    @property
+    def resolved_run_dir(self) -> str:
+        return self.run_dir or f"runs/{self.name}"
+
+
+# ----------------------------------------------------------------------------- the loss
+
+
+def sample_positions(key: jax.Array, loss_mask: jax.Array, num: int) -> jax.Array:
+    """[B, num] query positions t, uniform without replacement among those whose first stream label
+    (t + 2) is supervised, falling back to any position with a label when there are fewer."""
+    B, T = loss_mask.shape
+    t = jnp.arange(T)
+    supervised = jnp.zeros((B, T), bool).at[:, : T - 2].set(loss_mask[:, 2:] > 0)
+    score = jnp.where(supervised, 0.0, -1e9) + jnp.where(t < T - 2, 0.0, -2e9)[None]
+    noise = jax.random.gumbel(key, (B, T))
+    return jax.lax.top_k(score + noise, min(num, T - 2))[1].astype(jnp.int32)
+
+
+def _chunked_ce(target_params, config, h, labels, weights, chunk: int):
+    """Weighted CE sums over rows h [R, D] (LM head in chunks, rematerialised in the backward pass):
+    (ce_sum, correct_sum)."""
+    R = h.shape[0]
+    n = -(-R // chunk)
+    pad = n * chunk - R
+    h = jnp.pad(h, ((0, pad), (0, 0))).reshape(n, chunk, -1)
+    labels = jnp.pad(labels, (0, pad)).reshape(n, chunk)
+    weights = jnp.pad(weights, (0, pad)).reshape(n, chunk)
+
+    @jax.checkpoint
+    def one(x):
+        hc, yc, wc = x
+        logp = jax.nn.log_softmax(target_lib.lm_head(target_params, config, hc), axis=-1)
+        picked = jnp.take_along_axis(logp, yc[:, None], axis=1)[:, 0]
+        right = jnp.argmax(logp, axis=-1) == yc
+        return -jnp.sum(picked * wc), jnp.sum(right * wc)
+
+    ce, right = jax.lax.map(one, (h, labels, weights))
+    return jnp.sum(ce), jnp.sum(right)
+
+
+def stream_losses(stream_params, target_params, config: ModelConfig, cfg: StreamsTrainConfig, batch, key) -> dict:
+    """Per-stream and early-exit weighted sums for one micro-batch: {"ce_j", "acc_j", "w_j", "exit_ce", ...}.
+
+    batch: tokens, loss_mask [B, T]; mid_hidden [B, T, D]; topk_ids [B, T, k] (the target's argmax first)."""
+    scfg, lcfg = cfg.streams, cfg.loss
+    S = scfg.num_streams
+    L = scfg.first_layer(config)
+    mid = batch["mid_hidden"].astype(jnp.dtype(config.dtype))
+    B, T, D = mid.shape
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    # The frozen main stream: its keys and values at the top layers, no gradient.
+    _, mk, mv = jax.lax.stop_gradient(ss.main_top_layers(target_params, config, scfg, mid, pos))
+    q = sample_positions(key, batch["loss_mask"], cfg.data.positions)  # [B, P]
+    mid_q = jnp.take_along_axis(mid, q[:, :, None], axis=1)
+    s = ss.stream_hidden(stream_params, target_params, config, scfg, mid_q, q, ss.causal_main_kv(mk, mv, q, L))
+    # Labels: the token at t + 1 + j. "target": the target's argmax after t + j (its own continuation).
+    if lcfg.labels == "target":
+        nxt = batch["topk_ids"][..., 0]  # [B, T]: the token the target predicts after each position
+        label_at = lambda t: jnp.take_along_axis(nxt, jnp.clip(t - 1, 0, T - 1), axis=1)  # noqa: E731
+    else:
+        label_at = lambda t: jnp.take_along_axis(batch["tokens"], jnp.clip(t, 0, T - 1), axis=1)  # noqa: E731
+    mask = batch["loss_mask"].astype(jnp.float32)
+    out = {}
+    for j in range(1, S + 1):
+        t = q + 1 + j
+        w = jnp.where(t < T, jnp.take_along_axis(mask, jnp.clip(t, 0, T - 1), axis=1), 0.0)
+        ce, right = _chunked_ce(
+            target_params,
+            config,
+            s[:, :, j - 1].reshape(-1, D),
+            label_at(t).reshape(-1),
+            w.reshape(-1),
+            lcfg.chunk_size,
+        )
+        out |= {f"ce_{j}": ce, f"acc_{j}": right, f"w_{j}": jnp.sum(w)}
+    # The early-exit adapter: the next token from the residual entering layer L.
+    t = q + 1
+    w = jnp.take_along_axis(mask, jnp.clip(t, 0, T - 1), axis=1)
+    ce, right = _chunked_ce(
+        target_params,
+        config,
+        ss.exit_hidden(stream_params, mid_q).reshape(-1, D),
+        label_at(t).reshape(-1),
+        w.reshape(-1),
+        lcfg.chunk_size,
+    )
+    return out | {"exit_ce": ce, "exit_acc": right, "exit_w": jnp.sum(w)}
+
+
+def _objective(sums: dict, cfg: StreamsTrainConfig) -> jax.Array:
+    S = cfg.streams.num_streams
+    alphas = cfg.loss.alphas or (1.0,) * S
+    loss = sum(a * sums[f"ce_{j}"] / jnp.maximum(sums[f"w_{j}"], 1.0) for j, a in zip(range(1, S + 1), alphas))
+    return loss + cfg.loss.exit_weight * sums["exit_ce"] / jnp.maximum(sums["exit_w"], 1.0)
+
+
+def make_train_step(config: ModelConfig, cfg: StreamsTrainConfig, optimizer):
+    """(state, target_params, batch [A, B, ...], key) -> (state, metrics): gradients for the stream params
+    only (the target is an argument, never differentiated), summed over the A micro-batches."""
+    import optax
+
+    from lsjax.train.step import TrainState
+
+    def sums_of(params, target_params, batch, key):
+        A = batch["tokens"].shape[0]
+
+        def micro(carry, xs):
+            b, k = xs
+            out = stream_losses(params, target_params, config, cfg, b, k)
+            return jax.tree.map(jnp.add, carry, out), None
+
+        init = jax.eval_shape(
+            lambda: stream_losses(params, target_params, config, cfg, jax.tree.map(lambda x: x[0], batch), key)
+        )
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), init)
+        sums, _ = jax.lax.scan(micro, zeros, (batch, jax.random.split(key, A)))
+        return sums
+
+    def loss_fn(params, target_params, batch, key):
+        sums = sums_of(params, target_params, batch, key)
+        return _objective(sums, cfg), sums
+
+    def step(state, target_params, batch, key):
+        (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, target_params, batch, key)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads)} | summarize(sums, cfg)
+        return TrainState(state.step + 1, params, opt_state), metrics
+
+    return step
+
+
+def summarize(sums: dict, cfg: StreamsTrainConfig) -> dict:
+    out = {}
+    for j in range(1, cfg.streams.num_streams + 1):
+        w = jnp.maximum(sums[f"w_{j}"], 1.0)
+        out |= {f"ce_{j}": sums[f"ce_{j}"] / w, f"acc_{j}": sums[f"acc_{j}"] / w}
+    w = jnp.maximum(sums["exit_w"], 1.0)
+    return out | {"exit_ce": sums["exit_ce"] / w, "exit_acc": sums["exit_acc"] / w, "acc": out["acc_1"]}
+
+
+# ----------------------------------------------------------------------------- data
+
+
+class Batches:
+    """Seeded epochs over the feature sets' sequences; the state is one integer (sequences consumed)."""
+
+    FIELDS = ("tokens", "loss_mask", "mid_hidden", "topk_ids")
+
+    def __init__(self, cfg: StreamsTrainConfig, config: ModelConfig):
+        from lsjax.train import feature_cache as fcm
+
+        self.fc = fcm.FeatureSets.open(cfg.data.set, cfg.data.max_sequences)
+        if self.fc.seq_len != cfg.data.seq_len:
+            raise ConfigError(f"data.seq_len: must equal the feature set's {self.fc.seq_len}, got {cfg.data.seq_len}")
+        mids = {c.mid_layer for c in self.fc.caches}
+        L = cfg.streams.first_layer(config)
+        if mids != {L}:
+            raise ConfigError(
+                f"streams.msa_layers: the feature set stores the residual entering layer {sorted(mids)}, "
+                f"the streams start at layer {L} = {config.num_layers} - {cfg.streams.msa_layers}"
+            )
+        self.n = self.fc.num_sequences
+        self.per_step = cfg.data.batch_size * cfg.data.grad_accum
+        if self.n < self.per_step:
+            raise ConfigError(f"data.set: {self.n} complete sequences, fewer than one step's {self.per_step}")
+        self.cfg, self.position = cfg, 0
+
+    def _order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.cfg.seed, epoch]).permutation(self.n)
+
+    def next(self) -> dict:
+        idx = []
+        while len(idx) < self.per_step:
+            epoch, at = divmod(self.position, self.n)
+            take = min(self.per_step - len(idx), self.n - at)
+            idx.extend(self._order(epoch)[at : at + take].tolist())
+            self.position += take
+        rows = self.fc.read(np.asarray(idx), self.FIELDS)
+        A, B = self.cfg.data.grad_accum, self.cfg.data.batch_size
+        return {k: v.reshape(A, B, *v.shape[1:]) for k, v in rows.items()}
+
+    def describe(self) -> str:
+        return self.fc.describe()
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def fit_streams(
+    cfg: StreamsTrainConfig, *, resume: bool = False, log=print, stop_after: int | None = None, target=None
+) -> dict:
+    """Runs (or resumes) a stream-training run; writes metrics.jsonl, checkpoints/ and, at the end, the
+    exported stream checkpoint in <run_dir>/export. `target` = (config, params) replaces `cfg.target`
+    (tests: a tiny target with peaky logits)."""
+    from lsjax.drafters.streams import save_streams
+    from lsjax.train.checkpoint import Checkpointer
+    from lsjax.train.loop import load_target
+    from lsjax.train.step import init_state, make_optimizer
+
+    run_dir = Path(cfg.resolved_run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config, target_params, _ = target if target is not None else load_target(cfg)
+    data = Batches(cfg, config)
+    log(f"data: {data.n} sequences x {cfg.data.seq_len} tokens from {data.describe()}")
+    params = ss.init_params(config, cfg.streams, jax.random.PRNGKey(cfg.seed))
+    log(f"streams: {ss.num_params(config, cfg.streams)} trained parameters (the target's {config.num_params()})")
+    optimizer = make_optimizer(cfg.optim)
+    state = init_state(params, optimizer)
+    rng = jax.random.PRNGKey(cfg.seed)
+    ckpt = Checkpointer(run_dir / "checkpoints", keep=cfg.checkpoint.keep)
+    metrics_file = run_dir / "metrics.jsonl"
+    start = 0
+    if resume and ckpt.latest_step() is not None:
+        state, rng, data_state, _ = ckpt.restore(state, rng)
+        data.position = int(data_state["position"])
+        start = int(state.step)
+        lines = metrics_file.read_text().splitlines() if metrics_file.exists() else []
+        metrics_file.write_text("".join(x + "\n" for x in lines if x.strip() and json.loads(x)["step"] <= start))
+        log(f"resumed from step {start}")
+    else:
+        metrics_file.write_text("")
+    step_fn = jax.jit(make_train_step(config, cfg, optimizer), donate_argnums=(0,))
+    total = cfg.num_steps if stop_after is None else min(cfg.num_steps, stop_after)
+    losses, t_start = [], time.perf_counter()
+    try:
+        for step in range(start, total):
+            batch = data.next()
+            t0 = time.perf_counter()
+            state, metrics = step_fn(state, target_params, batch, jax.random.fold_in(rng, step))
+            metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            if not np.isfinite(metrics["loss"]):
+                from lsjax.train.loop import TrainingDiverged
+
+                raise TrainingDiverged(f"non-finite loss ({metrics['loss']}) at step {step + 1}")
+            record = {"step": step + 1, **metrics, "step_s": time.perf_counter() - t0}
+            losses.append(metrics["loss"])
+            if (step + 1) % cfg.log.every == 0 or step + 1 == total:
+                with metrics_file.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+                log(
+                    f"step {step + 1}: loss {metrics['loss']:.3f} acc_1 {metrics['acc_1']:.3f} "
+                    f"exit_acc {metrics['exit_acc']:.3f} ({record['step_s']:.1f}s)"
+                )
+            if (step + 1) % cfg.checkpoint.every == 0 or step + 1 == cfg.num_steps:
+                ckpt.save(step + 1, state, rng, {"position": data.position}, {"step": step + 1})
+    finally:
+        ckpt.close()
+    exported = None
+    if stop_after is None:
+        meta = {"target": config.name, "trained_steps": total, **({"tree": cfg.tree} if cfg.tree else {})}
+        exported = save_streams(run_dir / "export", jax.device_get(state.params), cfg.streams, meta)
+    return {
+        "run_dir": str(run_dir),
+        "steps": total,
+        "start": start,
+        "losses": losses,
+        "wall_s": time.perf_counter() - t_start,
+        "state": state,
+        "export": str(exported) if exported else None,
+    }
+
+
+def export_streams(cfg: StreamsTrainConfig, out_dir, config: ModelConfig | None = None) -> Path:
+    """The run's latest checkpoint as a stream checkpoint directory."""
+    from lsjax.drafters.streams import save_streams
+    from lsjax.train.checkpoint import load_draft_params
+
+    params = load_draft_params(Path(cfg.resolved_run_dir))
+    meta = {"trained_run": cfg.resolved_run_dir, **({"tree": cfg.tree} if cfg.tree else {})}
+    if config is not None:
+        meta["target"] = config.name
+    return save_streams(out_dir, params, cfg.streams, meta)
+
+
+def cli(raw: dict, args) -> int:
+    """`train.py --config X.yaml` for a config with a `streams:` section (exit status 2 on a bad input)."""
+    import sys
+
+    from lsjax.config import apply_overrides, from_dict
+    from lsjax.errors import LsjaxError
+
+    try:
+        cfg = from_dict(StreamsTrainConfig, apply_overrides(raw, args.set))
+    except (ConfigError, TypeError) as e:
+        print(f"error: config {args.config}: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    try:
+        if args.export:
+            out = export_streams(cfg, args.export)
+            print(json.dumps({"exported": str(out), "from": cfg.resolved_run_dir}))
+            return 0
+        out = fit_streams(cfg, resume=args.resume)
+    except (LsjaxError, FileNotFoundError) as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    print(
+        json.dumps(
+            {k: out[k] for k in ("run_dir", "steps", "export")} | {"loss": out["losses"][-1] if out["losses"] else None}
+        )
+    )
+    return 0
