@@ -35,6 +35,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability (0 = off)")
+    p.add_argument(
+        "--penalty",
+        type=float,
+        default=1.0,
+        help="contextual penalty theta on the tokens of the last --penalty-window generated ones "
+        "(TokenSwift; 1 = off, the paper uses 1.2 with min-p 0.1 at T=1); every method samples the same "
+        "penalized distribution",
+    )
+    p.add_argument("--penalty-window", type=int, default=1024, help="the penalty's window W (default 1024)")
     p.add_argument("--seed", type=int, default=0, help="RNG seed for sampling")
     p.add_argument(
         "--draft-sampling",
@@ -124,6 +133,8 @@ def main(argv=None) -> int:
                 top_p=args.top_p,
                 min_p=args.min_p,
                 draft_sampling=args.draft_sampling,
+                penalty=args.penalty,
+                penalty_window=args.penalty_window,
             ),
             ignore_eos=args.ignore_eos,
         )

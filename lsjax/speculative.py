@@ -35,6 +35,7 @@ from lsjax.config import GenerateConfig
 from lsjax.decoding import DecodeState
 from lsjax.drafters.base import ARDrafter, DraftContext, Drafter, Verdict
 from lsjax.errors import LsjaxError
+from lsjax.sampling import tree_penalty_mask
 from lsjax.tree import Tree
 from lsjax.verify import accept, gather_path_kv, tree_forward
 
@@ -57,12 +58,31 @@ def draft_phase(ctx: DraftContext, drafter: Drafter, state: DecodeState) -> Tree
     return drafter.propose(ctx, state, state.draft, step_keys(state.key)[1])
 
 
+def penalty_windows(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState, tree: Tree):
+    """Each node's contextual-penalty window [B, T, V] (None when the penalty is off): the generated tokens
+    (`state.out`, the root last) then the node's own path, as AR would have them after that path."""
+    s = gen.sampling
+    if not s.penalized:
+        return None
+    return tree_penalty_mask(
+        state.out,
+        state.num_out,
+        tree.tokens,
+        tree.mask,
+        tree.depth,
+        s.penalty_window,
+        ctx.config.vocab_size,
+        drafter.max_depth,
+    )
+
+
 def verify_phase(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState, tree: Tree):
     """Target forward over the tree + acceptance. Returns (verdict, path_k, path_v) with the path's K/V
     [L, B, max_depth + 1, K, H] for the commit."""
     hidden, logits, new_k, new_v = tree_forward(ctx.target_params, ctx.config, tree, state.cache, backend=ctx.backend)
+    penalized = penalty_windows(ctx, drafter, gen, state, tree)
     path, num_accepted, bonus = accept(
-        tree, logits, gen.sampling, step_keys(state.key)[2], drafter.max_depth, _levels(drafter)
+        tree, logits, gen.sampling, step_keys(state.key)[2], drafter.max_depth, _levels(drafter), penalized
     )
     active = ~state.done
     num_accepted = jnp.where(active, num_accepted, 0)

@@ -1,5 +1,6 @@
 """Losslessness at T > 0, deep: the joint distribution of 4 generated tokens under speculative sampling equals
-the target's, enumerated exactly with filters computed by an independent numpy reference.
+the target's, enumerated exactly with filters (and the contextual penalty, whose window depends on the
+tokens before each one) computed by an independent numpy reference.
 
 The first token comes from prefill; a drafter of depth >= 3 then produces tokens 2-4 in one step when it
 accepts two nodes, so the tests see draws below multi-node acceptances, bonuses after them and the next
@@ -64,7 +65,10 @@ def exact_joint(params, config, prompt, sampling: SamplingConfig, k: int = K) ->
         last = np.asarray(_last_logits(params, config, toks), np.float64)
         nxt = {}
         for p, row in zip(prefixes, last):
-            q = reference_probs(row, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
+            # The contextual penalty's window: the last W generated tokens (the prompt is not generation).
+            window = p[-sampling.penalty_window :]
+            s = sampling
+            q = reference_probs(row, s.temperature, s.top_k, s.top_p, s.min_p, s.penalty, window)
             for t in range(V):
                 nxt[p + (t,)] = probs[p] * q[t]
         probs = nxt
@@ -158,7 +162,8 @@ class TableDrafter(Drafter):
         tokens, parents, logq = [state.root[:, None]], [jnp.full((B, 1), -1, jnp.int32)], []
         offsets = self.tree.level_offsets()
         frontier = state.root[:, None]
-        sampling = ctx.sampling if not ctx.sampling.greedy else SamplingConfig(1.0)
+        # q may be any distribution; the penalty's window is left out of it.
+        sampling = dataclasses.replace(ctx.sampling, penalty=1.0) if not ctx.sampling.greedy else SamplingConfig(1.0)
         for d, f in enumerate(self.fanout):
             lq = processed_logprobs(self.table()[frontier] / self.tau, sampling)  # [B, w, V]
             logq.append(lq)
@@ -197,6 +202,9 @@ SAMPLINGS = {
     "topk": SamplingConfig(temperature=1.2, top_k=3),
     "topp": SamplingConfig(temperature=1.5, top_p=0.9),
     "minp": SamplingConfig(temperature=1.5, min_p=0.1),
+    # The contextual penalty with windows shorter than the tree's depth: a node's window ends on its own path.
+    "T1-penalty": SamplingConfig(temperature=1.0, penalty=1.6, penalty_window=2),
+    "minp-penalty": SamplingConfig(temperature=1.5, min_p=0.1, penalty=1.4, penalty_window=3),
 }
 # By default (N = 100K): the LongSpec drafter's sampled trees at T=1 (recursive rejection sampling over a real
 # draft) and a sampled k-ary tree under top-p; the slow set runs every drafter with every filter at N = 400K.
