@@ -31,7 +31,9 @@ from lsjax.drafters.base import Drafter
 from lsjax.drafters.hybrid import HybridDrafter
 from lsjax.drafters.longspec import LongSpecDrafter
 from lsjax.drafters.pld import PLDDrafter
+from lsjax.drafters.tokenswift import TokenSwiftConfig, TokenSwiftDrafter
 from lsjax.models import target
+from lsjax.models import tokenswift_heads as th
 from lsjax.sampling import processed_logprobs
 from lsjax.tree import Tree, TreeConfig, make_tree
 from lsjax.verify import accept
@@ -196,6 +198,9 @@ DRAFTERS = {
     "pld": PLDDrafter(num_tokens=3, ngram_max=2),
     "longspec": LongSpecDrafter(TreeConfig((2, 3, 2)), LS),
     "hybrid": HybridDrafter(LongSpecDrafter(TreeConfig((2, 2, 2)), LS), PLDDrafter(num_tokens=3, ngram_max=2)),
+    # A partial cache smaller than the context (a real selection and rebuilds) and n-gram chains.
+    "tokenswift": TokenSwiftDrafter(TokenSwiftConfig(topk=(1, 2, 2), kv_budget=4, kv_sink=1, ngram_topk=2, ngram_n=3)),
+    "tokenswift-verified": TokenSwiftDrafter(TokenSwiftConfig(draft_pass="verified", topk=(2, 2), ngram_topk=2)),
 }
 SAMPLINGS = {
     "T1": SamplingConfig(temperature=1.0),
@@ -217,6 +222,8 @@ CASES = [pytest.param(d, s, N, id=f"{d}-{s}") for d, s in sorted(DEFAULT)] + [
 def draft_params_for(params, config, drafter):
     if isinstance(drafter, LongSpecDrafter | HybridDrafter):
         return longspec_params(params, config, getattr(drafter, "longspec", drafter))
+    if isinstance(drafter, TokenSwiftDrafter):
+        return th.init_params(config, drafter.heads, params, key=jax.random.key(2))
     return ()
 
 
