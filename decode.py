@@ -80,6 +80,23 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=registry.PLD_NGRAM,
         help=f"pld|hybrid: longest n-gram matched (default {registry.PLD_NGRAM})",
     )
+    p.add_argument(
+        "--heads", help="tokenswift: a heads checkpoint (directory), or 'zero' for untrained heads (default: shipped)"
+    )
+    p.add_argument("--kv-budget", type=int, default=None, help="tokenswift: partial KV cache entries (default 1024)")
+    p.add_argument("--ngram-topk", type=int, default=None, help="tokenswift: n-gram chains per step (default 20)")
+    p.add_argument(
+        "--ts-draft-pass",
+        choices=("partial", "full", "verified"),
+        default=None,
+        help="tokenswift: the heads' hidden state from a draft pass over the partial cache (default), over "
+        "the full cache, or from verification itself (no draft pass)",
+    )
+    p.add_argument(
+        "--ts-topk",
+        default=None,
+        help="tokenswift: candidates per logit set, comma-separated (default 1,3,3,3; verified 3,3,3)",
+    )
     p.add_argument("--compare", choices=("ar",), help="also run AR on the same prompt; print speedup and equality")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     p.add_argument(
@@ -116,6 +133,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if (args.pld_tokens is not None and args.pld_tokens < 1) or args.pld_ngram < 1:
         fail("--pld-tokens and --pld-ngram must be >= 1")
+    ts_topk = None
+    if args.ts_topk is not None:
+        try:
+            ts_topk = tuple(int(k) for k in args.ts_topk.split(","))
+        except ValueError:
+            fail(f"--ts-topk: expected comma-separated integers, got {args.ts_topk!r}")
     # The engine's imports come after argument parsing, so `--help` and flag errors stay quick.
     from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
     from lsjax.drafters import registry
@@ -157,7 +180,17 @@ def main(argv=None) -> int:
         check_prompt(model.config, ids, gen.max_new_tokens)
         method = args.method or ("longspec" if args.draft or default_draft_path(model.path) else "ar")
         drafter, draft_params = registry.build(
-            method, model, draft=args.draft, tree=args.tree, pld_tokens=args.pld_tokens, pld_ngram=args.pld_ngram
+            method,
+            model,
+            draft=args.draft,
+            tree=args.tree,
+            pld_tokens=args.pld_tokens,
+            pld_ngram=args.pld_ngram,
+            heads=args.heads,
+            kv_budget=args.kv_budget,
+            ngram_topk=args.ngram_topk,
+            draft_pass=args.ts_draft_pass,
+            ts_topk=ts_topk,
         )
         generator = Generator(model.config, model.params, drafter, draft_params, backend=args.backend)
         if not args.json:
