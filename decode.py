@@ -85,6 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--kv-budget", type=int, default=None, help="tokenswift: partial KV cache entries (default 1024)")
     p.add_argument("--ngram-topk", type=int, default=None, help="tokenswift: n-gram chains per step (default 20)")
+    p.add_argument("--ngram-n", type=int, default=None, help="tokenswift: n-gram length (default 4)")
     p.add_argument(
         "--ts-draft-pass",
         choices=("partial", "full", "verified"),
@@ -189,6 +190,7 @@ def main(argv=None) -> int:
             heads=args.heads,
             kv_budget=args.kv_budget,
             ngram_topk=args.ngram_topk,
+            ngram_n=args.ngram_n,
             draft_pass=args.ts_draft_pass,
             ts_topk=ts_topk,
         )

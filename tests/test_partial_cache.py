@@ -58,6 +58,7 @@ def _prefilled(prompt_len, capacity=128):
     return config, params, fill(jnp.asarray(toks), jnp.asarray([prompt_len])), rng
 
 
+@pytest.mark.slow
 def test_draft_pass_over_a_cache_that_holds_everything_equals_the_full_forward():
     config, params, cache, _ = _prefilled(40)
     root, pos = jnp.asarray([[7]]), jnp.asarray([[40]])

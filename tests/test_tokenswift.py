@@ -35,7 +35,7 @@ DRAFTERS = {
     "full": ts(draft_pass="full", topk=(1, 2, 2), ngram_topk=3, ngram_n=3),
     "verified": ts(draft_pass="verified", topk=(2, 2, 1), ngram_topk=4),
 }
-SLOW = {"partial-no-ngram", "full"}
+SLOW = {"partial-no-ngram", "full", "verified"}  # the default run keeps the paper's pass
 
 
 @pytest.mark.parametrize(
@@ -56,6 +56,7 @@ def test_greedy_tokenswift_equals_ar(name, penalty):
     assert float(sp.mean_accepted) > 1.3  # drafts get accepted
 
 
+@pytest.mark.slow
 def test_one_compile_and_partial_cache_memory_is_the_budget():
     config, params = tiny_model()
     drafter = DRAFTERS["partial"]
@@ -117,3 +118,15 @@ def test_real_smollm2_greedy_tokenswift_equals_ar(ours, draft_pass):
     sp = Generator(ours.config, ours.params, drafter, dp).generate(ids, gen)
     assert sp.tokens == ar.tokens
     assert sp.mean_accepted > 1.2
+
+
+def test_registry_options_reach_the_config():
+    from lsjax.drafters import registry
+
+    config, params = tiny_model()
+    model = type("Model", (), {"config": config, "params": params, "path": "tiny.gguf"})
+    opts = dict(heads="zero", kv_budget=64, ngram_topk=2, ngram_n=6, draft_pass="verified", ts_topk=(2, 1))
+    drafter, dp = registry.build("tokenswift", model, **opts)
+    assert drafter.cfg == TokenSwiftConfig("verified", (2, 1), 64, 16, 2, 6)
+    assert drafter.tree.depth == 5 and set(dp) == {"w", "in_norm", "out_norm"}
+    assert registry.build("tokenswift", model, heads="zero", draft_pass="verified")[0].cfg.topk == (3, 3, 3)

@@ -78,26 +78,35 @@ def test_the_config_file_parses():
     assert cfg.heads.num_heads == 3 and cfg.data.sets == ("text-2048",) and cfg.loss.distill_weight > 0
 
 
-def test_tiny_training_lowers_the_loss_resumes_exactly_and_exports(tmp_path):
+def _trained(tmp_path):
     cfg = tiny_cfg(tmp_path)
     config, params, _ = load_target(cfg)
     cache = fake_cache(config, params)
-    out = fit_heads(cfg, log=lambda *_: None, open_set=lambda d: cache)
+    return cfg, config, cache, fit_heads(cfg, log=lambda *_: None, open_set=lambda d: cache)
+
+
+def test_tiny_training_lowers_the_loss_and_exports(tmp_path):
+    cfg, config, _, out = _trained(tmp_path)
     losses = out["losses"]
     assert np.mean(losses[-5:]) < 0.92 * np.mean(losses[:5]), losses
     assert out["final"]["acc1"] > 0.5 and out["final"]["dev_acc1"] > 0.3  # chance: 1 / 97
-    # Killed after 15 steps (last checkpoint at 10), then resumed: steps 11..40 replay exactly.
-    cut = tiny_cfg(tmp_path, run_dir=str(tmp_path / "cut"))
-    fit_heads(cut, stop_after=15, log=lambda *_: None, open_set=lambda d: cache)
-    again = fit_heads(cut, resume=True, log=lambda *_: None, open_set=lambda d: cache)
-    assert again["start"] == 10
-    np.testing.assert_allclose(again["losses"], losses[10:], rtol=1e-5)
     export_heads(cfg, tmp_path / "heads")
     from lsjax.drafters.tokenswift import load_heads
 
     got, hcfg, meta = load_heads(tmp_path / "heads", config)
     np.testing.assert_allclose(got["w"], np.asarray(out["state"].params["w"]), rtol=1e-6)
     assert meta["training"]["steps"] == 40
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_exactly(tmp_path):
+    """Killed after 15 steps (last checkpoint at 10), then resumed: steps 11..40 replay exactly."""
+    _, _, cache, out = _trained(tmp_path)
+    cut = tiny_cfg(tmp_path, run_dir=str(tmp_path / "cut"))
+    fit_heads(cut, stop_after=15, log=lambda *_: None, open_set=lambda d: cache)
+    again = fit_heads(cut, resume=True, log=lambda *_: None, open_set=lambda d: cache)
+    assert again["start"] == 10
+    np.testing.assert_allclose(again["losses"], out["losses"][10:], rtol=1e-5)
 
 
 def test_gradients_reach_only_the_heads():

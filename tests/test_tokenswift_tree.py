@@ -30,7 +30,15 @@ def paths_of(tree, b):
     return out
 
 
-@pytest.mark.parametrize("topk,K,Dc", [((1, 3, 2, 2), 5, 4), ((2, 2), 4, 3), ((3, 1, 2), 0, 0), ((2,), 3, 3)])
+@pytest.mark.parametrize(
+    "topk,K,Dc",
+    [
+        ((1, 3, 2, 2), 5, 4),
+        ((2, 2), 4, 3),
+        pytest.param((3, 1, 2), 0, 0, marks=pytest.mark.slow),
+        pytest.param((2,), 3, 3, marks=pytest.mark.slow),
+    ],
+)
 def test_union_tree_is_the_trie_of_every_proposal(topk, K, Dc):
     rng = np.random.RandomState(sum(topk) + K)
     B, V = 4, 4  # a small vocabulary: chains collide with heads and with each other
@@ -69,3 +77,23 @@ def test_the_walk_follows_a_chain_below_a_merged_node():
     path, num, bonus = accept(tree, logits, SamplingConfig(), jax.random.key(0), 3)
     assert int(num[0]) == 3 and int(bonus[0]) == 3
     assert [int(tree.tokens[0, i]) for i in np.asarray(path[0])] == [1, 5, 8, 9]
+
+
+def test_sampled_tree_marks_head_nodes_with_their_childrens_q():
+    """Head nodes carry their children's level q and are marked sampled; chain nodes are deterministic; a draw
+    past q's support (invalid) is not a node, and a chain holding that token becomes a node of its own."""
+    topk = (2, 2)
+    level_logq = jnp.log(jnp.asarray([[[0.5, 0.5, 0, 0, 0, 0], [0.1, 0.2, 0.3, 0.4, 0, 0]]]))  # [B, 2, V]
+    cands = [jnp.asarray([[1, 0]]), jnp.asarray([[3, 5]])]
+    ok = [jnp.asarray([[True, True]]), jnp.asarray([[True, False]])]  # token 5 has q = 0: an invalid draw
+    chains = jnp.asarray([[[1, 5], [0, 2]]])
+    tree = build_tree(jnp.asarray([4]), cands, topk, chains, jnp.asarray([[True, True]]), ok, level_logq)
+    # Layout: level 1 = heads 1, 2 + chain slots 3, 4; level 2 = heads 5..8 + chain slots 9, 10.
+    assert set(paths_of(tree, 0)) == {(1,), (0,), (1, 3), (0, 3), (1, 5), (0, 2)}
+    valid, sampled = np.asarray(tree.valid[0]), np.asarray(tree.sampled[0])
+    assert np.flatnonzero(valid).tolist() == [0, 1, 2, 5, 7, 9, 10]
+    assert np.flatnonzero(sampled).tolist() == [1, 2, 5, 7]
+    q = np.exp(np.asarray(tree.logq[0]))
+    np.testing.assert_allclose(q[0], np.exp(level_logq[0, 0]), atol=1e-6)
+    np.testing.assert_allclose(q[[1, 2]], np.exp(level_logq[0, [1, 1]]), atol=1e-6)
+    assert np.all(q[[5, 7, 9, 10]] == 0)  # leaves and chain nodes have no sampled children

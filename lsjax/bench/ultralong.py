@@ -48,7 +48,17 @@ def parse_args(argv):
     p.add_argument("--prompt-tokens", type=int, default=1536)
     p.add_argument("--prompts", type=int, default=1, help="number of speeches")
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--methods", nargs="+", choices=list(VARIANTS), default=["ar", "tokenswift", "tokenswift-no-ngram"])
+    p.add_argument(
+        "--methods", nargs="+", default=["ar", "tokenswift", "tokenswift-no-ngram"], help=", ".join(VARIANTS)
+    )
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=METHOD:key=value,...",
+        help="an extra method for a sweep, e.g. v8=tokenswift:draft_pass=verified,ts_topk=1/1/1,ngram_n=8 "
+        "(registry options; tuples with '/'); it runs when NAME is in --methods (added at the end otherwise)",
+    )
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--penalties", type=float, nargs="+", default=[1.0], help="contextual penalty values to run")
@@ -61,10 +71,48 @@ def parse_args(argv):
     p.add_argument("--stream-every", type=int, default=32, help="decode steps between host stamps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="output directory (default bench_results/ultralong-<time>)")
+    p.add_argument("--ngram-n", type=int, help="tokenswift: n-gram length (default 4 = gamma)")
     args = p.parse_args(argv)
     if min(args.lengths) < 2:
         p.error("--lengths must be >= 2")
+    args.variants = dict(VARIANTS)
+    for spec in args.variant:
+        try:
+            args.variants.update([parse_variant(spec)])
+        except ValueError as e:
+            p.error(f"--variant {spec!r}: {e}")
+        if spec.split("=", 1)[0] not in args.methods:
+            args.methods.append(spec.split("=", 1)[0])
+    unknown = [m for m in args.methods if m not in args.variants]
+    if unknown:
+        p.error(f"--methods: unknown {', '.join(unknown)} (known: {', '.join(args.variants)})")
     return args
+
+
+def parse_variant(spec: str) -> tuple[str, tuple[str, dict]]:
+    """ "name=method:key=value,..." -> (name, (method, options)); values are ints, floats, '/'-tuples or text."""
+    name, sep, rest = spec.partition("=")
+    method, _, opts = rest.partition(":")
+    if not sep or not name or not method:
+        raise ValueError("expected NAME=METHOD[:key=value,...]")
+
+    def value(text: str):
+        if "/" in text:
+            return tuple(int(x) for x in text.split("/"))
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+        return text
+
+    options = {}
+    for item in filter(None, opts.split(",")):
+        k, eq, v = item.partition("=")
+        if not eq:
+            raise ValueError(f"option {item!r} is not key=value")
+        options[k] = value(v)
+    return name, (method, options)
 
 
 # --------------------------------------------------------------------------------------------- prompts
@@ -154,8 +202,8 @@ def build_methods(args, model, params) -> dict:
     vtopk = tuple(int(k) for k in args.ts_verified_topk.split(",")) if args.ts_verified_topk else None
     out = {}
     for name in args.methods:
-        method, fixed = VARIANTS[name]
-        opts = {"heads": heads, "kv_budget": args.kv_budget, "ngram_topk": args.ngram_topk}
+        method, fixed = args.variants[name]
+        opts = {"heads": heads, "kv_budget": args.kv_budget, "ngram_topk": args.ngram_topk, "ngram_n": args.ngram_n}
         opts["ts_topk"] = vtopk if fixed.get("draft_pass") == "verified" else topk
         drafter, dp = registry.build(method, model, **{**opts, **fixed})
         out[name] = Generator(model.config, params, drafter, dp)

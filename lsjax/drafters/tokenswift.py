@@ -18,10 +18,14 @@ token) is known: then the partial cache's rebuild (which needs the pass's querie
 in the drafter's state, and `propose` only assembles the tree. Verification's own hidden states reach
 `update` through `verify_extras` ("verified" mode), so that mode costs no forward of its own.
 
-Losslessness does not depend on any of this: the tree is a deterministic function of the committed
-context (the drafting key is unused) and verification runs the full target with the full cache, at T = 0
-(greedy walk) and T > 0 (sample-and-match) alike. Draft candidates are ranked on penalized logits when the
-contextual penalty is on (only the ranking; nothing here enters the verified distribution).
+Losslessness does not depend on any of this: verification runs the full target with the full cache. At
+T = 0 (and at T > 0 with `draft_sampling=greedy`) the tree is a deterministic function of the committed
+context, walked greedily or by sample-and-match. At T > 0 by default each head level's candidates are drawn
+from its processed distribution q (the target's own filters) without replacement with the drafting key,
+and verification runs recursive rejection sampling over them (acceptance 1 - TV(p, q) rather than p(top
+guess)); n-gram chains stay deterministic. Candidates are ranked (and q built) on penalized logits when the
+contextual penalty is on; the draft side uses the committed window only, which changes acceptance, never
+the verified distribution.
 
 Heads checkpoints: `params.npz` + `heads.json` in `lsjax/drafts/<target>/tokenswift/` (found by default,
 like the LongSpec draft beside it), or any directory given with `--heads`; "zero" = untrained heads (each a
@@ -51,7 +55,7 @@ from lsjax.drafters.tokenswift_tree import build_tree, union_config
 from lsjax.errors import CorruptFileError, ModelNotFoundError, ShapeMismatchError
 from lsjax.models import target
 from lsjax.models import tokenswift_heads as th
-from lsjax.sampling import apply_penalty, window_presence
+from lsjax.sampling import apply_penalty, processed_logprobs, window_presence
 from lsjax.tree import Tree, TreeConfig
 
 DRAFT_PASSES = ("partial", "full", "verified")
@@ -120,6 +124,7 @@ class TokenSwiftState:
     cands: jax.Array  # [B, D, kmax] int32: each logit set's best tokens for the next tree
     ngrams: Any = ()  # NgramHistory (ngram_topk > 0)
     pcache: Any = ()  # PartialCache ("partial")
+    logq: Any = ()  # [B, D, V] the logit sets' processed distributions (sampled trees at T > 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,22 +173,34 @@ class TokenSwiftDrafter(Drafter):
             h, _, _ = target.forward_hidden(
                 ctx.target_params, ctx.config, last, before.lengths[:, None], before, backend=ctx.backend
             )
-            return TokenSwiftState(self._candidates(ctx, state, h[:, 0], heads_only=True), ngrams)
+            cands, logq = self._candidates(ctx, state, h[:, 0], heads_only=True)
+            return TokenSwiftState(cands, ngrams, (), logq)
         pcache = ()
         if cfg.draft_pass == "partial":
             pcache = PartialCache.empty(ctx.config, B, min(cfg.kv_budget, ctx.capacity))
-        cands, pcache = self._draft_pass(ctx, state, pcache)
-        return TokenSwiftState(cands, ngrams, pcache)
+        cands, logq, pcache = self._draft_pass(ctx, state, pcache)
+        return TokenSwiftState(cands, ngrams, pcache, logq)
 
     def propose(self, ctx: DraftContext, state, draft_state: TokenSwiftState, key=None) -> Tree:
         cfg = self.cfg
         cands = [draft_state.cands[:, d, :k] for d, k in enumerate(cfg.topk)]
-        if not cfg.ngram_topk:
-            return build_tree(state.root, cands, cfg.topk)
-        first = draft_state.cands[:, 0, 0] if cfg.self_draft else state.root
-        grams, found = ng.pool_topk(draft_state.ngrams.pool, first, cfg.ngram_topk)
-        chains = grams if cfg.self_draft else grams[:, :, 1:]
-        return build_tree(state.root, cands, cfg.topk, chains, found)
+        ok = logq = None
+        if ctx.sampling.sample_drafts:
+            # Each level's candidates drawn from its q without replacement (Gumbel-top-k), with the
+            # drafting key: verification then runs recursive rejection sampling over them.
+            logq = draft_state.logq
+            cands, ok = [], []
+            for d, k in enumerate(cfg.topk):
+                noise = jax.random.gumbel(jax.random.fold_in(key, d), logq[:, d].shape)
+                perturbed, tok = jax.lax.top_k(logq[:, d] + noise, k)
+                cands.append(tok.astype(jnp.int32))
+                ok.append(jnp.isfinite(perturbed))
+        chains = found = None
+        if cfg.ngram_topk:
+            first = draft_state.cands[:, 0, 0] if cfg.self_draft else state.root
+            grams, found = ng.pool_topk(draft_state.ngrams.pool, first, cfg.ngram_topk)
+            chains = grams if cfg.self_draft else grams[:, :, 1:]
+        return build_tree(state.root, cands, cfg.topk, chains, found, ok, logq)
 
     def verify_extras(self, ctx: DraftContext, tree: Tree, hidden: jax.Array, logits: jax.Array):
         return hidden if self.cfg.draft_pass == "verified" else ()
@@ -196,16 +213,14 @@ class TokenSwiftDrafter(Drafter):
         if cfg.draft_pass == "verified":
             last = jnp.take_along_axis(verdict.path, verdict.num_accepted[:, None], axis=1)[:, 0]  # [B]
             h = jnp.take_along_axis(verdict.extras, last[:, None, None], axis=1)[:, 0]  # [B, D]
-            cands = self._candidates(ctx, state, h, heads_only=True)
-            # A finished row keeps its candidates (its verdict is empty).
-            cands = jnp.where((verdict.count > 0)[:, None, None], cands, draft_state.cands)
-            return TokenSwiftState(cands, ngrams)
+            cands, logq = self._candidates(ctx, state, h, heads_only=True)
+            return TokenSwiftState(cands, ngrams, (), logq)
         pcache = draft_state.pcache
         if cfg.draft_pass == "partial":
             start = state.cache.lengths - verdict.count  # the committed root's position
             pcache = write_committed(pcache, state.cache, start, verdict.count, self.max_depth + 1, cfg.kv_sink)
-        cands, pcache = self._draft_pass(ctx, state, pcache)
-        return TokenSwiftState(cands, ngrams, pcache)
+        cands, logq, pcache = self._draft_pass(ctx, state, pcache)
+        return TokenSwiftState(cands, ngrams, pcache, logq)
 
     # --------------------------------------------------------------------------------------------- pieces
 
@@ -218,11 +233,12 @@ class TokenSwiftDrafter(Drafter):
             )
         else:
             h, _, _ = target.forward_hidden(ctx.target_params, ctx.config, root, pos, state.cache, backend=ctx.backend)
-        return self._candidates(ctx, state, h[:, 0], heads_only=False), pcache
+        return *self._candidates(ctx, state, h[:, 0], heads_only=False), pcache
 
-    def _candidates(self, ctx: DraftContext, state, h0: jax.Array, heads_only: bool) -> jax.Array:
-        """h0 [B, D] -> [B, D_tree, kmax]: the best tokens of each logit set the tree uses (ranked on
-        penalized logits when the penalty is on)."""
+    def _candidates(self, ctx: DraftContext, state, h0: jax.Array, heads_only: bool):
+        """h0 [B, D] -> (cands [B, levels, kmax]: the best tokens of each logit set the tree uses, ranked on
+        penalized logits when the penalty is on; the sets' processed log-probabilities [B, levels, V] when
+        trees are sampled, else ())."""
         hp = ctx.draft_params
         levels = len(self.cfg.topk)
         if heads_only:
@@ -230,10 +246,16 @@ class TokenSwiftDrafter(Drafter):
         else:
             logits = th.all_logits(hp, ctx.target_params, ctx.config, h0)[:, :levels]  # [B, levels, V]
         s = ctx.sampling
+        window = None
         if s.penalized:
             window = window_presence(state.out, state.num_out, s.penalty_window, ctx.config.vocab_size, 0)[0]
-            logits = apply_penalty(logits, window[:, None, :], s.penalty)
-        return jax.lax.top_k(logits, max(self.cfg.topk))[1].astype(jnp.int32)
+            window = jnp.broadcast_to(window[:, None, :], logits.shape)
+            logits = apply_penalty(logits, window, s.penalty)
+        cands = jax.lax.top_k(logits, max(self.cfg.topk))[1].astype(jnp.int32)
+        if not s.sample_drafts:
+            return cands, ()
+        # The same filters as the target's (the penalty is already in the logits).
+        return cands, processed_logprobs(logits, dataclasses.replace(s, penalty=1.0))
 
 
 # ------------------------------------------------------------------------------------------- checkpoints
@@ -310,6 +332,7 @@ def _build(
     ngram_topk: int | None = None,
     draft_pass: str | None = None,
     ts_topk: tuple[int, ...] | None = None,
+    ngram_n: int | None = None,
     **_,
 ):
     base = TokenSwiftConfig(draft_pass=draft_pass or "partial")
@@ -317,6 +340,10 @@ def _build(
         ts_topk = (3, 3, 3)
     cfg = dataclasses.replace(
         base,
-        **{k: v for k, v in dict(kv_budget=kv_budget, ngram_topk=ngram_topk, topk=ts_topk).items() if v is not None},
+        **{
+            k: v
+            for k, v in dict(kv_budget=kv_budget, ngram_topk=ngram_topk, topk=ts_topk, ngram_n=ngram_n).items()
+            if v is not None
+        },
     )
     return load_tokenswift(model, heads, cfg)

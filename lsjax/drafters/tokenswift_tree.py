@@ -52,9 +52,18 @@ def build_tree(
     topk: tuple[int, ...],
     chains: jax.Array | None = None,
     found: jax.Array | None = None,
+    head_ok: list[jax.Array] | None = None,
+    level_logq: jax.Array | None = None,
 ) -> Tree:
-    """The union tree. root [B]; head_cands[d] [B, k_d]: the best tokens of logit set d, best first;
-    chains [B, K, Dc] and found [B, K]: the n-gram chains (tokens at depths 1 .. Dc) and which exist."""
+    """The union tree. root [B]; head_cands[d] [B, k_d]: the tokens of logit set d (best first, or in the
+    order drawn); chains [B, K, Dc] and found [B, K]: the n-gram chains (tokens at depths 1 .. Dc) and which
+    exist.
+
+    A sampled tree (T > 0): head_cands[d] were drawn from q_d = exp(level_logq[:, d]) [B, V] without
+    replacement (head_ok[d] [B, k_d]: False where q ran out of support), the same draw for every parent on
+    the level (each node's children are still a without-replacement sample from its q; the levels' draws
+    are independent). Head nodes are then marked sampled, with their children's q; chain nodes stay
+    deterministic (sample-and-match covers them)."""
     B = root.shape[0]
     hw = head_widths(topk)
     K, Dc = (0, 0) if chains is None else chains.shape[1:]
@@ -74,11 +83,15 @@ def build_tree(
             tok, par = cartesian_level(head_cands[d], d, topk)
             tokens = tokens.at[:, lo : lo + nh].set(tok.astype(jnp.int32))
             parents = parents.at[:, lo : lo + nh].set(jnp.asarray(offsets[d] + par)[None])
+            if head_ok is not None:
+                ok, _ = cartesian_level(head_ok[d], d, topk)
+                valid = valid.at[:, lo : lo + nh].set(ok & valid[:, offsets[d] + par])
         if d >= Dc or K == 0:
             continue
         ctok = chains[:, :, d].astype(jnp.int32)  # [B, K]
         if nh:
             on_head = same(canon, parents[:, lo : lo + nh]) & same(ctok, tokens[:, lo : lo + nh])  # [B, K, nh]
+            on_head = on_head & valid[:, None, lo : lo + nh]
         else:
             on_head = jnp.zeros((B, K, 0), bool)
         earlier = jnp.tril(jnp.ones((K, K), bool), -1)[None]  # [1, c, c']: c' < c
@@ -96,7 +109,18 @@ def build_tree(
         parents = parents.at[:, lo + nh : lo + nh + K].set(canon)
         valid = valid.at[:, lo + nh : lo + nh + K].set(found & ~head_hit & ~chain_hit)
         canon = first
-    return make_tree(tokens, parents, valid, cfg)
+    if level_logq is None:
+        return make_tree(tokens, parents, valid, cfg)
+    # Every head node at depth d < len(topk) has the level-(d + 1) candidates as children, drawn from q_{d+1}.
+    V = level_logq.shape[-1]
+    logq = jnp.full((B, T, V), -jnp.inf, jnp.float32).at[:, 0].set(level_logq[:, 0])
+    sampled = jnp.zeros((B, T), bool)
+    for d in range(len(topk)):
+        lo = offsets[d + 1]
+        sampled = sampled.at[:, lo : lo + hw[d]].set(True)
+        if d + 1 < len(topk):
+            logq = logq.at[:, lo : lo + hw[d]].set(level_logq[:, d + 1][:, None])
+    return make_tree(tokens, parents, valid, cfg, logq, sampled & valid)
 
 
 def same(a: jax.Array, b: jax.Array) -> jax.Array:
