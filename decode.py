@@ -35,6 +35,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the top probability (0 = off)")
+    p.add_argument(
+        "--penalty",
+        type=float,
+        default=1.0,
+        help="contextual penalty theta on the tokens of the last --penalty-window generated ones "
+        "(TokenSwift; 1 = off, the paper uses 1.2 with min-p 0.1 at T=1); every method samples the same "
+        "penalized distribution",
+    )
+    p.add_argument("--penalty-window", type=int, default=1024, help="the penalty's window W (default 1024)")
     p.add_argument("--seed", type=int, default=0, help="RNG seed for sampling")
     p.add_argument(
         "--draft-sampling",
@@ -86,6 +95,24 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=registry.PLD_NGRAM,
         help=f"pld|hybrid: longest n-gram matched (default {registry.PLD_NGRAM})",
     )
+    p.add_argument(
+        "--heads", help="tokenswift: a heads checkpoint (directory), or 'zero' for untrained heads (default: shipped)"
+    )
+    p.add_argument("--kv-budget", type=int, default=None, help="tokenswift: partial KV cache entries (default 1024)")
+    p.add_argument("--ngram-topk", type=int, default=None, help="tokenswift: n-gram chains per step (default 20)")
+    p.add_argument("--ngram-n", type=int, default=None, help="tokenswift: n-gram length (default 4)")
+    p.add_argument(
+        "--ts-draft-pass",
+        choices=("partial", "full", "verified"),
+        default=None,
+        help="tokenswift: the heads' hidden state from a draft pass over the partial cache (default), over "
+        "the full cache, or from verification itself (no draft pass)",
+    )
+    p.add_argument(
+        "--ts-topk",
+        default=None,
+        help="tokenswift: candidates per logit set, comma-separated (default 1,3,3,3; verified 3,3,3)",
+    )
     p.add_argument("--compare", choices=("ar",), help="also run AR on the same prompt; print speedup and equality")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     p.add_argument(
@@ -124,6 +151,12 @@ def main(argv=None) -> int:
         fail("--pld-tokens and --pld-ngram must be >= 1")
     if any(x is not None and x < 1 for x in (args.streams, args.msa_layers)):
         fail("--streams and --msa-layers must be >= 1")
+    ts_topk = None
+    if args.ts_topk is not None:
+        try:
+            ts_topk = tuple(int(k) for k in args.ts_topk.split(","))
+        except ValueError:
+            fail(f"--ts-topk: expected comma-separated integers, got {args.ts_topk!r}")
     # The engine's imports come after argument parsing, so `--help` and flag errors stay quick.
     from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
     from lsjax.drafters import registry
@@ -141,6 +174,8 @@ def main(argv=None) -> int:
                 top_p=args.top_p,
                 min_p=args.min_p,
                 draft_sampling=args.draft_sampling,
+                penalty=args.penalty,
+                penalty_window=args.penalty_window,
             ),
             ignore_eos=args.ignore_eos,
         )
@@ -172,6 +207,12 @@ def main(argv=None) -> int:
             pld_ngram=args.pld_ngram,
             streams=args.streams,
             msa_layers=args.msa_layers,
+            heads=args.heads,
+            kv_budget=args.kv_budget,
+            ngram_topk=args.ngram_topk,
+            ngram_n=args.ngram_n,
+            draft_pass=args.ts_draft_pass,
+            ts_topk=ts_topk,
         )
         generator = Generator(
             model.config, model.params, drafter, draft_params, backend=args.backend, cost_profile=args.cost_profile

@@ -1,7 +1,7 @@
-"""Train a LongSpec draft, or Speculative Streaming's streams (a config with a `streams:` section):
+"""Train a draft: python train.py --config configs/train/X.yaml [--set a.b=value ...] [--resume]
 
-python train.py --config configs/train/X.yaml [--set a.b=value ...] [--resume]
-"""
+A LongSpec draft by default; Speculative Streaming's streams for a config with a `streams:` section;
+TokenSwift's heads for a config with `kind: tokenswift-heads`."""
 
 from __future__ import annotations
 
@@ -37,7 +37,10 @@ def main(argv: list[str] | None = None) -> int:
             from lsjax.train.streams import cli
 
             return cli(raw, args)
-        cfg = from_dict(TrainConfig, apply_overrides(raw, args.set))
+        raw = apply_overrides(raw, args.set)
+        if isinstance(raw, dict) and raw.get("kind") == "tokenswift-heads":  # TokenSwift's heads, from the shared feature cache
+            return heads(raw, args)
+        cfg = from_dict(TrainConfig, raw)
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -68,6 +71,50 @@ def main(argv: list[str] | None = None) -> int:
                 "tokens_per_s": round(out["tokens_per_s"], 1),
                 "wall_s": round(out["wall_s"], 1),
                 "last_checkpoint": out["last_checkpoint"],
+            }
+        )
+    )
+    return 0
+
+
+def heads(raw: dict, args) -> int:
+    """`kind: tokenswift-heads` configs: train (or --export) TokenSwift's multi-token heads."""
+    from lsjax.config import ConfigError, from_dict, to_dict
+    from lsjax.errors import LsjaxError
+    from lsjax.train.heads import HeadsTrainConfig, export_heads, fit_heads
+    from lsjax.train.loop import TrainingDiverged
+
+    try:
+        cfg = from_dict(HeadsTrainConfig, raw)
+    except (ConfigError, TypeError) as e:
+        print(f"error: config {args.config}: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    if args.export:
+        try:
+            export_heads(cfg, args.export)
+        except (LsjaxError, FileNotFoundError, ValueError) as e:
+            print(
+                f"error: no checkpoint to export in {cfg.resolved_run_dir}: {str(e).splitlines()[0]}", file=sys.stderr
+            )
+            return 2
+        print(json.dumps({"exported": args.export, "from": cfg.resolved_run_dir}))
+        return 0
+    try:
+        out = fit_heads(cfg, resume=args.resume, config_dict=to_dict(cfg))
+    except TrainingDiverged as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    except (LsjaxError, FileNotFoundError, ImportError, ValueError) as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    final = out["final"]
+    print(
+        json.dumps(
+            {
+                "run_dir": out["run_dir"],
+                "steps": out["steps"],
+                "loss": final.get("loss"),
+                "wall_s": round(out["wall_s"], 1),
             }
         )
     )

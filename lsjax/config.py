@@ -153,6 +153,13 @@ class SamplingConfig:
     # "greedy" keeps the deterministic top-k tree (sample-and-match: a child is accepted with probability
     # p(child)); "auto" samples at T > 0. Both are exactly lossless. At T = 0 trees are always deterministic.
     draft_sampling: str = "auto"
+    # Contextual penalty (TokenSwift §3.4; CTRL's repetition penalty over a window): every token among the
+    # last `penalty_window` generated tokens has its logit divided by `penalty` when positive, multiplied when
+    # negative, before temperature and the filters, at every temperature (greedy included). 1.0 = off. The
+    # window is path-dependent inside a speculative tree: a node's window ends with the tokens on its own path
+    # (`lsjax.sampling.tree_penalty_mask`), so verification uses the distribution AR would.
+    penalty: float = 1.0
+    penalty_window: int = 1024
 
     def __post_init__(self):
         _check(
@@ -168,6 +175,17 @@ class SamplingConfig:
             "draft_sampling",
             f"must be one of {'|'.join(DRAFT_SAMPLING)}, got {self.draft_sampling!r}",
         )
+        _check(
+            isinstance(self.penalty, int | float) and math.isfinite(self.penalty) and self.penalty > 0,
+            "penalty",
+            f"must be a finite number > 0 (1 = off), got {self.penalty!r}",
+        )
+        _positive_int(self.penalty_window, "penalty_window")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the contextual penalty is on (it needs the generated-token history)."""
+        return self.penalty != 1.0
 
     @property
     def greedy(self) -> bool:

@@ -140,7 +140,8 @@ def init_state(
     """Samples the first token from the prefill logits and emits it."""
     B = last_logits.shape[0]
     key, sub = jax.random.split(key)
-    first = sample(sub, last_logits, gen.sampling)
+    # The first generated token has no generated tokens before it: an empty penalty window.
+    first = sample(sub, last_logits, gen.sampling, jnp.zeros(last_logits.shape, bool))
     out = jnp.zeros((B, out_len), jnp.int32)
     out, num_out, done, _ = emit(
         out,

@@ -45,6 +45,7 @@ from lsjax.config import GenerateConfig
 from lsjax.decoding import DecodeState
 from lsjax.drafters.base import ARDrafter, DraftContext, Drafter, Verdict
 from lsjax.errors import LsjaxError
+from lsjax.sampling import tree_penalty_mask
 from lsjax.tree import Tree, chain_parents
 from lsjax.verify import accept, gather_path_kv, tapped_tree_forward, tree_forward
 
@@ -67,6 +68,24 @@ def draft_phase(ctx: DraftContext, drafter: Drafter, state: DecodeState) -> Tree
     return drafter.propose(ctx, state, state.draft, step_keys(state.key)[1])
 
 
+def penalty_windows(ctx: DraftContext, max_depth: int, gen: GenerateConfig, state: DecodeState, tree: Tree):
+    """Each node's contextual-penalty window [B, T, V] (None when the penalty is off): the generated tokens
+    (`state.out`, the root last) then the node's own path, as AR would have them after that path."""
+    s = gen.sampling
+    if not s.penalized:
+        return None
+    return tree_penalty_mask(
+        state.out,
+        state.num_out,
+        tree.tokens,
+        tree.mask,
+        tree.depth,
+        s.penalty_window,
+        ctx.config.vocab_size,
+        max_depth,
+    )
+
+
 def verify_phase(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState, tree: Tree):
     """Target forward over the tree + acceptance. Returns (verdict, path_k, path_v) with the path's K/V
     [L, B, max_depth + 1, K, H] for the commit."""
@@ -86,7 +105,10 @@ def _verify(ctx: DraftContext, gen: GenerateConfig, state: DecodeState, tree: Tr
             ctx.target_params, ctx.config, tree, state.cache, drafter.extra_hidden_layer, prune, backend=ctx.backend
         )
         extras = drafter.verify_extras(ctx, tree, hidden, logits, taps)
-    path, num_accepted, bonus = accept(tree, logits, gen.sampling, step_keys(state.key)[2], max_depth, levels)
+    penalized = penalty_windows(ctx, max_depth, gen, state, tree)
+    path, num_accepted, bonus = accept(
+        tree, logits, gen.sampling, step_keys(state.key)[2], max_depth, levels, penalized
+    )
     active = ~state.done
     num_accepted = jnp.where(active, num_accepted, 0)
     path = jnp.where(active[:, None], path, 0)

@@ -125,16 +125,18 @@ def accept(
     key: jax.Array,
     max_depth: int,
     level_offsets: tuple[int, ...] | None = None,
+    penalized: jax.Array | None = None,
 ):
     """Walks the tree. Returns (path [B, max_depth + 1] node indices, path[:, 0] = root;
     num_accepted [B] tree nodes accepted beyond the root; bonus [B] the token after the path).
 
     `level_offsets` (the TreeConfig's) lets the walk visit only the nodes of each level; without it every
-    node is scanned at every depth (same result, more work)."""
+    node is scanned at every depth (same result, more work). `penalized` [B, T, V]: each node's contextual
+    penalty window (`lsjax.sampling.tree_penalty_mask`; needed iff the sampling config has the penalty on)."""
     if tree.stochastic and not sampling.greedy:
-        return _accept_sampled(tree, logits, sampling, key, max_depth, level_offsets)
+        return _accept_sampled(tree, logits, sampling, key, max_depth, level_offsets, penalized)
     B, T = tree.tokens.shape
-    draws = sample(key, logits, sampling)  # [B, T]: the target's token at every node
+    draws = sample(key, logits, sampling, penalized)  # [B, T]: the target's token at every node
     cur = jnp.zeros((B,), jnp.int32)
     alive = jnp.ones((B,), bool)
     path = jnp.zeros((B, max_depth + 1), jnp.int32)
@@ -157,10 +159,10 @@ def _normalise(x: jax.Array, fallback: jax.Array) -> jax.Array:
     return jnp.where(total > 1e-30, x / jnp.maximum(total, 1e-30), fallback)
 
 
-def _accept_sampled(tree: Tree, logits, sampling: SamplingConfig, key, max_depth: int, level_offsets):
+def _accept_sampled(tree: Tree, logits, sampling: SamplingConfig, key, max_depth: int, level_offsets, penalized):
     """Recursive rejection sampling over sampled children, sample-and-match over the others (module doc)."""
     B, T = tree.tokens.shape
-    logp = processed_logprobs(logits, sampling)  # [B, T, V]
+    logp = processed_logprobs(logits, sampling, penalized)  # [B, T, V]
     rows = jnp.arange(B)
     cur = jnp.zeros((B,), jnp.int32)
     alive = jnp.ones((B,), bool)

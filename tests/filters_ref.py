@@ -7,12 +7,25 @@ from __future__ import annotations
 import numpy as np
 
 
-def reference_probs(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0):
-    """1-D logits -> probabilities after temperature, top-k, top-p, min-p (in that order, as HF applies them).
+def reference_probs(
+    logits: np.ndarray,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    penalty: float = 1.0,
+    penalized=(),
+):
+    """1-D logits -> probabilities after the contextual penalty, temperature, top-k, top-p, min-p (in that
+    order, as HF applies them). `penalized`: the token ids in the penalty window (repeats allowed): each
+    one's logit is divided by `penalty` when positive, multiplied when negative (CTRL, HF's
+    RepetitionPenaltyLogitsProcessor, TokenSwift's contextual penalty).
 
     Ties: a filter that keeps one member of a group of equal logits keeps the whole group (HF's top-p keeps
     whichever members its sort happens to put first)."""
-    x = np.asarray(logits, np.float64)
+    x = np.array(logits, np.float64)
+    for t in set(int(t) for t in penalized):
+        x[t] = x[t] * penalty if x[t] < 0 else x[t] / penalty
     if temperature == 0:
         out = np.zeros_like(x)
         out[int(np.argmax(x))] = 1.0

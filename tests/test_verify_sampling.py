@@ -1,5 +1,6 @@
 """Losslessness at T > 0, deep: the joint distribution of 4 generated tokens under speculative sampling equals
-the target's, enumerated exactly with filters computed by an independent numpy reference.
+the target's, enumerated exactly with filters (and the contextual penalty, whose window depends on the
+tokens before each one) computed by an independent numpy reference.
 
 The first token comes from prefill; a drafter of depth >= 3 then produces tokens 2-4 in one step when it
 accepts two nodes, so the tests see draws below multi-node acceptances, bonuses after them and the next
@@ -34,6 +35,9 @@ from lsjax.drafters.pld import PLDDrafter
 from lsjax.drafters.streams import StreamsDrafter
 from lsjax.models import target
 from lsjax.models.streams import StreamsConfig
+from lsjax.drafters.tokenswift import TokenSwiftConfig, TokenSwiftDrafter
+from lsjax.models import target
+from lsjax.models import tokenswift_heads as th
 from lsjax.sampling import processed_logprobs
 from lsjax.tree import Tree, TreeConfig, make_tree
 from lsjax.verify import accept
@@ -68,7 +72,10 @@ def exact_joint(params, config, prompt, sampling: SamplingConfig, k: int = K) ->
         last = np.asarray(_last_logits(params, config, toks), np.float64)
         nxt = {}
         for p, row in zip(prefixes, last):
-            q = reference_probs(row, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
+            # The contextual penalty's window: the last W generated tokens (the prompt is not generation).
+            window = p[-sampling.penalty_window :]
+            s = sampling
+            q = reference_probs(row, s.temperature, s.top_k, s.top_p, s.min_p, s.penalty, window)
             for t in range(V):
                 nxt[p + (t,)] = probs[p] * q[t]
         probs = nxt
@@ -162,7 +169,8 @@ class TableDrafter(Drafter):
         tokens, parents, logq = [state.root[:, None]], [jnp.full((B, 1), -1, jnp.int32)], []
         offsets = self.tree.level_offsets()
         frontier = state.root[:, None]
-        sampling = ctx.sampling if not ctx.sampling.greedy else SamplingConfig(1.0)
+        # q may be any distribution; the penalty's window is left out of it.
+        sampling = dataclasses.replace(ctx.sampling, penalty=1.0) if not ctx.sampling.greedy else SamplingConfig(1.0)
         for d, f in enumerate(self.fanout):
             lq = processed_logprobs(self.table()[frontier] / self.tau, sampling)  # [B, w, V]
             logq.append(lq)
@@ -204,12 +212,18 @@ DRAFTERS = {
     # The model has one layer: its streams start from the embeddings (layer 0) and run through that layer.
     "streams": StreamsDrafter(SS, (3, 3, 2), layer=0),
     "streams-pruned": StreamsDrafter(SS, (3, 3, 3), (2, 2, 1), layer=0),
+    # A partial cache smaller than the context (a real selection and rebuilds) and n-gram chains.
+    "tokenswift": TokenSwiftDrafter(TokenSwiftConfig(topk=(1, 2, 2), kv_budget=4, kv_sink=1, ngram_topk=2, ngram_n=3)),
+    "tokenswift-verified": TokenSwiftDrafter(TokenSwiftConfig(draft_pass="verified", topk=(2, 2), ngram_topk=2)),
 }
 SAMPLINGS = {
     "T1": SamplingConfig(temperature=1.0),
     "topk": SamplingConfig(temperature=1.2, top_k=3),
     "topp": SamplingConfig(temperature=1.5, top_p=0.9),
     "minp": SamplingConfig(temperature=1.5, min_p=0.1),
+    # The contextual penalty with windows shorter than the tree's depth: a node's window ends on its own path.
+    "T1-penalty": SamplingConfig(temperature=1.0, penalty=1.6, penalty_window=2),
+    "minp-penalty": SamplingConfig(temperature=1.5, min_p=0.1, penalty=1.4, penalty_window=3),
 }
 # By default (N = 100K): the LongSpec drafter's sampled trees at T=1 (recursive rejection sampling over a real
 # draft) and a sampled k-ary tree under top-p; the slow set runs every drafter with every filter at N = 400K.
@@ -228,6 +242,8 @@ def draft_params_for(params, config, drafter):
         return longspec_params(params, config, getattr(drafter, "longspec", drafter))
     if isinstance(drafter, StreamsDrafter):
         return stream_params(config, drafter.streams)
+    if isinstance(drafter, TokenSwiftDrafter):
+        return th.init_params(config, drafter.heads, params, key=jax.random.key(2))
     return ()
 
 

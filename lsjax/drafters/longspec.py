@@ -30,7 +30,7 @@ from lsjax.cache import RingCache, ring_write
 from lsjax.config import DraftConfig
 from lsjax.drafters.base import DraftContext, Drafter, Verdict
 from lsjax.models.draft import draft_logits, draft_self_kv, draft_step
-from lsjax.sampling import processed_logprobs
+from lsjax.sampling import processed_logprobs, tree_penalty_mask
 from lsjax.tree import Tree, TreeConfig
 
 
@@ -106,8 +106,8 @@ class LongSpecDrafter(Drafter):
             logits = draft_logits(params, tp, cfg, hidden, vocab_ids)  # [B, w, Vd]
             w_next = widths[d + 1]
             if stochastic:
-                # q is the draft's distribution after the target's own temperature/top-k/top-p/min-p.
-                logp = processed_logprobs(logits, ctx.sampling)
+                # q is the draft's distribution after the target's own penalty/temperature/top-k/top-p/min-p.
+                logp = processed_logprobs(logits, ctx.sampling, self._penalized(ctx, state, tokens, anc, lo, w, d))
                 full = (
                     logp
                     if vocab_ids is None
@@ -147,6 +147,27 @@ class LongSpecDrafter(Drafter):
         anc = anc & valid[:, :, None] & valid[:, None, :]
         sampled = jnp.ones((B, T), bool).at[:, 0].set(False)
         return Tree(tokens, parents, depth, valid, anc, logq, sampled)
+
+    def _penalized(self, ctx: DraftContext, state, tokens, anc, lo: int, w: int, d: int):
+        """The frontier's contextual-penalty windows (over the draft's vocabulary), or None when it is off."""
+        s = ctx.sampling
+        if not s.penalized:
+            return None
+        B = tokens.shape[0]
+        depth = jnp.broadcast_to(jnp.asarray(self.tree.node_depths()), tokens.shape)
+        mask = tree_penalty_mask(
+            state.out,
+            state.num_out,
+            tokens,
+            anc[:, lo : lo + w],
+            depth,
+            s.penalty_window,
+            ctx.config.vocab_size,
+            self.tree.depth,
+            query_depth=jnp.full((B, w), d, jnp.int32),
+        )
+        _, vocab_ids = split_vocab(ctx.draft_params)
+        return mask if vocab_ids is None else mask[..., vocab_ids]
 
     def update(self, ctx: DraftContext, state, draft_state: RingCache, verdict: Verdict):
         """The root and the accepted nodes are committed: their draft K/V join the window."""
