@@ -54,6 +54,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--draft", help="a LongSpec draft checkpoint (directory) for --method longspec|hybrid")
     p.add_argument(
+        "--block-draft",
+        help="block|dels: a block draft (directory; default: the shipped one), or 'longspec' (the LongSpec draft "
+        "with an untrained mask embedding)",
+    )
+    p.add_argument(
         "--tree",
         default=None,
         help="speculation tree for longspec: a preset (paper, gpu, cpu, cpu-small, chain4, chain8) or "
@@ -71,6 +76,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=registry.PLD_NGRAM,
         help=f"pld|hybrid: longest n-gram matched (default {registry.PLD_NGRAM})",
     )
+    p.add_argument("--block-size", type=int, default=None, help="block|dels: tokens per block (default: the draft's)")
+    p.add_argument("--alpha", type=float, default=0.3, help="dels: weight of the local head's logits (default 0.3)")
+    p.add_argument("--beta", type=float, default=0.3, help="dels: weight of the unigram prior (default 0.3)")
+    p.add_argument(
+        "--local-head", default=None, help="dels: gru (default) | markov (the shipped heads) or a local-head directory"
+    )
+    p.add_argument("--branches", type=int, default=1, help="block|dels: parallel chains from the top first tokens")
     p.add_argument("--compare", choices=("ar",), help="also run AR on the same prompt; print speedup and equality")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     p.add_argument(
@@ -107,6 +119,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if (args.pld_tokens is not None and args.pld_tokens < 1) or args.pld_ngram < 1:
         fail("--pld-tokens and --pld-ngram must be >= 1")
+    if (args.block_size is not None and not 1 <= args.block_size <= 64) or args.branches < 1:
+        fail("--block-size must be in [1, 64] and --branches >= 1")
     # The engine's imports come after argument parsing, so `--help` and flag errors stay quick.
     from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
     from lsjax.drafters import registry
@@ -146,7 +160,18 @@ def main(argv=None) -> int:
         check_prompt(model.config, ids, gen.max_new_tokens)
         method = args.method or ("longspec" if args.draft or default_draft_path(model.path) else "ar")
         drafter, draft_params = registry.build(
-            method, model, draft=args.draft, tree=args.tree, pld_tokens=args.pld_tokens, pld_ngram=args.pld_ngram
+            method,
+            model,
+            draft=args.draft,
+            tree=args.tree,
+            pld_tokens=args.pld_tokens,
+            pld_ngram=args.pld_ngram,
+            block_draft=args.block_draft,
+            block_size=args.block_size,
+            alpha=args.alpha,
+            beta=args.beta,
+            local_head=args.local_head,
+            branches=args.branches,
         )
         generator = Generator(model.config, model.params, drafter, draft_params, backend=args.backend)
         if not args.json:
