@@ -27,7 +27,11 @@ def export_dels(cfg, out_dir, extra: dict | None = None) -> dict:
     target = target_key(cfg.target.path) if cfg.target.path else DEFAULT_TARGET
     vocab = run_dir / "vocab_ids.npy"
     vocab_ids = np.load(vocab) if vocab.is_file() else None
-    meta = {"run_dir": str(run_dir), "training": training_summary(run_dir), **(extra or {})}
+    meta = {
+        "run_dir": str(run_dir),
+        "training": training_summary(run_dir) | {"run": _read_json(run_dir / "run.json")},
+        **(extra or {}),
+    }
     if cfg.kind == "local_head":
         meta |= {"prior": _read_json(run_dir / "prior.json"), "dev": _read_json(run_dir / "dev.json")}
         prior = np.load(run_dir / "unigram_logprior.npy")

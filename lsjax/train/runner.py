@@ -95,6 +95,10 @@ def run_steps(
             bar.close()
         ckpt.close()
     wall = time.perf_counter() - t_start
+    # What the export reports as the training cost (metrics.jsonl keeps only every log.every-th step).
+    seen = (last_step - start) * tokens_per_step
+    run = {"steps": last_step, "wall_s": round(wall, 1), "tokens_this_process": seen, "resumed_from": start}
+    (run_dir / "run.json").write_text(json.dumps(run) + "\n")
     if cfg.log.plot and stop_after is None and history:
         plot_losses(metrics_file, run_dir / "loss.png")
     timed = history[1:] if len(history) > 1 else history  # the first step of a process includes compilation
