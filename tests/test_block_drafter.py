@@ -14,7 +14,7 @@ import pytest
 from lsjax import speculative
 from lsjax.config import BlockConfig, DraftConfig, GenerateConfig, LocalHeadConfig
 from lsjax.drafters.base import ARDrafter
-from lsjax.drafters.block import BlockDrafter, fuse, prepare_dels_params, short_logprobs
+from lsjax.drafters.block import BlockDrafter, fuse, prepare_dels_params, short_logprobs, with_weights
 from lsjax.models import local_head as lh
 from lsjax.models.block_draft import init_block_params
 from lsjax.models.draft import with_vocab_head
@@ -47,12 +47,12 @@ def local_head(config, kind="gru", head_vocab=None, seed=1):
 def drafters(config, params, s=4, branches=1, kind="gru", alpha=0.3, beta=0.3, pruned=0, head_vocab=None, window=8):
     bp = block_params(config, params, window=window, pruned=pruned)
     cfg, hp, prior, hv = local_head(config, kind, head_vocab)
-    dels_p = prepare_dels_params(bp, hp, prior, hv, params["embed"])
+    dels_p = prepare_dels_params(bp, hp, prior, hv, params["embed"], alpha, beta)
     common = {"block": BlockConfig(s), "draft": DraftConfig(window=window), "branches": branches}
     return (
         BlockDrafter(**common),
         bp,
-        BlockDrafter(**common, local=cfg, alpha=alpha, beta=beta),
+        BlockDrafter(**common, local=cfg),
         dels_p,
         (cfg, hp, prior, hv),
     )
@@ -96,7 +96,10 @@ def _propose(drafter, params, dp, config, gen, state):
     return jax.jit(lambda st: drafter.propose(ctx, st, st.draft, jax.random.key(1)))(state)
 
 
-@pytest.mark.parametrize("kind,pruned,head_vocab", [("gru", 0, None), ("markov", 40, tuple(range(40, 97)))])
+@pytest.mark.parametrize(
+    "kind,pruned,head_vocab",
+    [("gru", 0, None), pytest.param("markov", 40, tuple(range(40, 97)), marks=pytest.mark.slow)],
+)
 def test_dels_chain_is_the_fused_argmax_of_a_local_head_over_the_block_only(kind, pruned, head_vocab):
     """Token 1 is ℓ_L's argmax; token j > 1 the argmax of ℓ_L^(j) + α ℓ_S − β ℓ_P where ℓ_S comes from the
     numpy reference head run over the drafted tokens 1..j-1 alone (nothing before the block)."""
@@ -134,11 +137,11 @@ def test_alpha_beta_zero_is_the_plain_block_drafter():
 
 
 CASES = [
-    dict(s=3),
-    dict(s=4, branches=2),
     dict(s=4, kind="gru", fused=True),
-    dict(s=3, kind="markov", fused=True, pruned=40),
-    dict(s=8, kind="gru", fused=True, branches=2, window=4),
+    pytest.param(dict(s=3), marks=pytest.mark.slow),
+    pytest.param(dict(s=4, branches=2), marks=pytest.mark.slow),
+    pytest.param(dict(s=3, kind="markov", fused=True, pruned=40), marks=pytest.mark.slow),
+    pytest.param(dict(s=8, kind="gru", fused=True, branches=2, window=4), marks=pytest.mark.slow),
 ]
 
 
@@ -168,6 +171,44 @@ def test_no_recompilation_per_step():
         state = speculative.start(
             params, dp, config, dels, gen, prompt, jnp.array([prompt_len]), jax.random.key(0), capacity=320, chunk=32
         )
-        for limit in (2, 5, 9):
-            state = speculative.decode(params, dp, config, dels, gen, state, jnp.int32(limit))
+        for limit, (a, b) in zip((2, 5, 9), ((0.3, 0.3), (0.0, 0.0), (1.0, 0.5))):  # α, β are arrays
+            state = speculative.decode(params, with_weights(dp, a, b), config, dels, gen, state, jnp.int32(limit))
     assert speculative.decode._cache_size() - before == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["block", "dels"])
+def test_real_smollm2_greedy_equals_ar(ours, method):
+    """On the real model, a ~1K-token dev code prompt and the shipped GRU local head, the block drafter (the
+    LongSpec draft as a block draft) and DeLS-Spec reproduce AR exactly."""
+    from lsjax.bench.prompts import stdlib_code_prompt
+    from lsjax.drafters import registry
+    from lsjax.generation import Generator
+
+    ids = ours.tokenizer.encode(stdlib_code_prompt(ours.tokenizer, 1024).text)
+    gen = GenerateConfig(max_new_tokens=48, ignore_eos=True)
+    drafter, dp = registry.build(method, ours, block_draft="longspec", block_size=6, local_head="gru")
+    ar = Generator(ours.config, ours.params).generate(ids, gen)
+    sp = Generator(ours.config, ours.params, drafter, dp).generate(ids, gen)
+    assert sp.tokens == ar.tokens
+
+
+@pytest.mark.slow
+def test_alpha_beta_sweep_reuses_one_program_and_starts_from_the_block_drafter():
+    """lsjax.bench.dels_sweep: every (α, β) reproduces AR at T = 0; α = β = 0 has the block drafter's τ."""
+    import types
+
+    from lsjax.bench.dels_sweep import markdown, sweep
+    from lsjax.generation import Generator
+
+    config, params = tiny_model()
+    block, bp, dels, dp, _ = drafters(config, params, s=4)
+    model = types.SimpleNamespace(config=config, params=params)
+    prompts = {f"p{i}": list(map(int, p)) for i, p in enumerate(repetitive_prompts(config, 2, 40, seed=5))}
+    gen = GenerateConfig(max_new_tokens=20, ignore_eos=True)
+    result = sweep(model, dels, dp, prompts, (0.0, 0.5), (0.0, 1.0), gen, log=lambda *_: None)
+    plain = Generator(config, params, block, bp)
+    tau_block = np.mean([plain.generate(ids, gen).mean_accepted for ids in prompts.values()])
+    assert result["tau"][(0.0, 0.0)] == pytest.approx(tau_block)
+    assert len(result["tau"]) == 4
+    assert "Row-wise gain" in markdown(result, (0.0, 0.5), (0.0, 1.0), "t")

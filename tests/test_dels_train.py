@@ -45,7 +45,7 @@ def test_split_blocks_cuts_consecutive_blocks_at_the_phase():
     np.testing.assert_array_equal(np.asarray(mask), np.asarray(blocks) % 3)
 
 
-@pytest.mark.parametrize("kind", ["markov", "gru"])
+@pytest.mark.parametrize("kind", [pytest.param("markov", marks=pytest.mark.slow), "gru"])
 def test_local_head_trains_exports_and_loads(tmp_path, kind):
     """The synthetic stream is mostly t -> 5t + 3 (mod V): one token of context predicts the next. Through a
     48-wide random embedding the rank-16 Markov head learns that map slowly, the GRU quickly. The export holds
@@ -70,6 +70,7 @@ def test_local_head_trains_exports_and_loads(tmp_path, kind):
     assert meta["training"]["steps"] == cfg.num_steps
 
 
+@pytest.mark.slow
 def test_local_head_pruned_vocab_and_resume(tmp_path):
     """A pruned loss vocabulary travels with the export; a run killed after 4 steps resumes to the same
     params as an uninterrupted one."""
@@ -147,6 +148,7 @@ def test_block_anchors_and_targets():
     np.testing.assert_allclose(np.asarray(w[1, 0]), np.exp(-np.arange(4) / 7.0), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_block_drafter_trains_from_the_feature_cache_and_loads(tmp_path):
     """A tiny smoke run from a built feature-cache set: on fixed sequences and anchors the trained block draft
     beats its initialisation (CE and accuracy); its export loads as a block draft."""

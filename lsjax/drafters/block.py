@@ -20,6 +20,7 @@ replacement from q_1 = processed(ℓ_L^(1)) and each later token from its own q_
 the drafting key: every node's children are a without-replacement sample from the q stored in `Tree.logq`
 (one child below level 1), so recursive rejection sampling keeps verification exactly lossless.
 
+α and β live in the draft params (arrays, `with_weights`), so one compiled program serves every (α, β).
 Draft state: the LongSpec ring of the block draft's self-attention K/V (`LongSpecDrafter.init/update`).
 """
 
@@ -55,10 +56,11 @@ def short_logprobs(r: jax.Array, table: jax.Array, in_head: jax.Array, prior: ja
     return jnp.where(in_head, raw - logz, prior)
 
 
-def prepare_dels_params(block: dict, local: dict, prior, head_vocab, embed) -> dict:
+def prepare_dels_params(block: dict, local: dict, prior, head_vocab, embed, alpha=0.3, beta=0.3) -> dict:
     """The draft params `dels` runs with: the block draft's, plus the local head with its vocabulary map folded
     and the prior and head mask gathered at the block draft's vocabulary (derived at load, never saved).
-    `head_vocab`: the ids the head's loss covered (None: all)."""
+    `head_vocab`: the ids the head's loss covered (None: all). α and β are arrays here, not drafter fields, so
+    one compiled program serves every (α, β) (`with_weights`; the α-β sweep of `lsjax.bench.dels_sweep`)."""
     ids = block.get("vocab_ids")
     V = embed.shape[0]
     prior = jnp.asarray(prior, jnp.float32)
@@ -73,20 +75,28 @@ def prepare_dels_params(block: dict, local: dict, prior, head_vocab, embed) -> d
         "table": lh.vocab_table(local, embed, rows),
         "prior": prior if rows is None else prior[rows],
         "in_head": in_head if rows is None else in_head[rows],
+        **weights(alpha, beta),
     }
+
+
+def weights(alpha: float, beta: float) -> dict:
+    return {"alpha": jnp.asarray(alpha, jnp.float32), "beta": jnp.asarray(beta, jnp.float32)}
+
+
+def with_weights(dels_params: dict, alpha: float, beta: float) -> dict:
+    """The same dels params with fusion weights α, β."""
+    return {**dels_params, **weights(alpha, beta)}
 
 
 @dataclasses.dataclass(frozen=True)
 class BlockDrafter(Drafter):
     """`local is None`: the plain block drafter (`params` = the block draft's dict). Else DeLS-Spec (`params`
-    from `prepare_dels_params`)."""
+    from `prepare_dels_params`, which hold α and β)."""
 
     block: BlockConfig = BlockConfig()
     draft: DraftConfig = DraftConfig()
     branches: int = 1
     local: LocalHeadConfig | None = None
-    alpha: float = 0.3
-    beta: float = 0.3
 
     def __post_init__(self):
         if not isinstance(self.branches, int) or self.branches < 1:
@@ -163,7 +173,7 @@ class BlockDrafter(Drafter):
                 full = prev if vocab_ids is None else jnp.take(vocab_ids, prev)
                 hstate, r = lh.step(p["local"], self.local, embed, hstate, full)
                 ls = short_logprobs(r, p["table"], p["in_head"], p["prior"])  # [B, w, Vd]
-                logits = fuse(ll[:, j : j + 1], ls, p["prior"], self.alpha, self.beta)
+                logits = fuse(ll[:, j : j + 1], ls, p["prior"], p["alpha"], p["beta"])
             nxt, lq, ok = pick(logits, 1, j)
             toks.append(nxt[..., 0])
             logqs.append(lq)
@@ -289,5 +299,5 @@ def _build_dels(
     key = ("block", block_draft, block_size)
     params, dcfg, bcfg = _cached(cache, key, lambda: load_block(model, block_draft, block_size))
     hcfg, dels_params = _cached(cache, ("dels", *key, local_head), lambda: load_dels_params(model, params, local_head))
-    drafter = BlockDrafter(block=bcfg, draft=dcfg, branches=branches, local=hcfg, alpha=alpha, beta=beta)
-    return drafter, dels_params
+    drafter = BlockDrafter(block=bcfg, draft=dcfg, branches=branches, local=hcfg)
+    return drafter, with_weights(dels_params, alpha, beta)
