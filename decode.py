@@ -75,6 +75,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "('random': untrained)",
     )
     p.add_argument(
+        "--block-draft",
+        help="block|dels: a block draft (directory; default: the shipped one), or 'longspec' (the LongSpec draft "
+        "with an untrained mask embedding)",
+    )
+    p.add_argument(
         "--tree",
         default=None,
         help="speculation tree for longspec: a preset (paper, gpu, cpu, cpu-small, chain4, chain8) or "
@@ -113,6 +118,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="tokenswift: candidates per logit set, comma-separated (default 1,3,3,3; verified 3,3,3)",
     )
+    p.add_argument("--block-size", type=int, default=None, help="block|dels: tokens per block (default: the draft's)")
+    p.add_argument("--alpha", type=float, default=0.3, help="dels: weight of the local head's logits (default 0.3)")
+    p.add_argument("--beta", type=float, default=0.3, help="dels: weight of the unigram prior (default 0.3)")
+    p.add_argument(
+        "--local-head", default=None, help="dels: gru (default) | markov (the shipped heads) or a local-head directory"
+    )
+    p.add_argument("--branches", type=int, default=1, help="block|dels: parallel chains from the top first tokens")
     p.add_argument("--compare", choices=("ar",), help="also run AR on the same prompt; print speedup and equality")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     p.add_argument(
@@ -157,6 +169,8 @@ def main(argv=None) -> int:
             ts_topk = tuple(int(k) for k in args.ts_topk.split(","))
         except ValueError:
             fail(f"--ts-topk: expected comma-separated integers, got {args.ts_topk!r}")
+    if (args.block_size is not None and not 1 <= args.block_size <= 64) or args.branches < 1:
+        fail("--block-size must be in [1, 64] and --branches >= 1")
     # The engine's imports come after argument parsing, so `--help` and flag errors stay quick.
     from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
     from lsjax.drafters import registry
@@ -213,6 +227,12 @@ def main(argv=None) -> int:
             ngram_n=args.ngram_n,
             draft_pass=args.ts_draft_pass,
             ts_topk=ts_topk,
+            block_draft=args.block_draft,
+            block_size=args.block_size,
+            alpha=args.alpha,
+            beta=args.beta,
+            local_head=args.local_head,
+            branches=args.branches,
         )
         generator = Generator(
             model.config, model.params, drafter, draft_params, backend=args.backend, cost_profile=args.cost_profile

@@ -38,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
 
             return cli(raw, args)
         raw = apply_overrides(raw, args.set)
-        if isinstance(raw, dict) and raw.get("kind") == "tokenswift-heads":  # TokenSwift's heads, from the shared feature cache
+        if (
+            isinstance(raw, dict) and raw.get("kind") == "tokenswift-heads"
+        ):  # TokenSwift's heads, from the shared feature cache
             return heads(raw, args)
         cfg = from_dict(TrainConfig, raw)
     except FileNotFoundError as e:

@@ -239,6 +239,58 @@ class DraftConfig:
         )
 
 
+LOCAL_HEADS = ("gru", "markov")
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalHeadConfig:
+    """DeLS-Spec's short-context expert p_S (Appendix A): it reads only the tokens drafted so far in the current
+    block, through the target's frozen embedding, and ends in a low-rank SiLU state that the target's (tied)
+    head maps to the vocabulary. `gru`: a bias-free one-layer GRU over the block prefix; `markov`: the last
+    drafted token alone."""
+
+    kind: str = "gru"  # gru | markov
+    hidden: int = 1024  # GRU state width (gru only)
+    rank: int = 256  # the low-rank state before the vocabulary
+    block_size: int = 16  # the span it is trained on: the prefix restarts every block_size tokens
+    # 0: the loss covers the whole vocabulary. K > 0: only the K most frequent training tokens (6x cheaper
+    # training at 8192 of SmolLM2's 49K); at fusion the others fall back to the unigram prior, i.e. the head
+    # says nothing about them.
+    vocab_size: int = 0
+
+    def __post_init__(self):
+        _check(
+            self.kind in LOCAL_HEADS, "local_head.kind", f"must be one of {'|'.join(LOCAL_HEADS)}, got {self.kind!r}"
+        )
+        _positive_int(self.hidden, "local_head.hidden")
+        _positive_int(self.rank, "local_head.rank")
+        _check(
+            isinstance(self.block_size, int) and 2 <= self.block_size <= 256,
+            "local_head.block_size",
+            f"must be an integer in [2, 256], got {self.block_size!r}",
+        )
+        _check(
+            isinstance(self.vocab_size, int) and self.vocab_size >= 0,
+            "local_head.vocab_size",
+            f"must be an integer >= 0 (0 = the whole vocabulary), got {self.vocab_size!r}",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockConfig:
+    """The block-parallel drafter (DFlash's role): the LongSpec draft layer run once over [root, MASK x s] at
+    positions n .. n + s, bidirectional inside the block; the s mask outputs are the block's logits."""
+
+    block_size: int = 8  # s: tokens drafted per forward
+
+    def __post_init__(self):
+        _check(
+            isinstance(self.block_size, int) and 1 <= self.block_size <= 64,
+            "block.block_size",
+            f"must be an integer in [1, 64], got {self.block_size!r}",
+        )
+
+
 # ---------------------------------------------------------------------------
 # YAML <-> dataclasses
 

@@ -26,18 +26,19 @@ from scipy import stats
 
 from lsjax import speculative
 from lsjax.cache import KVCache
-from lsjax.config import DraftConfig, GenerateConfig, SamplingConfig
+from lsjax.config import BlockConfig, DraftConfig, GenerateConfig, LocalHeadConfig, SamplingConfig
 from lsjax.drafters.auto import AutoDrafter, auto_params
 from lsjax.drafters.base import Drafter
+from lsjax.drafters.block import BlockDrafter, prepare_dels_params
 from lsjax.drafters.hybrid import HybridDrafter
 from lsjax.drafters.longspec import LongSpecDrafter
 from lsjax.drafters.pld import PLDDrafter
 from lsjax.drafters.streams import StreamsDrafter
-from lsjax.models import target
-from lsjax.models.streams import StreamsConfig
 from lsjax.drafters.tokenswift import TokenSwiftConfig, TokenSwiftDrafter
-from lsjax.models import target
+from lsjax.models import local_head, target
 from lsjax.models import tokenswift_heads as th
+from lsjax.models.block_draft import init_block_params
+from lsjax.models.streams import StreamsConfig
 from lsjax.sampling import processed_logprobs
 from lsjax.tree import Tree, TreeConfig, make_tree
 from lsjax.verify import accept
@@ -215,6 +216,9 @@ DRAFTERS = {
     # A partial cache smaller than the context (a real selection and rebuilds) and n-gram chains.
     "tokenswift": TokenSwiftDrafter(TokenSwiftConfig(topk=(1, 2, 2), kv_budget=4, kv_sink=1, ngram_topk=2, ngram_n=3)),
     "tokenswift-verified": TokenSwiftDrafter(TokenSwiftConfig(draft_pass="verified", topk=(2, 2), ngram_topk=2)),
+    # Block drafts: two chains whose first tokens are drawn without replacement, then one token per level.
+    "block": BlockDrafter(BlockConfig(3), LS, branches=2),
+    "dels": BlockDrafter(BlockConfig(3), LS, branches=2, local=LocalHeadConfig(hidden=8, rank=4, block_size=4)),
 }
 SAMPLINGS = {
     "T1": SamplingConfig(temperature=1.0),
@@ -244,6 +248,15 @@ def draft_params_for(params, config, drafter):
         return stream_params(config, drafter.streams)
     if isinstance(drafter, TokenSwiftDrafter):
         return th.init_params(config, drafter.heads, params, key=jax.random.key(2))
+    if isinstance(drafter, BlockDrafter):
+        bp = init_block_params(config, dataclasses.replace(drafter.draft, init_head_scale=1.0), params)
+        bp["mask_embed"] = jax.random.normal(jax.random.key(3), bp["mask_embed"].shape)
+        if drafter.local is None:
+            return bp
+        head = local_head.init_params(drafter.local, config.hidden_size, jax.random.key(4), embed_rms=0.8)
+        head["w_out"] = head["w_out"] * 30  # a head that moves the fused q away from the block's own
+        prior = jax.nn.log_softmax(jax.random.normal(jax.random.key(5), (config.vocab_size,)))
+        return prepare_dels_params(bp, head, prior, None, params["embed"])
     return ()
 
 

@@ -9,10 +9,21 @@ from __future__ import annotations
 
 import dataclasses
 
-from lsjax.config import DTYPES, DraftConfig, MeshConfig, ModelConfig, _check, _positive_int
+from lsjax.config import (
+    DTYPES,
+    BlockConfig,
+    DraftConfig,
+    LocalHeadConfig,
+    MeshConfig,
+    ModelConfig,
+    _check,
+    _positive_int,
+)
 
 DATA_SOURCES = ("stdlib", "sotu", "sharegpt", "champ", "synthetic")
 DISTILL_KINDS = ("none", "argmax", "kl")
+# What a run trains: the LongSpec draft (the default), DeLS-Spec's block-parallel drafter, or its local head.
+KINDS = ("longspec", "block", "local_head")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,10 +209,35 @@ class LogConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class DelsTrainConfig:
+    """Training of DeLS-Spec's parts (kind block | local_head)."""
+
+    num_anchors: int = 32  # block: random anchor positions per sequence and step (each drafts a block)
+    decay_gamma: float = 7.0  # loss weight exp(-(k - 1) / gamma) at block position k (DFlash); 0 = flat
+    # local_head: sources rendered with the chat template (loss and prior on assistant tokens only), beside
+    # data.sources read as plain text
+    chat_sources: tuple[str, ...] = ()
+    prior_lambda: float = 1.0  # add-lambda smoothing of the unigram prior
+    max_minutes: float = 0.0  # stop (with a checkpoint) after this much training wall time; 0 = no limit
+
+    def __post_init__(self):
+        _positive_int(self.num_anchors, "dels.num_anchors")
+        _check(self.decay_gamma >= 0, "dels.decay_gamma", f"must be >= 0 (0 = flat), got {self.decay_gamma}")
+        _check(isinstance(self.chat_sources, tuple), "dels.chat_sources", "must be a list of sources")
+        for s in self.chat_sources:
+            _check(
+                s in ("sharegpt", "champ"), "dels.chat_sources", f"must be dialogue sources (sharegpt, champ): {s!r}"
+            )
+        _check(self.prior_lambda > 0, "dels.prior_lambda", f"must be > 0, got {self.prior_lambda}")
+        _check(self.max_minutes >= 0, "dels.max_minutes", f"must be >= 0 (0 = no limit), got {self.max_minutes}")
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """One draft-training run (a stage): `python train.py --config configs/train/X.yaml`."""
 
     name: str = "draft"
+    kind: str = "longspec"  # longspec | block | local_head
     run_dir: str = ""  # "" = runs/<name>
     seed: int = 0  # parameter init and per-step keys
     steps: int = 0  # optimizer steps to run; 0 = optim.total_steps
@@ -215,8 +251,12 @@ class TrainConfig:
     checkpoint: CheckpointConfig = CheckpointConfig()
     features: FeatureCacheConfig = FeatureCacheConfig()
     log: LogConfig = LogConfig()
+    block: BlockConfig = BlockConfig()  # kind block
+    local_head: LocalHeadConfig = LocalHeadConfig()  # kind local_head
+    dels: DelsTrainConfig = DelsTrainConfig()  # kind block | local_head
 
     def __post_init__(self):
+        _check(self.kind in KINDS, "kind", f"must be one of {'|'.join(KINDS)}, got {self.kind!r}")
         _check(
             bool(self.name) and "/" not in self.name, "name", f"must be a non-empty name without '/', got {self.name!r}"
         )

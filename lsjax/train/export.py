@@ -55,6 +55,10 @@ def export_run(cfg, out_dir: str | Path, extra: dict | None = None, tree: TreeCo
     """A training run's latest checkpoint (TrainConfig `cfg`) -> a draft directory; returns the exported
     params. The run's pruned vocabulary (vocab_ids.npy) travels with them; draft.json records the run's
     training summary and the default `tree` decode.py should use with this draft."""
+    if cfg.kind != "longspec":
+        from lsjax.train.dels_export import export_dels
+
+        return export_dels(cfg, out_dir, extra)
     if tree is not None:
         check_tree_lags(cfg, tree)
     run_dir = Path(cfg.resolved_run_dir)

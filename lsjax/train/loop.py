@@ -61,6 +61,15 @@ def fit(
     config.yaml. `stop_after` ends the run after that many optimizer steps without the final
     checkpoint, as a kill would (tests use it). Raises TrainingDiverged on a non-finite loss.
     """
+    if cfg.kind != "longspec":  # DeLS-Spec's parts have their own data and losses
+        opts = {"resume": resume, "stop_after": stop_after, "log": log, "progress": progress}
+        if cfg.kind == "local_head":
+            from lsjax.train.local_head import fit_local_head
+
+            return fit_local_head(cfg, config_dict=config_dict, **opts)
+        from lsjax.train.block import fit_block
+
+        return fit_block(cfg, config_dict=config_dict, **opts)
     import yaml
 
     from lsjax import data as data_lib

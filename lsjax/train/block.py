@@ -1,0 +1,235 @@
+"""Training the block-parallel drafter from the shared target-feature cache (`train.py` with `kind: block`).
+
+Each step draws `dels.num_anchors` anchor positions per sequence (distinct, among positions whose next token
+carries loss). Anchor a plays the root of a block at position a: its s masks at a + 1 .. a + s learn the
+tokens there, reading the draft's window [a - W, a) and the target's last-layer keys [0, a) (the cached
+pre-RoPE keys, roped at the plain positions the target ran at) — what drafting at n = a sees
+(`lsjax.models.block_draft.block_hidden_train`). Block position k weighs exp(-(k - 1) / dels.decay_gamma)
+(DFlash's loss decay: early positions matter most, since a chain is accepted up to its first miss).
+
+Losses: cross-entropy on the data and, with `loss.distill: argmax`, on the target's argmax at a + k - 1 (the
+token verification accepts after an accepted prefix), through the draft's LM head in chunks
+(`lsjax.train.losses.lm_losses`).
+
+Start: `checkpoint.init_from` an exported LongSpec draft (its layer, window and vocabulary; the mask
+embedding starts at the mean of the target's embedding rows), an exported block draft, or a run directory;
+empty = the target's last layer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lsjax.models import block_draft as bd
+from lsjax.train.config import TrainConfig
+from lsjax.train.feature_cache import rope_keys
+from lsjax.train.losses import lm_losses
+
+
+def draw_anchors(key: jax.Array, loss_mask: jax.Array, num: int, block_size: int) -> jax.Array:
+    """[B, num] distinct anchors a in [1, T - s), preferring those whose token a + 1 carries loss (Gumbel
+    top-k over log(mask)); rows with fewer such positions fill up with others, whose targets weigh 0 anyway."""
+    B, T = loss_mask.shape
+    a = jnp.arange(T)
+    ok = (a >= 1) & (a < T - block_size)
+    nxt = jnp.concatenate([loss_mask[:, 1:], jnp.zeros_like(loss_mask[:, :1])], axis=1) > 0
+    score = jnp.where(ok[None] & nxt, 0.0, jnp.where(ok[None], -1e4, -1e9)) + jax.random.gumbel(key, (B, T))
+    return jax.lax.top_k(score, num)[1].astype(jnp.int32)
+
+
+def block_targets(tokens, loss_mask, argmax, anchors, block_size: int, gamma: float):
+    """(labels, distill labels, weights), each [B, A, s]: the tokens at a + k, the target's argmax at
+    a + k - 1, loss_mask[a + k] * exp(-(k - 1) / gamma), k = 1..s."""
+    k = jnp.arange(1, block_size + 1)
+    at = anchors[:, :, None] + k[None, None]  # [B, A, s]
+    B = tokens.shape[0]
+    flat = at.reshape(B, -1)
+
+    def take(x, idx):
+        return jnp.take_along_axis(x, idx, axis=1).reshape(at.shape)
+
+    decay = jnp.exp(-(k - 1) / gamma) if gamma > 0 else jnp.ones((block_size,))
+    weights = take(loss_mask, flat).astype(jnp.float32) * decay[None, None]
+    return take(tokens, flat), take(argmax, flat - 1), weights
+
+
+def micro_block_losses(params, target_params, config, cfg: TrainConfig, micro: dict, key, vocab_ids) -> dict:
+    tokens, mask = micro["tokens"], micro["loss_mask"]
+    B, T = tokens.shape
+    s = cfg.block.block_size
+    anchors = draw_anchors(key, mask, cfg.dels.num_anchors, s)
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None], (B, T))
+    tk = rope_keys(micro["target_k_raw"], positions, config)
+    tv = micro["target_v"].astype(jnp.float32)
+    hidden = bd.block_hidden_train(params, target_params, config, cfg.draft, s, tokens, anchors, tk, tv)
+    labels, distill_labels, weights = block_targets(
+        tokens, mask, micro["target_argmax"], anchors, s, cfg.dels.decay_gamma
+    )
+    D = hidden.shape[-1]
+    return lm_losses(
+        params,
+        target_params,
+        config,
+        hidden.reshape(B, -1, D),
+        labels.reshape(B, -1),
+        weights.reshape(B, -1),
+        chunk_size=cfg.loss.chunk_size,
+        vocab_ids=vocab_ids,
+        distill=cfg.loss.distill if cfg.loss.distill == "argmax" else "none",
+        target_labels=distill_labels.reshape(B, -1) if cfg.loss.distill == "argmax" else None,
+    )
+
+
+def make_step(config, cfg: TrainConfig, optimizer, vocab_ids):
+    """`(state, target_params, batch, key) -> (state, metrics)`; batch fields are [A, B, ...] micro-batches."""
+    import optax
+
+    from lsjax.train.step import TrainState, lr_schedule
+
+    schedule = lr_schedule(cfg.optim)
+    vocab_ids = None if vocab_ids is None else jnp.asarray(vocab_ids, jnp.int32)
+    names = ("tokens", "loss_mask", "target_k_raw", "target_v", "target_argmax")
+
+    def objective(sums):
+        loss = cfg.loss.ce_weight * sums["ce"]
+        if cfg.loss.distill == "argmax":
+            loss = loss + cfg.loss.distill_weight * sums["distill"]
+        return loss
+
+    def step(state: TrainState, target_params, batch, key):
+        A = batch["tokens"].shape[0]
+        micro = {k: batch[k] for k in names}
+        keys = jax.random.split(key, A)
+
+        def one(carry, xs):
+            grads_acc, sums_acc = carry
+            m, k = xs
+
+            def f(p):
+                sums = micro_block_losses(p, target_params, config, cfg, m, k, vocab_ids)
+                return objective(sums), sums
+
+            (_, sums), grads = jax.value_and_grad(f, has_aux=True)(state.params)
+            return (jax.tree.map(jnp.add, grads_acc, grads), jax.tree.map(jnp.add, sums_acc, sums)), None
+
+        zeros = {k: jnp.zeros((), jnp.float32) for k in ("ce", "distill", "correct", "weight")}
+        (grads, sums), _ = jax.lax.scan(one, (jax.tree.map(jnp.zeros_like, state.params), zeros), (micro, keys))
+        w = jnp.maximum(sums["weight"], 1e-6)
+        grads = jax.tree.map(lambda g: g / w, grads)  # the mean over the step's weighted targets
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {
+            "loss": objective(sums) / w,
+            "ce": sums["ce"] / w,
+            "distill": sums["distill"] / w,
+            "acc": sums["correct"] / w,
+            "loss_weight": sums["weight"],
+            "grad_norm": optax.global_norm(grads),
+            "lr": schedule(state.step),
+        }
+        return TrainState(state.step + 1, params, opt_state), metrics
+
+    return step
+
+
+def initial_params(cfg: TrainConfig, config, target_params, counts: np.ndarray, log=print):
+    """(block params, vocab_ids or None) from `checkpoint.init_from` (see the module doc)."""
+    from lsjax.config import ConfigError
+    from lsjax.drafters.block_checkpoints import BLOCK_META
+    from lsjax.drafters.checkpoints import load_draft
+    from lsjax.train.checkpoint import load_draft_params
+    from lsjax.vocab import pruned_vocab
+
+    src = Path(cfg.checkpoint.init_from) if cfg.checkpoint.init_from else None
+    if src is not None and (src / "draft.json").is_file():  # an exported LongSpec draft
+        params, dcfg, _ = load_draft(src)
+        for field in ("window", "draft_vocab_size"):
+            if getattr(dcfg, field) != getattr(cfg.draft, field):
+                raise ConfigError(f"draft.{field}: must equal the init_from draft's {getattr(dcfg, field)}")
+        params = dict(params)
+        vocab_ids = params.pop("vocab_ids", None)
+        params["mask_embed"] = np.asarray(jnp.mean(jnp.asarray(target_params["embed"], jnp.float32), axis=0))
+        log(f"block draft: initialised from the LongSpec draft {src}")
+    elif src is not None and (src / BLOCK_META).is_file():  # an exported block draft
+        with np.load(src / "params.npz") as z:
+            params = {k: z[k] for k in z.files}
+        vocab_ids = params.pop("vocab_ids", None)
+        log(f"block draft: initialised from the block draft {src}")
+    elif src is not None:  # a run directory or checkpoint
+        params = load_draft_params(src)
+        vocab = src / "vocab_ids.npy"
+        vocab_ids = np.load(vocab) if vocab.is_file() else None
+        log(f"block draft: initialised from {src}")
+    else:
+        params = bd.init_block_params(config, cfg.draft, target_params)
+        vocab_ids = None
+        if cfg.draft.draft_vocab_size:
+            vocab_ids = pruned_vocab(config, cfg.draft.draft_vocab_size, token_counts=counts)
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.dtype(config.dtype)), params), vocab_ids
+
+
+def fit_block(cfg: TrainConfig, *, resume=False, stop_after=None, log=print, progress=None, config_dict=None) -> dict:
+    import yaml
+
+    from lsjax import data as data_lib
+    from lsjax.config import ConfigError
+    from lsjax.train import feature_cache as fcm
+    from lsjax.train.loop import load_target
+    from lsjax.train.runner import run_steps
+    from lsjax.train.step import init_state, make_optimizer
+
+    if not cfg.features.set:
+        raise ConfigError("features.set: kind block trains from the shared target-feature cache; name a set")
+    if cfg.loss.distill == "kl":
+        raise ConfigError("loss.distill: kind block distills to the target's argmax (argmax) or not at all (none)")
+    run_dir = Path(cfg.resolved_run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if config_dict is not None:
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config_dict, sort_keys=False))
+    config, target_params, _ = load_target(cfg)
+    s = cfg.block.block_size
+
+    fc = fcm.FeatureCache.open(fcm.resolve_set(cfg.features.set), allow_partial=True)
+    if fc.seq_len != cfg.data.seq_len:
+        raise ConfigError(f"data.seq_len: must equal the feature set's length {fc.seq_len}, got {cfg.data.seq_len}")
+    if cfg.data.seq_len < s + 2 + cfg.dels.num_anchors:
+        raise ConfigError(f"dels.num_anchors: {cfg.dels.num_anchors} anchors of {s}-token blocks need longer sequences")
+    n = fc.num_sequences if not cfg.data.max_sequences else min(fc.num_sequences, cfg.data.max_sequences)
+    if n < cfg.data.batch_size:
+        raise ConfigError(f"features.set: {fc.directory} has {n} complete sequences, fewer than data.batch_size")
+    seqs, mask = np.asarray(fc.tokens[:n]), np.asarray(fc.loss_mask[:n])
+    extra = {
+        "target_k_raw": fcm.FieldView(fc, "k", n),
+        "target_v": fcm.FieldView(fc, "v", n),
+        "target_argmax": fcm.FieldView(fc, "topk_ids", n, first_only=True),
+    }
+    log(f"data: {data_lib.describe(seqs, mask)} from feature set {fc.directory} ({fc.num_sequences} built)")
+    dataset = data_lib.batches(seqs, mask, cfg, config.max_position, extra=extra)
+    iterator = iter(dataset.to_iter_dataset())
+
+    counts = np.bincount(seqs[mask > 0].reshape(-1), minlength=config.vocab_size)
+    params, vocab_ids = initial_params(cfg, config, target_params, counts, log)
+    if vocab_ids is not None:
+        np.save(run_dir / "vocab_ids.npy", vocab_ids)
+    optimizer = make_optimizer(cfg.optim)
+    state = init_state(params, optimizer)
+    d = cfg.data
+    return run_steps(
+        cfg,
+        state,
+        make_step(config, cfg, optimizer, vocab_ids),
+        target_params,
+        iterator,
+        jax.random.PRNGKey(cfg.seed),
+        run_dir=run_dir,
+        log=log,
+        resume=resume,
+        stop_after=stop_after,
+        progress=progress,
+        config_dict=config_dict,
+        tokens_per_step=d.batch_size * d.grad_accum * cfg.dels.num_anchors * s,
+    )
