@@ -185,6 +185,7 @@ class Generator:
 
         key = (bucket, gen.sampling)
         if key not in self._costs:
-            mode = self.cost_profile
-            self._costs[key] = jnp.asarray(profile_costs(self, gen, bucket, state, decode, mode), jnp.float32)
+            args = (self.params, self.draft_params, gen, bucket, state, decode, self.cost_profile)
+            costs = profile_costs(self.drafter, self.config.name, self.backend, *args)
+            self._costs[key] = jnp.asarray(costs, jnp.float32)
         return {**self.draft_params, "costs": self._costs[key]}

@@ -302,9 +302,30 @@ def start(
     check_capacity(capacity, tokens.shape[1], gen, drafter)
     cache = KVCache.zeros(config, tokens.shape[0], capacity)
     logits, cache = decoding.prefill(target_params, config, tokens, lengths, cache, chunk=chunk, backend=backend)
+    return begin(
+        target_params, draft_params, config, drafter, gen, tokens, lengths, key, cache, logits, backend=backend
+    )
+
+
+def begin(
+    target_params,
+    draft_params,
+    config,
+    drafter: Drafter,
+    gen: GenerateConfig,
+    tokens,
+    lengths,
+    key,
+    cache,
+    logits,
+    *,
+    backend: str = "auto",
+) -> DecodeState:
+    """`start` after its prefill: emit the first token from the prompts' last logits [B, V] and initialise the
+    drafter. A bench running several methods on one prompt prefills once and begins each from a copy."""
     state = decoding.init_state(config, gen, cache, logits, key, gen.max_new_tokens)
     ctx = dataclasses.replace(
-        context(target_params, draft_params, config, gen, capacity, backend),
+        context(target_params, draft_params, config, gen, cache.capacity, backend),
         prompt_tokens=tokens,
         prompt_lengths=lengths,
     )

@@ -304,3 +304,18 @@ def test_prior_costs_grow_with_the_tree():
     prior = auto_profile.prior_costs(FULL)
     by = dict(zip((c.name for c in FULL.candidates), prior))
     assert by["ar"] == 1.0 and by["pld-4"] < by["pld-8"] and by["ls-chain2"] < by["ls-chain4"] < by["hybrid"]
+
+
+def test_api_auto_without_a_draft_or_profile_equals_ar():
+    """`lsjax.AutoDrafter()` with no draft params: AR + prompt lookup on the built-in prior costs, lossless."""
+    import lsjax
+
+    _, ref, _ = _engine()  # AR's greedy output on the same prompts and GenerateConfig
+    config, params = tiny_model()
+    gen = GenerateConfig(max_new_tokens=40, sampling=SamplingConfig(temperature=0.0), ignore_eos=True)
+    prompts = repetitive_prompts()
+    tokens = jnp.asarray(np.stack([np.pad(p, (0, 64 - len(p))) for p in prompts]).astype(np.int32))
+    lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
+    cfg = lsjax.SpecConfig(model=config, gen=gen, drafter=lsjax.AutoDrafter(pld_tokens=(3,)), chunk=64)
+    out = jax.jit(lsjax.generate, static_argnames="config")(params, (), tokens, cfg, jax.random.key(0), lengths)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.out))

@@ -1,12 +1,18 @@
 """Methods vs AR with repeats: each round runs every method once per prompt, back to back, and each method's
 speed is divided by AR's from the same round (so machine noise between rounds cancels).
 
-    python -m lsjax.bench.repeat --suite dev --per-cell 1 --max-new-tokens 128 --repeats 2 --temperatures 0 1
+    python -m lsjax.bench.repeat --suite dev --per-cell 1 --max-new-tokens 64 --repeats 2 --temperatures 0 1
 
-Prints per prompt and temperature the median (min-max) speedup over AR of every method (auto's choices go to
---out), then per temperature each method's mean speedup, auto's share of the best fixed method's mean and its
-worst prompt. Prompts come from a suite (`lsjax.bench.suites`: dev, or heldout, which nothing is tuned on) or
-a JSONL file (--prompts). Compiles and auto's cost profile happen in a warm-up outside the timed rounds.
+Each round prefills the prompt once and starts every method from a copy of that cache (`speculative.begin`):
+prefill is the same target computation for every method and is not what is compared, and on a long prompt it
+would take most of the run. Only the decode loop is timed: wall time (tok/s, the speedup) and this process's
+CPU time (a check that moves less when other jobs share the machine). Compiles and auto's cost profile happen
+in an unrecorded warm-up round per prompt bucket and temperature.
+
+Prints per prompt and temperature the median (min-max) speedup over AR of every method, then per temperature
+each method's mean speedup, auto's share of the best fixed method's mean and its worst prompt (every row,
+with auto's choices, goes to --out). Prompts come from a suite (`lsjax.bench.suites`: dev, or heldout, which
+nothing is tuned on) or a JSONL file (--prompts).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 import numpy as np
 
@@ -24,72 +31,138 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--methods", nargs="+", default=["auto", "pld", "longspec", "hybrid"])
     p.add_argument("--suite", choices=("dev", "heldout"), default="dev")
-    p.add_argument(
-        "--cost-profile", choices=("cached", "measure", "prior"), default="measure", help="auto's (see decode.py)"
-    )
-    p.add_argument("--prompts", help='a JSONL file of {"id", "prompt"[, "chat"]} instead of the dev suite')
+    p.add_argument("--prompts", help='a JSONL file of {"id", "prompt"[, "chat"]} instead of a suite')
     p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
     p.add_argument("--buckets", nargs="+", choices=list(BUCKETS), default=list(BUCKETS))
     p.add_argument("--per-cell", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    p.add_argument(
+        "--cost-profile", choices=("cached", "measure", "prior"), default="measure", help="auto's (see decode.py)"
+    )
     p.add_argument("--out", help="write every measurement here (JSON)")
     args = p.parse_args(argv)
+
+    import functools
 
     import jax
     import jax.numpy as jnp
 
+    from lsjax import decoding, speculative
     from lsjax.bench.suites import encode, load_suite
     from lsjax.config import GenerateConfig, SamplingConfig
-    from lsjax.decoding import prompt_bucket
     from lsjax.drafters import registry
-    from lsjax.generation import Generator
+    from lsjax.drafters.auto_profile import profile_costs
+    from lsjax.generation import check_prompt
     from lsjax.loading import load_model
     from lsjax.models import target
 
     model = load_model()
-    # One device copy of the decode-layout weights for every method (a Generator given raw params makes its own).
-    params = jax.tree.map(jnp.asarray, target.prepare_for_decode(model.params, model.config))
+    config = model.config
+    params = jax.tree.map(jnp.asarray, target.prepare_for_decode(model.params, config))
     prompts = load_suite(model.tokenizer, args.suite, args.prompts, args.per_cell, args.tasks, args.buckets)
     methods = ["ar", *[m for m in args.methods if m != "ar"]]
     cache: dict = {}
-    gens = {}
-    for m in methods:
-        drafter, dp = registry.build(m, model, cache=cache)
-        gens[m] = Generator(model.config, params, drafter, dp, cost_profile=args.cost_profile)
-    rows, warm = [], set()
+    built = {m: registry.build(m, model, cache=cache) for m in methods}
+    drafters = {m: d for m, (d, _) in built.items()}
+    base_params = {m: jax.tree.map(jnp.asarray, dp) if dp is not None else () for m, (_, dp) in built.items()}
+    begin = jax.jit(speculative.begin, static_argnames=("config", "drafter", "gen", "backend"))
+    auto_costs: dict = {}  # (bucket, T) -> auto's measured costs
+    warmed: set = set()
+
+    def run(m, gen, state, draft_params):
+        """Decode to the end; returns (state, wall s, cpu s)."""
+        jax.block_until_ready(state)
+        t, c = time.perf_counter(), time.process_time()
+        state = speculative.decode(params, draft_params, config, drafters[m], gen, state, jnp.int32(gen.max_new_tokens))
+        jax.block_until_ready(state)
+        return state, time.perf_counter() - t, time.process_time() - c
+
+    rows = []
     for prompt in prompts:
         ids = encode(model.tokenizer, prompt)
+        P, bucket = len(ids), decoding.prompt_bucket(len(ids))
+        tokens = jnp.asarray(np.pad(np.asarray(ids, np.int32), (0, bucket - P))[None])
+        lengths = jnp.asarray([P], jnp.int32)
         for t in args.temperatures:
-            gen = GenerateConfig(args.max_new_tokens, SamplingConfig(temperature=t), ignore_eos=True)
-            bucket = prompt_bucket(len(ids))
-            if (bucket, t) not in warm:  # compile (and auto's cost profile) outside the timed rounds
-                warm.add((bucket, t))
+            max_new = check_prompt(config, ids, args.max_new_tokens)
+            gen = GenerateConfig(max_new, SamplingConfig(temperature=t), ignore_eos=True)
+            capacity = max(speculative.required_capacity(bucket, gen, d) for d in drafters.values())
+            warm = (bucket, t) not in warmed
+            warmed.add((bucket, t))
+            for r in range(-1 if warm else 0, args.repeats):  # round -1: compile and profile, not recorded
+                logits, kv = decoding.prefill_jit(params, config, tokens, lengths, capacity)
+                key = jax.random.key(max(r, 0))
+                outs = {}
                 for m in methods:
-                    gens[m].generate(ids, gen, seed=0)
-            for r in range(args.repeats):
-                outs = {m: gens[m].generate(ids, gen, seed=r) for m in methods}
-                ar = outs["ar"]
-                for m, o in outs.items():
+                    begun = (params, base_params[m], config, drafters[m], gen, tokens, lengths, key)
+                    dp = base_params[m]
+                    if isinstance(dp, dict) and "costs" in dp:  # auto: this bucket's cost profile, measured once
+                        if (bucket, t) not in auto_costs:
+                            decode = functools.partial(_decode, config, drafters[m], gen)
+                            state = _begin(begin, begun, kv, logits)
+                            found = profile_costs(
+                                drafters[m],
+                                config.name,
+                                "auto",
+                                params,
+                                dp,
+                                gen,
+                                bucket,
+                                state,
+                                decode,
+                                args.cost_profile,
+                            )
+                            auto_costs[(bucket, t)] = jnp.asarray(found, jnp.float32)
+                        dp = {**dp, "costs": auto_costs[(bucket, t)]}
+                    outs[m] = run(m, gen, _begin(begin, begun, kv, logits), dp)
+                if r < 0:
+                    continue
+                ar_state, ar_s, ar_cpu = outs["ar"]
+                ar_tokens = np.asarray(ar_state.out[0, : int(ar_state.num_out[0])]).tolist()
+                for m, (state, wall, cpu) in outs.items():
+                    n = int(state.num_out[0])
+                    out = np.asarray(state.out[0, :n]).tolist()
+                    summary = getattr(drafters[m], "summary", None)
                     rows.append(
                         {
                             "prompt": prompt.id,
-                            "tokens": len(ids),
+                            "tokens": P,
                             "T": t,
                             "round": r,
                             "method": m,
-                            "tok_s": o.tokens_per_s,
-                            "speedup": o.tokens_per_s / ar.tokens_per_s,
-                            "tau": o.mean_accepted,
-                            "equal_to_ar": o.tokens == ar.tokens if t == 0 else None,
-                            "stats": o.drafter_stats,
+                            "tok_s": (n - 1) / wall,
+                            "speedup": ar_s / wall,
+                            "cpu_speedup": ar_cpu / cpu,
+                            "tau": (n - 1) / max(int(state.steps), 1),
+                            "equal_to_ar": out == ar_tokens if t == 0 else None,
+                            "stats": summary(state.draft) if summary else None,
                         }
                     )
                     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"command": sys.argv, "rows": rows}, f, indent=1)
+    report(rows, methods, args.temperatures)
+    return 0
+
+
+def _begin(begin, begun: tuple, kv, logits):
+    """A method's decode state from its own copy of the round's prefilled cache (decode donates it)."""
+    import jax
+    import jax.numpy as jnp
+
+    return begin(*begun, jax.tree.map(jnp.copy, kv), logits)
+
+
+def _decode(config, drafter, gen, params, draft_params, state, step_limit):
+    from lsjax import speculative
+
+    return speculative.decode(params, draft_params, config, drafter, gen, state, step_limit)
+
+
+def report(rows: list[dict], methods: list[str], temperatures) -> None:
     print(f"| prompt | T | {' | '.join(methods[1:])} |")
     print("|---|---|" + "---|" * (len(methods) - 1))
     for pid, t in dict.fromkeys((r["prompt"], r["T"]) for r in rows):
@@ -98,23 +171,26 @@ def main(argv=None) -> int:
             s = [r["speedup"] for r in rows if r["prompt"] == pid and r["T"] == t and r["method"] == m]
             cells.append(f"{np.median(s):.2f}x ({min(s):.2f}-{max(s):.2f})")
         print(f"| {pid} | {t:g} | {' | '.join(cells)} |")
-    for t in args.temperatures:
-        means = {m: np.mean([r["speedup"] for r in rows if r["T"] == t and r["method"] == m]) for m in methods[1:]}
-        print(f"mean speedup T={t:g}: " + ", ".join(f"{m} {v:.3f}x" for m, v in means.items()))
-        if "auto" in means and len(means) > 1:
-            fixed = {m: v for m, v in means.items() if m != "auto"}
-            best = max(fixed, key=fixed.get)
-            auto_rows = [r for r in rows if r["T"] == t and r["method"] == "auto"]
-            per_prompt = {
-                pid: np.median([r["speedup"] for r in auto_rows if r["prompt"] == pid])
-                for pid in dict.fromkeys(r["prompt"] for r in auto_rows)
-            }
-            worst = min(per_prompt, key=per_prompt.get)
-            print(
-                f"  auto = {means['auto'] / fixed[best]:.1%} of the best fixed method ({best}); "
-                f"worst prompt {worst} {per_prompt[worst]:.2f}x"
-            )
-    return 0
+    for t in temperatures:
+        for key, label in (("speedup", "wall"), ("cpu_speedup", "cpu")):
+            means = {m: np.mean([r[key] for r in rows if r["T"] == t and r["method"] == m]) for m in methods[1:]}
+            print(f"mean speedup ({label}) T={t:g}: " + ", ".join(f"{m} {v:.3f}x" for m, v in means.items()))
+            if "auto" in means and len(means) > 1:
+                fixed = {m: v for m, v in means.items() if m != "auto"}
+                best = max(fixed, key=fixed.get)
+                auto_rows = [r for r in rows if r["T"] == t and r["method"] == "auto"]
+                per_prompt = {
+                    pid: np.median([r[key] for r in auto_rows if r["prompt"] == pid])
+                    for pid in dict.fromkeys(r["prompt"] for r in auto_rows)
+                }
+                worst = min(per_prompt, key=per_prompt.get)
+                print(
+                    f"  auto = {means['auto'] / fixed[best]:.1%} of the best fixed method ({best}); "
+                    f"worst prompt {worst} {per_prompt[worst]:.2f}x"
+                )
+    unequal = {(r["prompt"], r["method"]) for r in rows if r["equal_to_ar"] is False}
+    if unequal:
+        print(f"T=0 outputs different from AR: {sorted(unequal)}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The per-device cost profile `auto` chooses with: seconds per step of each candidate, cached on disk.
 
     costs = prior_costs(drafter)                               # built-in, relative to an AR step
-    costs = profile_costs(generator, gen, bucket, state, decode)   # cached, else measured (progress bar)
+    costs = profile_costs(drafter, model_name, backend, params, draft_params, gen, bucket, state, decode)
 
 A profile is measured with the very program that decodes: the compiled `auto` loop run with one candidate
 forced (`PolicyState.force`) for a few steps on a copy of the prefilled state, candidates interleaved and
@@ -147,21 +147,23 @@ def measure_costs(decode, params, draft_params, state, prior: np.ndarray, progre
     return np.asarray([np.median(t) if t else base * p for t, p in zip(times, prior)], np.float64)
 
 
-def profile_costs(generator, gen, bucket: int, state, decode, mode: str = "cached") -> np.ndarray:
-    """[C] costs of `generator.drafter`'s candidates at this prompt bucket and sampling: `mode` "prior" (never
-    measure), "cached" (the cached profile, measured once when missing) or "measure" (measure again)."""
+def profile_costs(
+    drafter, model_name: str, backend: str, params, draft_params, gen, bucket: int, state, decode, mode: str = "cached"
+) -> np.ndarray:
+    """[C] costs of `drafter`'s candidates at this prompt bucket and sampling, for the compiled loop
+    `decode(params, draft_params, state, step_limit)` and a prefilled `state`: `mode` "prior" (never measure),
+    "cached" (the cached profile, measured once when missing) or "measure" (measure again)."""
     import jax
 
-    drafter = generator.drafter
     prior = prior_costs(drafter)
     if mode == "prior":
         return prior
     names = tuple(c.name for c in drafter.candidates)
-    path = profile_path(jax.devices()[0].device_kind, generator.config.name, generator.backend, names)
+    path = profile_path(jax.devices()[0].device_kind, model_name, backend, names)
     key = entry_key(bucket, gen.sampling.greedy or not gen.sampling.sample_drafts)
 
     def measure():
-        return measure_costs(decode, generator.params, generator.draft_params, state, prior)
+        return measure_costs(decode, params, draft_params, state, prior)
 
     if mode == "measure":
         entries = read_profile(path, names)
