@@ -448,6 +448,7 @@ def test_shared_feature_set_trains_like_live_features(tmp_path):
     _, tp, _ = tr.load_target(cfg)
     seqs, mask = data_lib.load_sequences(cfg, None, 2, TINY.vocab_size)
     fc = fcm.build(tmp_path / "set", seqs[:24], mask[:24], tp, TINY, shard_size=8, progress=False)
+    fcm.build(tmp_path / "set2", seqs[24:40], mask[24:40], tp, TINY, shard_size=8, progress=False)
     shared = tiny_cfg(
         tmp_path / "run", steps=6, optim__total_steps=6, checkpoint__every=6, features__set=str(fc.directory)
     )
@@ -464,5 +465,10 @@ def test_shared_feature_set_trains_like_live_features(tmp_path):
 
     out = tr.fit(shared, log=lambda *_: None)
     assert all(np.isfinite(out["losses"])) and len(out["losses"]) == 6
+    both = fcm.FeatureSets.open(f"{fc.directory},{tmp_path / 'set2'}")
+    assert both.num_sequences == 40 and both.describe() == "set 24/24, set2 16/16"
+    got = both.read(np.array([30, 2]), ("tokens", "topk_ids"))
+    np.testing.assert_array_equal(got["tokens"][1], fc.tokens[2])
+    np.testing.assert_array_equal(got["topk_ids"][0], fcm.FeatureCache.open(tmp_path / "set2").read([6])["topk_ids"][0])
     with pytest.raises(ConfigError, match="data.seq_len"):
         tr.fit(tiny_cfg(tmp_path / "bad", data__seq_len=32, features__set=str(fc.directory)), log=lambda *_: None)

@@ -14,6 +14,7 @@ PNGs (table1, table5, latency, accepted).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -118,6 +119,10 @@ def parse_args(argv):
     p.add_argument("--limit", type=int, help="keep only the first N prompts")
     p.add_argument("--seed", type=int, default=0, help="prompt selection and sampling seed")
     p.add_argument("--draft", help="LongSpec draft dir or 'random' (default: the shipped draft, else random)")
+    p.add_argument(
+        "--draft-b",
+        help="a second LongSpec draft dir: every draft-based method also runs on it as '<method>@b', same prompts",
+    )
     p.add_argument("--tree", help="LongSpec tree preset or widths (default: the draft's own, else the CPU preset)")
     p.add_argument("--split-steps", type=int, default=8, help="steps profiled for the draft/verify/commit split")
     p.add_argument("--hf-threads", type=int, default=2)
@@ -229,6 +234,12 @@ def run(argv=None) -> dict:
     ctx = _shared(ctx_key, lambda: _context(model, args))
     factories = available_methods()
     methods = {n: _shared(("method", n, factories[n], ctx_key), lambda n=n: factories[n](ctx)) for n in names}
+    if args.draft_b:  # A/B of two drafts: the second one's methods run right after the first's, same prompts
+        ctx_b = _shared(("ctx-b", args.draft_b, ctx_key), lambda: {**ctx, "draft": args.draft_b, "drafts": {}})
+        for n in [n for n in names if _uses_draft(n)]:
+            make = lambda n=n: dataclasses.replace(factories[n](ctx_b), name=f"{n}@b")  # noqa: E731
+            methods[f"{n}@b"] = _shared(("method-b", n, args.draft_b, ctx_key), make)
+        names = list(methods)
     lossless = [n for n, m in methods.items() if m.lossless]
     uses_longspec = any(_uses_draft(n) for n in methods)
     draft_note = f"; LongSpec draft {ctx['draft']}" if uses_longspec else ""

@@ -183,9 +183,9 @@ class FeatureCacheConfig:
 
     enabled: bool = False
     dir: str = ""  # "" = <run_dir>/features
-    # A set of the shared target-feature cache (lsjax.train.feature_cache): a name under the cache root or a
-    # path. Training data and target features then come from it (data.sources is not read; data.seq_len must
-    # match); its complete shards at start are used (data.max_sequences caps them).
+    # Sets of the shared target-feature cache (lsjax.train.feature_cache), comma-separated: names under the
+    # cache root or paths. Training data and target features then come from them (data.sources is not read;
+    # data.seq_len must match); their complete shards at start are used (data.max_sequences caps the total).
     set: str = ""
     batch_size: int = 4  # sequences per target forward while building
 

@@ -335,10 +335,38 @@ class FeatureCache:
         return out
 
 
+class FeatureSets:
+    """Several sets of one sequence length read as one (e.g. dialogue + self-distilled answers)."""
+
+    def __init__(self, caches: list[FeatureCache], limit: int = 0):
+        lengths = {c.seq_len for c in caches}
+        if len(lengths) != 1:
+            raise FeatureCacheError(f"feature cache: sets of different sequence lengths {sorted(lengths)} in one run")
+        self.caches = caches
+        self.seq_len = lengths.pop()
+        self.starts = np.cumsum([0] + [c.num_sequences for c in caches])
+        self.num_sequences = int(self.starts[-1]) if not limit else min(int(self.starts[-1]), limit)
+        self.tokens = np.concatenate([np.asarray(c.tokens) for c in caches])[: self.num_sequences]
+        self.loss_mask = np.concatenate([np.asarray(c.loss_mask) for c in caches])[: self.num_sequences]
+
+    @classmethod
+    def open(cls, names: str, limit: int = 0) -> FeatureSets:
+        return cls([FeatureCache.open(resolve_set(n.strip()), allow_partial=True) for n in names.split(",")], limit)
+
+    def describe(self) -> str:
+        return ", ".join(f"{c.directory.name} {c.num_sequences}/{c.total_sequences}" for c in self.caches)
+
+    def read(self, indices, fields: tuple[str, ...] = FIELDS) -> dict[str, np.ndarray]:
+        idx = np.asarray(indices, np.int64).reshape(-1)
+        which = np.searchsorted(self.starts, idx, side="right") - 1
+        rows = [self.caches[w].read(np.array([i - self.starts[w]]), fields) for w, i in zip(which, idx, strict=True)]
+        return {f: np.concatenate([r[f] for r in rows]) for f in fields}
+
+
 class FieldView:
     """One field of a cache as a lazily read per-sequence array (what `data.batches` takes as `extra`)."""
 
-    def __init__(self, cache: FeatureCache, field: str, num_sequences: int, first_only: bool = False):
+    def __init__(self, cache: FeatureCache | FeatureSets, field: str, num_sequences: int, first_only: bool = False):
         self.cache, self.field, self.n, self.first_only = cache, field, num_sequences, first_only
 
     def __len__(self) -> int:

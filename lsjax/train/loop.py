@@ -263,13 +263,13 @@ def _shared_features(cfg: TrainConfig, config: ModelConfig, log):
     from lsjax.data import describe
     from lsjax.train import feature_cache as fcm
 
-    fc = fcm.FeatureCache.open(fcm.resolve_set(cfg.features.set), allow_partial=True)
+    fc = fcm.FeatureSets.open(cfg.features.set, cfg.data.max_sequences)
     if fc.seq_len != cfg.data.seq_len:
         raise ConfigError(f"data.seq_len: must equal the feature set's length {fc.seq_len}, got {cfg.data.seq_len}")
-    n = fc.num_sequences if not cfg.data.max_sequences else min(fc.num_sequences, cfg.data.max_sequences)
+    n = fc.num_sequences
     if n < cfg.data.batch_size:
-        raise ConfigError(f"features.set: {fc.directory} has {n} complete sequences, fewer than data.batch_size")
-    seqs, mask = np.asarray(fc.tokens[:n]), np.asarray(fc.loss_mask[:n])
+        raise ConfigError(f"features.set: {cfg.features.set} has {n} complete sequences, fewer than data.batch_size")
+    seqs, mask = fc.tokens, fc.loss_mask
     extra = {
         "target_k_raw": fcm.FieldView(fc, "k", n),
         "target_v": fcm.FieldView(fc, "v", n),
@@ -277,7 +277,7 @@ def _shared_features(cfg: TrainConfig, config: ModelConfig, log):
     }
     if cfg.loss.distill == "kl":
         extra["target_hidden"] = fcm.FieldView(fc, "hidden", n)
-    log(f"data: {describe(seqs, mask)} from feature set {fc.directory} ({fc.num_sequences}/{fc.total_sequences} built)")
+    log(f"data: {describe(seqs, mask)} from feature sets {fc.describe()} (complete/total sequences)")
     return seqs, mask, extra
 
 
