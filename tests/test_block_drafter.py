@@ -212,3 +212,21 @@ def test_alpha_beta_sweep_reuses_one_program_and_starts_from_the_block_drafter()
     assert result["tau"][(0.0, 0.0)] == pytest.approx(tau_block)
     assert len(result["tau"]) == 4
     assert "Row-wise gain" in markdown(result, (0.0, 0.5), (0.0, 1.0), "t")
+
+
+def test_cli_bad_block_size_is_one_line():
+    from tests.test_decode_cli import decode, one_error_line
+
+    assert "--block-size" in one_error_line(decode("--prompt", "hi", "--method", "dels", "--block-size", "0"))
+
+
+@pytest.mark.slow
+def test_cli_missing_block_draft_or_local_head_is_one_line(tmp_path):
+    from tests.test_decode_cli import decode, one_error_line
+
+    missing = str(tmp_path / "none")
+    assert "no block draft" in one_error_line(decode("--prompt", "hi", "--method", "block", "--block-draft", missing))
+    line = one_error_line(
+        decode("--prompt", "hi", "--method", "dels", "--block-draft", "longspec", "--local-head", missing)
+    )
+    assert "no local head" in line

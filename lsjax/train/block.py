@@ -193,21 +193,21 @@ def fit_block(cfg: TrainConfig, *, resume=False, stop_after=None, log=print, pro
     config, target_params, _ = load_target(cfg)
     s = cfg.block.block_size
 
-    fc = fcm.FeatureCache.open(fcm.resolve_set(cfg.features.set), allow_partial=True)
+    fc = fcm.FeatureSets.open(cfg.features.set, cfg.data.max_sequences)
     if fc.seq_len != cfg.data.seq_len:
         raise ConfigError(f"data.seq_len: must equal the feature set's length {fc.seq_len}, got {cfg.data.seq_len}")
     if cfg.data.seq_len < s + 2 + cfg.dels.num_anchors:
         raise ConfigError(f"dels.num_anchors: {cfg.dels.num_anchors} anchors of {s}-token blocks need longer sequences")
-    n = fc.num_sequences if not cfg.data.max_sequences else min(fc.num_sequences, cfg.data.max_sequences)
+    n = fc.num_sequences
     if n < cfg.data.batch_size:
-        raise ConfigError(f"features.set: {fc.directory} has {n} complete sequences, fewer than data.batch_size")
-    seqs, mask = np.asarray(fc.tokens[:n]), np.asarray(fc.loss_mask[:n])
+        raise ConfigError(f"features.set: {cfg.features.set} has {n} complete sequences, fewer than data.batch_size")
+    seqs, mask = fc.tokens, fc.loss_mask
     extra = {
         "target_k_raw": fcm.FieldView(fc, "k", n),
         "target_v": fcm.FieldView(fc, "v", n),
         "target_argmax": fcm.FieldView(fc, "topk_ids", n, first_only=True),
     }
-    log(f"data: {data_lib.describe(seqs, mask)} from feature set {fc.directory} ({fc.num_sequences} built)")
+    log(f"data: {data_lib.describe(seqs, mask)} from feature sets {fc.describe()} (complete/total sequences)")
     dataset = data_lib.batches(seqs, mask, cfg, config.max_position, extra=extra)
     iterator = iter(dataset.to_iter_dataset())
 
