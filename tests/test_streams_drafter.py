@@ -36,8 +36,10 @@ def stream_params(config, scfg=SCFG, seed=1):
 
 @pytest.mark.parametrize(
     "widths,prune_to,streams_at",
-    [((2, 2, 2), None, "accepted"), ((3, 4, 4), (2, 2, 1), "nodes")],
-    ids=["unpruned-accepted", "pruned-nodes"],
+    [
+        pytest.param((2, 2, 2), None, "accepted", marks=pytest.mark.slow, id="unpruned-accepted"),
+        pytest.param((3, 4, 4), (2, 2, 1), "nodes", id="pruned-nodes"),
+    ],
 )
 def test_greedy_streams_equal_ar(widths, prune_to, streams_at):
     config, params = tiny_model()

@@ -49,7 +49,10 @@ def _random_tree(config, widths=(3, 4, 2), seed=1):
     return make_tree(tokens, parents, jnp.ones((2, tc.num_nodes), bool), tc), tc
 
 
-@pytest.mark.parametrize("prepared,layer", [(False, 1), (True, 0)], ids=["stacked-1", "decode-layout-0"])
+@pytest.mark.parametrize(
+    "prepared,layer",
+    [pytest.param(False, 1, marks=pytest.mark.slow, id="stacked-1"), pytest.param(True, 0, id="decode-layout-0")],
+)
 def test_tapped_forward_equals_plain_forward(prepared, layer):
     config, params = tiny_model()
     cache = _cache_with_prefix(config, params)
@@ -168,6 +171,7 @@ class TappedRandomTree(Drafter):
         return make_tree(jnp.take_along_axis(tree.tokens, idx, 1), new_par, valid, self.tree), idx
 
 
+@pytest.mark.slow  # the streams drafter's pruned greedy test covers the default run
 def test_pruning_drafter_greedy_equals_ar():
     config, params = tiny_model()
     gen = GenerateConfig(max_new_tokens=20, ignore_eos=True)

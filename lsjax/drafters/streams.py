@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import zipfile
 import zlib
 from pathlib import Path
@@ -295,6 +296,11 @@ def load_streams_drafter(model, draft=None, num_streams=None, msa_layers=None, t
     """(drafter, stream params) for a loaded model: `draft` a checkpoint directory, "random" (untrained:
     lossless, accepts little) or None (the shipped checkpoint for this target)."""
     config = model.config
+    given = Path(draft) if draft not in (None, "random") else None
+    if given is not None and not (given / "streams.json").is_file() and (given / "draft.json").is_file():
+        # A LongSpec draft, handed to every method alike (the bench does): use the streams' own checkpoint.
+        draft = None if default_streams_path(model.path) else "random"
+        print(f"[lsjax] streams: {given} is a LongSpec draft; using {draft or 'the shipped streams'}", file=sys.stderr)
     if draft == "random":
         scfg = ss.StreamsConfig(num_streams=num_streams or 3, msa_layers=msa_layers or min(4, config.num_layers))
         params = jax.tree.map(np.asarray, ss.init_params(config, scfg, jax.random.key(0)))
