@@ -233,7 +233,17 @@ def run(argv=None) -> dict:
     ctx_key = ("ctx", args.draft, args.tree, args.hf_threads)
     ctx = _shared(ctx_key, lambda: _context(model, args))
     factories = available_methods()
-    methods = {n: _shared(("method", n, factories[n], ctx_key), lambda n=n: factories[n](ctx)) for n in names}
+    from lsjax.errors import LsjaxError
+
+    methods = {}
+    for n in names:
+        try:
+            methods[n] = _shared(("method", n, factories[n], ctx_key), lambda n=n: factories[n](ctx))
+        except LsjaxError as e:  # e.g. a drafter whose trained checkpoint is not shipped yet
+            if args.methods:
+                raise
+            print(f"[bench] skipping {n}: {e}", file=sys.stderr)
+    names = list(methods)
     if args.draft_b:  # A/B of two drafts: the second one's methods run right after the first's, same prompts
         ctx_b = _shared(("ctx-b", args.draft_b, ctx_key), lambda: {**ctx, "draft": args.draft_b, "drafts": {}})
         for n in [n for n in names if _uses_draft(n)]:
