@@ -83,9 +83,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--heads", help="tokenswift: a heads checkpoint (directory), or 'zero' for untrained heads (default: shipped)"
     )
-    p.add_argument("--kv-budget", type=int, default=None, help="tokenswift: partial KV cache entries (default 1024)")
-    p.add_argument("--ngram-topk", type=int, default=None, help="tokenswift: n-gram chains per step (default 20)")
-    p.add_argument("--ngram-n", type=int, default=None, help="tokenswift: n-gram length (default 4)")
+    p.add_argument(
+        "--ts-preset",
+        choices=("paper", "cpu"),
+        default=None,
+        help="tokenswift: paper = partial-cache draft pass, 1,3,3,3 tree, 20 n-grams; cpu = no draft pass, 1,1,1 "
+        "heads + one 8-gram chain (default: cpu on a CPU, else paper); the flags below override it",
+    )
+    p.add_argument("--kv-budget", type=int, default=None, help="tokenswift: partial KV cache entries (1024)")
+    p.add_argument("--ngram-topk", type=int, default=None, help="tokenswift: n-gram chains per step")
+    p.add_argument("--ngram-n", type=int, default=None, help="tokenswift: n-gram length (gamma = 4 in the paper)")
     p.add_argument(
         "--ts-draft-pass",
         choices=("partial", "full", "verified"),
@@ -96,7 +103,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--ts-topk",
         default=None,
-        help="tokenswift: candidates per logit set, comma-separated (default 1,3,3,3; verified 3,3,3)",
+        help="tokenswift: candidates per logit set, comma-separated (the preset's by default)",
     )
     p.add_argument("--compare", choices=("ar",), help="also run AR on the same prompt; print speedup and equality")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
@@ -188,6 +195,7 @@ def main(argv=None) -> int:
             pld_tokens=args.pld_tokens,
             pld_ngram=args.pld_ngram,
             heads=args.heads,
+            ts_preset=args.ts_preset,
             kv_budget=args.kv_budget,
             ngram_topk=args.ngram_topk,
             ngram_n=args.ngram_n,
