@@ -81,7 +81,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help=f"pld|hybrid: longest n-gram matched (default {registry.PLD_NGRAM})",
     )
     p.add_argument(
-        "--heads", help="tokenswift: a heads checkpoint (directory), or 'zero' for untrained heads (default: shipped)"
+        "--heads",
+        help="tokenswift: a heads checkpoint (directory), or 'zero' for untrained heads (default: the shipped "
+        "heads, else zero)",
     )
     p.add_argument(
         "--ts-preset",

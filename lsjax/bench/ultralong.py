@@ -193,12 +193,7 @@ def build_methods(args, model, params) -> dict:
     from lsjax.drafters import registry
     from lsjax.generation import Generator
 
-    heads = args.heads
-    if heads is None:
-        from lsjax.drafters.tokenswift import default_heads_path
-
-        shipped = default_heads_path(model.path) if model.path else None
-        heads = str(shipped) if shipped else "zero"
+    heads = args.heads  # None: the shipped heads, else zero heads
     topk = tuple(int(k) for k in args.ts_topk.split(",")) if args.ts_topk else None
     out = {}
     for name in args.methods:

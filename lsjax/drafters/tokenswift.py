@@ -29,7 +29,7 @@ the verified distribution.
 
 Heads checkpoints: `params.npz` + `heads.json` in `lsjax/drafts/<target>/tokenswift/` (found by default,
 like the LongSpec draft beside it), or any directory given with `--heads`; "zero" = untrained heads (each a
-copy of the target's next-token head).
+copy of the target's next-token head), also what runs when no heads are shipped for the target.
 """
 
 from __future__ import annotations
@@ -306,19 +306,16 @@ def load_heads(path: str | Path, config) -> tuple[dict, th.HeadsConfig, dict]:
 
 
 def load_tokenswift(model, heads: str | None, cfg: TokenSwiftConfig):
-    """(drafter, heads params) for a loaded model: `heads` a directory, "zero" (untrained heads), or None
-    (the shipped heads for this target)."""
-    if heads == "zero":
+    """(drafter, heads params) for a loaded model: `heads` a directory, "zero" (untrained heads: each repeats
+    the target's own next-token guess, so only the n-grams and the draft pass's own head propose anything
+    useful), or None (the heads shipped for this target, else zero heads)."""
+    path = Path(heads) if heads not in (None, "zero") else None
+    if heads is None:
+        path = default_heads_path(model.path)
+    if path is None:
         hcfg = th.HeadsConfig()
         params = th.init_params(model.config, hcfg, {"final_norm": jnp.asarray(model.params["final_norm"])})
     else:
-        path = Path(heads) if heads else default_heads_path(model.path)
-        if path is None:
-            from lsjax.drafters.checkpoints import target_key
-
-            raise ModelNotFoundError(
-                f"no shipped TokenSwift heads for {target_key(model.path)}; pass --heads DIR (or --heads zero)"
-            )
         params, hcfg, _ = load_heads(path, model.config)
     return TokenSwiftDrafter(cfg, hcfg), params
 
