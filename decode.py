@@ -101,11 +101,20 @@ def parse_args(argv=None) -> argparse.Namespace:
         help=f"pld|hybrid: longest n-gram matched (default {registry.PLD_NGRAM})",
     )
     p.add_argument(
-        "--heads", help="tokenswift: a heads checkpoint (directory), or 'zero' for untrained heads (default: shipped)"
+        "--heads",
+        help="tokenswift: a heads checkpoint (directory), or 'zero' for untrained heads (default: the shipped "
+        "heads, else zero)",
     )
-    p.add_argument("--kv-budget", type=int, default=None, help="tokenswift: partial KV cache entries (default 1024)")
-    p.add_argument("--ngram-topk", type=int, default=None, help="tokenswift: n-gram chains per step (default 20)")
-    p.add_argument("--ngram-n", type=int, default=None, help="tokenswift: n-gram length (default 4)")
+    p.add_argument(
+        "--ts-preset",
+        choices=("paper", "cpu"),
+        default=None,
+        help="tokenswift: paper = partial-cache draft pass, 1,3,3,3 tree, 20 n-grams; cpu = no draft pass, 1,1,1 "
+        "heads + one 8-gram chain (default: cpu on a CPU, else paper); the flags below override it",
+    )
+    p.add_argument("--kv-budget", type=int, default=None, help="tokenswift: partial KV cache entries (1024)")
+    p.add_argument("--ngram-topk", type=int, default=None, help="tokenswift: n-gram chains per step")
+    p.add_argument("--ngram-n", type=int, default=None, help="tokenswift: n-gram length (gamma = 4 in the paper)")
     p.add_argument(
         "--ts-draft-pass",
         choices=("partial", "full", "verified"),
@@ -116,7 +125,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--ts-topk",
         default=None,
-        help="tokenswift: candidates per logit set, comma-separated (default 1,3,3,3; verified 3,3,3)",
+        help="tokenswift: candidates per logit set, comma-separated (the preset's by default)",
     )
     p.add_argument("--block-size", type=int, default=None, help="block|dels: tokens per block (default: the draft's)")
     p.add_argument("--alpha", type=float, default=0.3, help="dels: weight of the local head's logits (default 0.3)")
@@ -222,6 +231,7 @@ def main(argv=None) -> int:
             streams=args.streams,
             msa_layers=args.msa_layers,
             heads=args.heads,
+            ts_preset=args.ts_preset,
             kv_budget=args.kv_budget,
             ngram_topk=args.ngram_topk,
             ngram_n=args.ngram_n,

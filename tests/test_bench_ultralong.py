@@ -14,7 +14,8 @@ def test_ultralong_dry_run(tmp_path):
     result = ultralong.run(
         [
             "--model", "tiny", "--lengths", "16", "40", "--prompt-tokens", "32", "--methods", "ar", "tokenswift",
-            "--ts-topk", "1,2,1", "--kv-budget", "24", "--ngram-topk", "2", "--stream-every", "4",
+            "--ts-preset", "paper", "--ts-topk", "1,2,1", "--kv-budget", "24", "--ngram-topk", "2",
+            "--stream-every", "4",
             "--penalties", "1.0", "1.3", "--penalty-window", "40", "--out", str(tmp_path),
         ]
     )  # fmt: skip

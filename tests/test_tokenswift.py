@@ -90,8 +90,10 @@ def test_heads_checkpoint_roundtrip_and_named_errors(tmp_path):
     model = type("Model", (), {"config": config, "params": params, "path": tmp_path / "tiny.gguf"})
     drafter, _ = load_tokenswift(model, str(tmp_path / "h"), TokenSwiftConfig())
     assert drafter.name == "tokenswift" and drafter.tree.depth == 4
-    with pytest.raises(ModelNotFoundError, match="--heads"):
-        load_tokenswift(model, None, TokenSwiftConfig())
+    with pytest.raises(ModelNotFoundError, match="no TokenSwift heads"):
+        load_tokenswift(model, str(tmp_path / "nothing"), TokenSwiftConfig())
+    _, zero = load_tokenswift(model, None, TokenSwiftConfig())  # nothing shipped for "tiny": zero heads
+    assert float(jnp.abs(zero["w"]).max()) == 0
     (tmp_path / "h" / "params.npz").write_bytes(b"PK\x03\x04 truncated")
     with pytest.raises(CorruptFileError, match="params.npz"):
         load_heads(tmp_path / "h", config)
@@ -126,7 +128,12 @@ def test_registry_options_reach_the_config():
     config, params = tiny_model()
     model = type("Model", (), {"config": config, "params": params, "path": "tiny.gguf"})
     opts = dict(heads="zero", kv_budget=64, ngram_topk=2, ngram_n=6, draft_pass="verified", ts_topk=(2, 1))
+    opts["ts_preset"] = "paper"
     drafter, dp = registry.build("tokenswift", model, **opts)
     assert drafter.cfg == TokenSwiftConfig("verified", (2, 1), 64, 16, 2, 6)
     assert drafter.tree.depth == 5 and set(dp) == {"w", "in_norm", "out_norm"}
-    assert registry.build("tokenswift", model, heads="zero", draft_pass="verified")[0].cfg.topk == (3, 3, 3)
+    paper = dict(heads="zero", ts_preset="paper")
+    assert registry.build("tokenswift", model, **paper)[0].cfg == TokenSwiftConfig()
+    assert registry.build("tokenswift", model, **paper, draft_pass="verified")[0].cfg.topk == (3, 3, 3)
+    cpu = registry.build("tokenswift", model, heads="zero", ts_preset="cpu", draft_pass="partial")[0].cfg
+    assert cpu.topk == (1, 1, 1, 1) and cpu.draft_pass == "partial"

@@ -32,12 +32,13 @@ import numpy as np
 # tokenswift variant unless the variant fixes them.
 VARIANTS: dict[str, tuple[str, dict]] = {
     "ar": ("ar", {}),
-    "tokenswift": ("tokenswift", {}),
-    "tokenswift-no-ngram": ("tokenswift", {"ngram_topk": 0}),
-    "tokenswift-full-cache": ("tokenswift", {"draft_pass": "full"}),
-    "tokenswift-verified": ("tokenswift", {"draft_pass": "verified"}),
-    "tokenswift-verified-no-ngram": ("tokenswift", {"draft_pass": "verified", "ngram_topk": 0}),
     "pld": ("pld", {}),
+    "tokenswift": ("tokenswift", {}),  # the device's preset (lsjax.drafters.tokenswift.TS_PRESETS)
+    "tokenswift-no-ngram": ("tokenswift", {"ngram_topk": 0}),
+    "tokenswift-partial": ("tokenswift", {"draft_pass": "partial"}),  # the paper's self-drafting pass
+    "tokenswift-full-cache": ("tokenswift", {"draft_pass": "full"}),  # ... without the partial cache
+    "tokenswift-verified": ("tokenswift", {"draft_pass": "verified"}),
+    "tokenswift-paper": ("tokenswift", {"ts_preset": "paper"}),
 }
 
 
@@ -64,10 +65,10 @@ def parse_args(argv):
     p.add_argument("--penalties", type=float, nargs="+", default=[1.0], help="contextual penalty values to run")
     p.add_argument("--penalty-window", type=int, default=1024)
     p.add_argument("--heads", help="TokenSwift heads dir, or 'zero' (default: the shipped heads, else zero)")
+    p.add_argument("--ts-preset", choices=("paper", "cpu"), help="TokenSwift preset (default: by device)")
     p.add_argument("--kv-budget", type=int)
     p.add_argument("--ngram-topk", type=int)
     p.add_argument("--ts-topk", help="candidates per logit set, e.g. 1,2,2,1")
-    p.add_argument("--ts-verified-topk", help="the verified variants' candidates per head, e.g. 2,2,1")
     p.add_argument("--stream-every", type=int, default=32, help="decode steps between host stamps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="output directory (default bench_results/ultralong-<time>)")
@@ -192,19 +193,13 @@ def build_methods(args, model, params) -> dict:
     from lsjax.drafters import registry
     from lsjax.generation import Generator
 
-    heads = args.heads
-    if heads is None:
-        from lsjax.drafters.tokenswift import default_heads_path
-
-        shipped = default_heads_path(model.path) if model.path else None
-        heads = str(shipped) if shipped else "zero"
+    heads = args.heads  # None: the shipped heads, else zero heads
     topk = tuple(int(k) for k in args.ts_topk.split(",")) if args.ts_topk else None
-    vtopk = tuple(int(k) for k in args.ts_verified_topk.split(",")) if args.ts_verified_topk else None
     out = {}
     for name in args.methods:
         method, fixed = args.variants[name]
         opts = {"heads": heads, "kv_budget": args.kv_budget, "ngram_topk": args.ngram_topk, "ngram_n": args.ngram_n}
-        opts["ts_topk"] = vtopk if fixed.get("draft_pass") == "verified" else topk
+        opts |= {"ts_topk": topk, "ts_preset": args.ts_preset}
         drafter, dp = registry.build(method, model, **{**opts, **fixed})
         out[name] = Generator(model.config, params, drafter, dp)
     return out

@@ -29,7 +29,7 @@ the verified distribution.
 
 Heads checkpoints: `params.npz` + `heads.json` in `lsjax/drafts/<target>/tokenswift/` (found by default,
 like the LongSpec draft beside it), or any directory given with `--heads`; "zero" = untrained heads (each a
-copy of the target's next-token head).
+copy of the target's next-token head), also what runs when no heads are shipped for the target.
 """
 
 from __future__ import annotations
@@ -306,43 +306,62 @@ def load_heads(path: str | Path, config) -> tuple[dict, th.HeadsConfig, dict]:
 
 
 def load_tokenswift(model, heads: str | None, cfg: TokenSwiftConfig):
-    """(drafter, heads params) for a loaded model: `heads` a directory, "zero" (untrained heads), or None
-    (the shipped heads for this target)."""
-    if heads == "zero":
+    """(drafter, heads params) for a loaded model: `heads` a directory, "zero" (untrained heads: each repeats
+    the target's own next-token guess, so only the n-grams and the draft pass's own head propose anything
+    useful), or None (the heads shipped for this target, else zero heads)."""
+    path = Path(heads) if heads not in (None, "zero") else None
+    if heads is None:
+        path = default_heads_path(model.path)
+    if path is None:
         hcfg = th.HeadsConfig()
         params = th.init_params(model.config, hcfg, {"final_norm": jnp.asarray(model.params["final_norm"])})
     else:
-        path = Path(heads) if heads else default_heads_path(model.path)
-        if path is None:
-            from lsjax.drafters.checkpoints import target_key
-
-            raise ModelNotFoundError(
-                f"no shipped TokenSwift heads for {target_key(model.path)}; pass --heads DIR (or --heads zero)"
-            )
         params, hcfg, _ = load_heads(path, model.config)
     return TokenSwiftDrafter(cfg, hcfg), params
+
+
+# The paper's configuration (its GPU setting), and one for devices where every verified node costs time and a
+# draft pass costs a whole weight read (a 2-core CPU: `lsjax.bench.ultralong` measures them).
+TS_PRESETS = {
+    "paper": TokenSwiftConfig(),
+    "cpu": TokenSwiftConfig(draft_pass="verified", topk=(1, 1, 1), ngram_topk=1, ngram_n=8),
+}
+
+
+def default_preset() -> str:
+    return "cpu" if jax.default_backend() == "cpu" else "paper"
 
 
 @register("tokenswift", help="TokenSwift: multi-token heads + n-gram reuse + a partial-KV draft pass")
 def _build(
     model,
     *,
+    ts_preset: str | None = None,
     heads: str | None = None,
     kv_budget: int | None = None,
     ngram_topk: int | None = None,
     draft_pass: str | None = None,
     ts_topk: tuple[int, ...] | None = None,
     ngram_n: int | None = None,
+    ngram_lag: int | None = None,
     **_,
 ):
-    base = TokenSwiftConfig(draft_pass=draft_pass or "partial")
-    if draft_pass == "verified" and ts_topk is None:
-        ts_topk = (3, 3, 3)
+    preset = ts_preset or default_preset()
+    if preset not in TS_PRESETS:
+        raise ConfigError(f"tokenswift preset: {preset!r} is not one of {', '.join(TS_PRESETS)}")
+    base = TS_PRESETS[preset]
+    if draft_pass is not None and draft_pass != base.draft_pass:
+        if ts_topk is None and (draft_pass == "verified") != (base.draft_pass == "verified"):
+            # The self passes' first logit set is the target's own head; the verified pass has no such set.
+            ts_topk = base.topk[1:] or (1,) if draft_pass == "verified" else (1, *base.topk)
+        base = dataclasses.replace(base, draft_pass=draft_pass)
     cfg = dataclasses.replace(
         base,
         **{
             k: v
-            for k, v in dict(kv_budget=kv_budget, ngram_topk=ngram_topk, topk=ts_topk, ngram_n=ngram_n).items()
+            for k, v in dict(
+                kv_budget=kv_budget, ngram_topk=ngram_topk, topk=ts_topk, ngram_n=ngram_n, ngram_lag=ngram_lag
+            ).items()
             if v is not None
         },
     )
