@@ -285,7 +285,8 @@ def test_ring_cache_constant_size_holds_last_window():
         p = (start + jnp.arange(n, dtype=jnp.float32))[None, :, None, None]
         return jnp.broadcast_to(p, (B, n, K, H))
 
-    write = jax.jit(ring_write)
+    # A fresh function object: jit's compile cache is per function, and other test modules jit ring_write too.
+    write = jax.jit(lambda *args: ring_write(*args))
     sizes = {}
     for total in (10, 10_000):
         ring = RingCache.zeros(config, B, w)
