@@ -26,3 +26,17 @@ def hf_gguf():
     model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     return model.eval(), tok
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Free each module's compiled programs when it ends. Every XLA:CPU executable holds its own memory
+    mappings; the whole suite's (~1000 programs) exceeded the kernel's map limit and LLVM aborted with
+    "Cannot allocate memory" at ~10 GB RSS."""
+    yield
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 
+import pytest
 import yaml
 
 from lsjax.bench import ablation
@@ -16,6 +17,7 @@ from tests.test_train import TINY as TRAIN_TINY
 TINY = dataclasses.replace(TRAIN_TINY, max_position=512)  # eval sequences longer than training ones
 
 
+@pytest.mark.slow  # ~20 s on two cores: the default run stays under 15 min
 def test_ablation_end_to_end(tmp_path, capsys):
     base = {
         "name": "tiny-ablation",

@@ -16,6 +16,7 @@ from lsjax.models import draft as draft_lib
 from tests.tiny import tiny_model
 
 
+@pytest.mark.slow  # ~20 s on two cores: the default run stays under 15 min
 def test_sweep_pools_per_tree_and_checks_equality():
     config, params = tiny_model()
     dcfg = DraftConfig(window=16)

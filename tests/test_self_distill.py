@@ -31,6 +31,7 @@ def _prompts(n):
     return [Prompt(f"t/{i}", "code", "b", t, False, len(t), {"doc": f"d{i}"}) for i, t in enumerate(texts)]
 
 
+@pytest.mark.slow  # ~20 s on two cores: the default run stays under 15 min
 def test_rows_are_prompt_plus_the_targets_answer(tmp_path):
     params = target_lib.init_params(CFG, jax.random.PRNGKey(0), scale=0.3)
     prompts = _prompts(5)

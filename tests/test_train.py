@@ -346,9 +346,12 @@ def test_partition_specs():
 def test_every_train_config_parses(path):
     import yaml
 
+    raw = yaml.safe_load(path.read_text()) or {}
     kind = TrainConfig
-    if "streams" in (yaml.safe_load(path.read_text()) or {}):  # Speculative Streaming's own trainer
+    if "streams" in raw:  # Speculative Streaming's own trainer
         from lsjax.train.streams import StreamsTrainConfig as kind
+    elif raw.get("kind") == "tokenswift-heads":
+        from lsjax.train.heads import HeadsTrainConfig as kind
     cfg = load_yaml(kind, path)
     assert from_dict(kind, to_dict(cfg)) == cfg
     hash(cfg)
