@@ -128,8 +128,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="tokenswift: candidates per logit set, comma-separated (the preset's by default)",
     )
     p.add_argument("--block-size", type=int, default=None, help="block|dels: tokens per block (default: the draft's)")
-    p.add_argument("--alpha", type=float, default=0.3, help="dels: weight of the local head's logits (default 0.3)")
-    p.add_argument("--beta", type=float, default=0.3, help="dels: weight of the unigram prior (default 0.3)")
+    p.add_argument("--alpha", type=float, default=1.0, help="dels: weight of the local head's logits (default 1.0)")
+    p.add_argument("--beta", type=float, default=1.0, help="dels: weight of the unigram prior (default 1.0)")
     p.add_argument(
         "--local-head", default=None, help="dels: gru (default) | markov (the shipped heads) or a local-head directory"
     )

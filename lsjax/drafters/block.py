@@ -56,6 +56,10 @@ def short_logprobs(r: jax.Array, table: jax.Array, in_head: jax.Array, prior: ja
     return jnp.where(in_head, raw - logz, prior)
 
 
+# The best (α, β) of `lsjax.bench.dels_sweep --suite dev` for the shipped block-s8 + GRU head (README).
+DELS_ALPHA, DELS_BETA = 1.0, 1.0
+
+
 def prepare_dels_params(block: dict, local: dict, prior, head_vocab, embed, alpha=0.3, beta=0.3) -> dict:
     """The draft params `dels` runs with: the block draft's, plus the local head with its vocabulary map folded
     and the prior and head mask gathered at the block draft's vocabulary (derived at load, never saved).
@@ -294,7 +298,16 @@ def _build_block(model, *, block_draft=None, block_size=None, branches=1, cache=
     uses_draft=True,
 )
 def _build_dels(
-    model, *, block_draft=None, block_size=None, branches=1, alpha=0.3, beta=0.3, local_head=None, cache=None, **_
+    model,
+    *,
+    block_draft=None,
+    block_size=None,
+    branches=1,
+    alpha=DELS_ALPHA,
+    beta=DELS_BETA,
+    local_head=None,
+    cache=None,
+    **_,
 ):
     key = ("block", block_draft, block_size)
     params, dcfg, bcfg = _cached(cache, key, lambda: load_block(model, block_draft, block_size))
