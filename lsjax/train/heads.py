@@ -114,10 +114,12 @@ def features_root(cfg: FeatureDataConfig) -> Path:
 
 
 def open_feature_set(directory: Path):
-    """The lead's shared cache reader (`lsjax.train.feature_cache`); tests pass their own opener."""
+    """The shared cache reader (`lsjax.train.feature_cache`); tests pass their own opener."""
     from lsjax.train.feature_cache import FeatureCache
 
-    return FeatureCache.open(directory)
+    # A set grows across sessions (its build resumes); training reads the shards finished so far, as the
+    # LongSpec and block trainers do.
+    return FeatureCache.open(directory, allow_partial=True)
 
 
 class FeatureBatches:
