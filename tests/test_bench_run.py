@@ -101,3 +101,22 @@ def test_mismatch_fails_and_names_prompt(quick, monkeypatch, tmp_path, capsys):
     assert all(r["equal_to_lsjax_ar"] is None and r["tokens_per_s"] > 0 for r in t1)
     assert "verify_ms" not in t1[0]  # the quick suite profiles the step split at T=0 only
     assert "FAIL" in (tmp_path / "results.md").read_text()
+
+
+def test_variant_runs_a_registry_method_with_options(quick, tmp_path):
+    # A --variant is the registry's method with build options: here PLD proposing 2 tokens instead of 8.
+    args = [*QUICK, "--methods", "lsjax-ar", "--variant", "pld2=pld:pld_tokens=2", "--temperatures", "0"]
+    result = bench.run([*args, "--limit", "1", "--out", str(tmp_path)])
+    rows = [r for r in result["rows"] if r["method"] == "pld2"]
+    assert len(rows) == 1 and rows[0]["equal_to_lsjax_ar"] is True
+    assert max(rows[0]["step_tokens"]) <= 3  # at most 2 drafted tokens + the bonus per step
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [("pld2", "expected NAME=METHOD"), ("x=nosuch", "unknown method 'nosuch'"), ("x=pld:k", "is not key=value")],
+)
+def test_bad_variant_is_one_line(spec, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(["--variant", spec])
+    assert e.value.code == 2 and message in capsys.readouterr().err

@@ -129,3 +129,29 @@ def load_hf(model, threads: int = 2):
     return transformers.AutoModelForCausalLM.from_pretrained(
         model.path.parent, gguf_file=model.path.name, dtype=torch.float32, attn_implementation="sdpa"
     ).eval()
+
+
+def parse_variant(spec: str) -> tuple[str, tuple[str, dict]]:
+    """ "name=method:key=value,..." -> (name, (method, options)); values are ints, floats, '/'-tuples or text."""
+    name, sep, rest = spec.partition("=")
+    method, _, opts = rest.partition(":")
+    if not sep or not name or not method:
+        raise ValueError("expected NAME=METHOD[:key=value,...]")
+
+    def value(text: str):
+        if "/" in text:
+            return tuple(int(x) for x in text.split("/"))
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+        return text
+
+    options = {}
+    for item in filter(None, opts.split(",")):
+        k, eq, v = item.partition("=")
+        if not eq:
+            raise ValueError(f"option {item!r} is not key=value")
+        options[k] = value(v)
+    return name, (method, options)

@@ -26,17 +26,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def _lsjax(name: str, method, draft_sampling: str | None = None):
-    """The bench method for registry entry `method`: its drafter on the shared device params."""
+def _lsjax(name: str, method, draft_sampling: str | None = None, options: dict | None = None):
+    """The bench method for registry entry `method`: its drafter on the shared device params, built with the
+    registry's defaults updated by `options` (a `--variant`)."""
 
     def factory(ctx):
         from lsjax.bench.methods import LsjaxMethod
         from lsjax.drafters import registry
         from lsjax.generation import Generator
 
-        drafter, draft_params = registry.build(
-            method.name, ctx["model"], draft=ctx["draft"], tree=ctx["tree"], cache=ctx["drafts"]
-        )
+        opts = {"draft": ctx["draft"], "tree": ctx["tree"], **(options or {})}
+        drafter, draft_params = registry.build(method.name, ctx["model"], cache=ctx["drafts"], **opts)
         gen = Generator(ctx["model"].config, ctx["params"], drafter, draft_params)
         return LsjaxMethod(name, gen, method.speculative, draft_sampling=draft_sampling)
 
@@ -109,6 +109,13 @@ def parse_args(argv):
     p.add_argument(
         "--methods", nargs="+", choices=list(available_methods()), help="default: all (quick: the lsjax ones)"
     )
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=METHOD:key=value,...",
+        help="one more lsjax method: a registry method with build options, e.g. dels-markov=dels:local_head=markov",
+    )
     p.add_argument("--no-hf", action="store_true", help="drop the HF transformers peers")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     p.add_argument("--max-new-tokens", type=int, help="default 128 (dev), 16 (quick)")
@@ -130,6 +137,18 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.max_new_tokens is not None and args.max_new_tokens < 2:
         p.error("--max-new-tokens must be >= 2 (the first token comes from prefill)")
+    from lsjax.bench.methods import parse_variant
+    from lsjax.drafters import registry
+
+    args.variants = {}
+    for spec in args.variant:
+        try:
+            name, (method, options) = parse_variant(spec)
+        except ValueError as e:
+            p.error(f"--variant {spec!r}: {e}")
+        if method not in registry.names():
+            p.error(f"--variant {spec!r}: unknown method {method!r} (known: {', '.join(registry.names())})")
+        args.variants[name] = (method, options)
     return args
 
 
@@ -215,7 +234,8 @@ def run(argv=None) -> dict:
     suite = "file" if args.prompts else args.suite
     default_new, default_methods, split_temps = SUITE_DEFAULTS[args.suite]
     max_new = args.max_new_tokens or default_new
-    names = args.methods or default_methods or list(available_methods())
+    variants = getattr(args, "variants", {})
+    names = [*(args.methods or default_methods or list(available_methods())), *variants]
     if args.no_hf:
         names = [n for n in names if not n.startswith("hf-")]
     # lsjax-ar is the reference for equality and the first baseline: always run it, first.
@@ -233,6 +253,10 @@ def run(argv=None) -> dict:
     ctx_key = ("ctx", args.draft, args.tree, args.hf_threads)
     ctx = _shared(ctx_key, lambda: _context(model, args))
     factories = available_methods()
+    for vname, (method, options) in variants.items():
+        from lsjax.drafters import registry
+
+        factories[vname] = _lsjax(vname, registry.get(method), options=options)
     from lsjax.errors import LsjaxError
 
     methods = {}

@@ -76,6 +76,8 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if min(args.lengths) < 2:
         p.error("--lengths must be >= 2")
+    from lsjax.bench.methods import parse_variant
+
     args.variants = dict(VARIANTS)
     for spec in args.variant:
         try:
@@ -88,32 +90,6 @@ def parse_args(argv):
     if unknown:
         p.error(f"--methods: unknown {', '.join(unknown)} (known: {', '.join(args.variants)})")
     return args
-
-
-def parse_variant(spec: str) -> tuple[str, tuple[str, dict]]:
-    """ "name=method:key=value,..." -> (name, (method, options)); values are ints, floats, '/'-tuples or text."""
-    name, sep, rest = spec.partition("=")
-    method, _, opts = rest.partition(":")
-    if not sep or not name or not method:
-        raise ValueError("expected NAME=METHOD[:key=value,...]")
-
-    def value(text: str):
-        if "/" in text:
-            return tuple(int(x) for x in text.split("/"))
-        for kind in (int, float):
-            try:
-                return kind(text)
-            except ValueError:
-                pass
-        return text
-
-    options = {}
-    for item in filter(None, opts.split(",")):
-        k, eq, v = item.partition("=")
-        if not eq:
-            raise ValueError(f"option {item!r} is not key=value")
-        options[k] = value(v)
-    return name, (method, options)
 
 
 # --------------------------------------------------------------------------------------------- prompts
