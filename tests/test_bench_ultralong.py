@@ -36,3 +36,16 @@ def test_distinct_n_and_interpolated_curves():
     assert ultralong.distinct_n([1, 2, 1, 2, 1], 2) == 0.5
     c = ultralong.Curve([1, 5, 9], [0.0, 1.0, 3.0], [0, 2, 4])
     assert c.at(7) == (2.0, 3.0)
+
+
+@pytest.mark.parametrize("split", ["dev", "heldout"])
+def test_speech_prompts_follow_the_split(split):
+    from lsjax.corpora import eval_split_of
+
+    class Bytes:  # a stand-in tokenizer: one id per byte
+        def encode(self, text):
+            return list(text.encode())
+
+    got = ultralong.speech_prompts(Bytes(), 2, 300, seed=0, split=split)
+    assert len(got) == 2 and all(len(ids) == 300 for _, ids in got)
+    assert {eval_split_of(doc_id) for doc_id, _ in got} == {split}

@@ -50,6 +50,9 @@ def parse_args(argv):
     p.add_argument("--prompts", type=int, default=1, help="number of speeches")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument(
+        "--split", choices=("dev", "heldout"), default="dev", help="speeches to prompt with: dev, or never tuned on"
+    )
+    p.add_argument(
         "--methods", nargs="+", default=["ar", "tokenswift", "tokenswift-no-ngram"], help=", ".join(VARIANTS)
     )
     p.add_argument(
@@ -95,11 +98,14 @@ def parse_args(argv):
 # --------------------------------------------------------------------------------------------- prompts
 
 
-def speech_prompts(tokenizer, n: int, num_tokens: int, seed: int = 0) -> list[tuple[str, list[int]]]:
-    """The first `num_tokens` tokens of `n` dev-split speeches long enough to fill them (raw text, BOS)."""
+def speech_prompts(
+    tokenizer, n: int, num_tokens: int, seed: int = 0, split: str = "dev"
+) -> list[tuple[str, list[int]]]:
+    """The first `num_tokens` tokens of `n` speeches of `split` (dev | heldout) long enough to fill them (raw
+    text, BOS)."""
     from lsjax import corpora
 
-    docs = [d for d in corpora.load_sotu() if corpora.eval_split_of(d.id) == "dev" and len(d.text) > 5 * num_tokens]
+    docs = [d for d in corpora.load_sotu() if corpora.eval_split_of(d.id) == split and len(d.text) > 5 * num_tokens]
     rng = np.random.default_rng(seed)
     out = []
     for i in rng.permutation(len(docs))[:n]:
@@ -204,7 +210,7 @@ def run(argv=None) -> dict:
         from lsjax.loading import load_model
 
         model = load_model(args.model)
-        prompts = speech_prompts(model.tokenizer, args.prompts, args.prompt_tokens, args.seed)
+        prompts = speech_prompts(model.tokenizer, args.prompts, args.prompt_tokens, args.seed, args.split)
     params = jax.tree.map(jnp.asarray, target.prepare_for_decode(model.params, model.config))
     methods = build_methods(args, model, params)
     L = max(args.lengths)
