@@ -7,7 +7,11 @@ drafter alone.
 One compiled program serves the whole grid: α and β are arrays in the draft params, not drafter fields. At
 T = 0 every run's output must equal AR's (checked; exit 1 otherwise). τ is tokens per target forward; it does
 not depend on the machine's load, so the scan needs no interleaving (speed: `lsjax.bench.run`). Writes
-`<out>/dels-sweep-<suite>-T<t>.json` and `.md` (a heat-map table and the row-wise gain over β = 0).
+`<out>/dels-sweep-<suite>-T<t>.json`, `.md` (a heat-map table and the row-wise gain over β = 0) and `.png`.
+
+    python -m lsjax.bench.dels_sweep --merge a/dels-sweep-dev-T0.json b/dels-sweep-dev-T0.json --out grid
+
+joins scans of disjoint cells run separately (same suite, temperature and drafts) into one grid.
 """
 
 from __future__ import annotations
@@ -64,6 +68,53 @@ def markdown(result: dict, alphas, betas, title: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def heatmap_png(tau: dict, alphas, betas, title: str, path: Path) -> None:
+    """τ over (α, β) as an annotated heat-map; cells never run are blank."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    grid = np.array([[tau.get((a, b), np.nan) for b in betas] for a in alphas])
+    fig, ax = plt.subplots(figsize=(1.1 * len(betas) + 2.2, 0.8 * len(alphas) + 1.6))
+    im = ax.imshow(grid, cmap="viridis", origin="lower", aspect="auto")
+    ax.set_xticks(range(len(betas)), [f"{b:g}" for b in betas])
+    ax.set_yticks(range(len(alphas)), [f"{a:g}" for a in alphas])
+    ax.set_xlabel("β (unigram prior)")
+    ax.set_ylabel("α (local head)")
+    lo, hi = np.nanmin(grid), np.nanmax(grid)
+    for i in range(len(alphas)):
+        for j in range(len(betas)):
+            if not np.isnan(grid[i, j]):
+                # Dark text on the bright end of viridis, light on the dark end.
+                light = (grid[i, j] - lo) < 0.6 * (hi - lo + 1e-12)
+                ax.text(j, i, f"{grid[i, j]:.3f}", ha="center", va="center", color="w" if light else "k", fontsize=9)
+    fig.colorbar(im, ax=ax, label="mean τ")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def merge(records: list[dict]) -> tuple[dict, list[float], list[float]]:
+    """One grid from scans of disjoint cells; raises ValueError when the scans are not comparable or overlap
+    with different values (at T = 0 a cell run twice must agree: τ is deterministic)."""
+    keys = ("suite", "per_cell", "limit", "block_draft", "block_size", "local_head", "temperature", "max_new_tokens")
+    first = records[0]["args"]
+    tau: dict = {}
+    for r in records:
+        diff = [k for k in keys if r["args"].get(k) != first.get(k)]
+        if diff:
+            raise ValueError(f"scans differ in {', '.join(diff)}: not one grid")
+        for k, v in r["tau"].items():
+            a, b = (float(x) for x in k.split(","))
+            if (a, b) in tau and first["temperature"] == 0 and abs(tau[(a, b)] - v) > 1e-9:
+                raise ValueError(f"cell α={a:g}, β={b:g} was run twice with different τ ({tau[(a, b)]} vs {v})")
+            tau[(a, b)] = v
+    return tau, sorted({a for a, _ in tau}), sorted({b for _, b in tau})
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", default="quick", choices=("quick", "dev", "heldout"))
@@ -77,7 +128,10 @@ def main(argv=None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--out", default="bench_results")
+    p.add_argument("--merge", nargs="+", type=Path, metavar="JSON", help="join earlier scans instead of running")
     args = p.parse_args(argv)
+    if args.merge:
+        return _merge_main(args)
 
     from lsjax.bench.suites import encode, load_suite
     from lsjax.config import GenerateConfig, SamplingConfig
@@ -120,6 +174,35 @@ def main(argv=None) -> int:
     (out / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n")
     md = markdown(result, args.alphas, args.betas, title)
     (out / f"{stem}.md").write_text(md)
+    heatmap_png(result["tau"], args.alphas, args.betas, title, out / f"{stem}.png")
+    print(md)
+    return 0
+
+
+def _merge_main(args) -> int:
+    try:
+        records = [json.loads(f.read_text()) for f in args.merge]
+        tau, alphas, betas = merge(records)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: --merge: {e}", file=sys.stderr)
+        return 2
+    a0 = records[0]["args"]
+    missing = [(a, b) for a in alphas for b in betas if (a, b) not in tau]
+    if missing:
+        a, b = missing[0]
+        print(f"error: --merge: the grid misses {len(missing)} cells, e.g. α={a:g}, β={b:g}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"dels-sweep-{a0['suite']}-T{a0['temperature']:g}"
+    title = f"DeLS-Spec α-β scan: suite {a0['suite']}, T={a0['temperature']:g}, merged from {len(records)} runs"
+    (out / f"{stem}.json").write_text(
+        json.dumps({"merged_from": [str(f) for f in args.merge], "tau": {f"{a},{b}": v for (a, b), v in tau.items()}})
+        + "\n"
+    )
+    md = markdown({"tau": tau}, alphas, betas, title)
+    (out / f"{stem}.md").write_text(md)
+    heatmap_png(tau, alphas, betas, title, out / f"{stem}.png")
     print(md)
     return 0
 
