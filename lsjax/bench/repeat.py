@@ -42,7 +42,23 @@ def main(argv=None) -> int:
         "--cost-profile", choices=("cached", "measure", "prior"), default="measure", help="auto's (see decode.py)"
     )
     p.add_argument("--out", help="write every measurement here (JSON)")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=METHOD:key=value,...",
+        help="also run a registry method with build options, e.g. auto-free=auto:budget=1,initial_slack=1e6",
+    )
     args = p.parse_args(argv)
+    from lsjax.bench.methods import parse_variant
+
+    variants = {}
+    for spec in args.variant:
+        try:
+            name, built_as = parse_variant(spec)
+        except ValueError as e:
+            p.error(f"--variant {spec!r}: {e}")
+        variants[name] = built_as
 
     import functools
 
@@ -62,9 +78,10 @@ def main(argv=None) -> int:
     config = model.config
     params = jax.tree.map(jnp.asarray, target.prepare_for_decode(model.params, config))
     prompts = load_suite(model.tokenizer, args.suite, args.prompts, args.per_cell, args.tasks, args.buckets)
-    methods = ["ar", *[m for m in args.methods if m != "ar"]]
+    methods = ["ar", *[m for m in args.methods if m != "ar"], *variants]
     cache: dict = {}
-    built = {m: registry.build(m, model, cache=cache) for m in methods}
+    specs = {m: variants.get(m, (m, {})) for m in methods}  # name -> (registry method, build options)
+    built = {m: registry.build(method, model, cache=cache, **opts) for m, (method, opts) in specs.items()}
     drafters = {m: d for m, (d, _) in built.items()}
     base_params = {m: jax.tree.map(jnp.asarray, dp) if dp is not None else () for m, (_, dp) in built.items()}
     begin = jax.jit(speculative.begin, static_argnames=("config", "drafter", "gen", "backend"))
@@ -175,17 +192,17 @@ def report(rows: list[dict], methods: list[str], temperatures) -> None:
         for key, label in (("speedup", "wall"), ("cpu_speedup", "cpu")):
             means = {m: np.mean([r[key] for r in rows if r["T"] == t and r["method"] == m]) for m in methods[1:]}
             print(f"mean speedup ({label}) T={t:g}: " + ", ".join(f"{m} {v:.3f}x" for m, v in means.items()))
-            if "auto" in means and len(means) > 1:
-                fixed = {m: v for m, v in means.items() if m != "auto"}
+            fixed = {m: v for m, v in means.items() if not m.startswith("auto")}  # auto's variants are not fixed
+            for a in (m for m in means if m.startswith("auto") and fixed):
                 best = max(fixed, key=fixed.get)
-                auto_rows = [r for r in rows if r["T"] == t and r["method"] == "auto"]
+                auto_rows = [r for r in rows if r["T"] == t and r["method"] == a]
                 per_prompt = {
                     pid: np.median([r[key] for r in auto_rows if r["prompt"] == pid])
                     for pid in dict.fromkeys(r["prompt"] for r in auto_rows)
                 }
                 worst = min(per_prompt, key=per_prompt.get)
                 print(
-                    f"  auto = {means['auto'] / fixed[best]:.1%} of the best fixed method ({best}); "
+                    f"  {a} = {means[a] / fixed[best]:.1%} of the best fixed method ({best}); "
                     f"worst prompt {worst} {per_prompt[worst]:.2f}x"
                 )
     unequal = {(r["prompt"], r["method"]) for r in rows if r["equal_to_ar"] is False}

@@ -29,6 +29,11 @@ rest doubles its interval (8 .. 64 steps), one that makes it win resets it. This
 costs when AR is best and notices when the text changes (prose, then code). Everything is a deterministic
 function of the decode state: the same seed gives the same choices.
 
+Never slower, by construction: the run keeps a slack, in AR steps, of (1 + budget) x the tokens it has emitted
+minus what its steps cost (from the profile), starting at `initial_slack`. A candidate runs, greedy or as a
+probe, only if the slack covers its extra cost should it accept nothing. Steps that pay earn slack for later
+exploration; where nothing pays, the run falls back to AR and explores only with the 3% it is allowed to lose.
+
 Lossless whatever it picks: every candidate is a valid tree drafted without the verification key, and the
 choice only looks at the committed history. Every sub-drafter's state (PLD's token history, LongSpec's ring)
 is updated once per step from the committed path, whichever candidate ran (`update`).
@@ -65,6 +70,11 @@ class AutoPolicy:
     probe_min: int = 8  # steps between probes of a family that may be better
     probe_max: int = 64  # ... and of one that was confirmed worse, after doubling
     optimism: float = 0.25  # confidence width (binomial std units) a probe's optimistic score adds
+    # The never-slower budget (module doc): a run may spend at most `budget` of its AR-equivalent time, plus
+    # `initial_slack` AR steps, on steps that accept less than they cost. Held-out prompts lost up to 18% to
+    # exploration without it (README, "Never slower").
+    budget: float = 0.03
+    initial_slack: float = 1.0
 
     def __post_init__(self):
         if not 0.0 < self.decay < 1.0:
@@ -77,6 +87,10 @@ class AutoPolicy:
             raise ConfigError(f"auto.probe_max: must be >= probe_min={self.probe_min}, got {self.probe_max}")
         if not self.optimism >= 0:
             raise ConfigError(f"auto.optimism: must be >= 0, got {self.optimism!r}")
+        if not (isinstance(self.budget, (int, float)) and 0.0 < self.budget <= 1.0):
+            raise ConfigError(f"auto.budget: must be a float in (0, 1], got {self.budget!r}")
+        if not (isinstance(self.initial_slack, (int, float)) and self.initial_slack >= 0):
+            raise ConfigError(f"auto.initial_slack: must be a float >= 0 (AR steps), got {self.initial_slack!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +123,7 @@ class PolicyState:
     interval: jax.Array  # [G] int32
     uses: jax.Array  # [C] int32 steps each candidate ran (diagnostics)
     force: jax.Array  # [] int32: >= 0 runs that candidate every step (cost profiling); -1 = the policy
+    slack: jax.Array  # [] f32 AR steps the run may still lose: (1 + budget) x its tokens - its cost, + initial
 
 
 @jax.tree_util.register_dataclass
@@ -197,6 +212,7 @@ class AutoDrafter(Drafter):
             interval=jnp.full((G,), self.policy.probe_min, jnp.int32),
             uses=jnp.zeros((len(self.candidates),), jnp.int32),
             force=jnp.int32(-1),
+            slack=jnp.float32(self.policy.initial_slack),
         )
 
     def summary(self, draft_state: AutoState) -> dict:
@@ -260,9 +276,16 @@ class AutoDrafter(Drafter):
         active = (~state.done).astype(jnp.float32)
         return self.decide(ds.policy, self._costs(ctx), n, avail, active, state.steps)
 
+    def affordable(self, pol: PolicyState, costs) -> jax.Array:
+        """[C] bool: candidates whose step keeps the run within its budget even if it accepts nothing (AR
+        always: the slack never goes negative, see `learn`)."""
+        return pol.slack >= costs / costs[0] - 1.0
+
     def decide(self, pol: PolicyState, costs, n, avail, active, steps) -> jax.Array:
-        """The candidate to run: the best expected tokens per second, unless a probe is due (module doc)."""
-        score = self._scores(costs, pol, n, avail, active)
+        """The candidate to run: the best expected tokens per second, unless a probe is due (module doc); only
+        candidates the budget affords."""
+        ok = self.affordable(pol, costs)
+        score = jnp.where(ok, self._scores(costs, pol, n, avail, active), -jnp.inf)
         greedy = jnp.argmax(score).astype(jnp.int32)
         if not _members(self).shape[0]:  # nothing to probe (AR and prompt lookup only)
             return jnp.where(pol.force >= 0, pol.force, greedy).astype(jnp.int32)
@@ -272,7 +295,7 @@ class AutoDrafter(Drafter):
         members = jnp.asarray(_members(self))  # [G, C]
         reps = jnp.argmax(jnp.where(members, hopeful[None], -jnp.inf), axis=1).astype(jnp.int32)
         # Due is enough: gating on the (stale) estimates would never re-check a family after the text changes.
-        probe = (steps >= pol.due) & jnp.isfinite(score[reps]) & (reps != greedy)
+        probe = (steps >= pol.due) & jnp.isfinite(score[reps]) & (reps != greedy)  # score is -inf if unaffordable
         choice = jnp.where(jnp.any(probe), reps[jnp.argmax(probe)], greedy)
         return jnp.where(pol.force >= 0, pol.force, choice).astype(jnp.int32)
 
@@ -334,7 +357,19 @@ class AutoDrafter(Drafter):
         """Policy state after candidate `index` ran and rows accepted `accepted` [B] nodes (`active` [B] rows
         that were generating; n, avail: the prompt-lookup match the step was drafted with)."""
         c = self.candidates[index]
-        pol = dataclasses.replace(pol, uses=pol.uses.at[index].add(jnp.any(active).astype(jnp.int32)))
+        ran = jnp.any(active)
+        # The step emitted `tokens` per row, which AR would have taken `tokens` steps for; it cost
+        # costs[index] / costs[0] AR steps. A step `decide` allowed had slack >= that - 1 before it, and it
+        # emits >= 1 token, so the slack stays >= budget > 0: the run's time is at most (1 + budget) x AR's for
+        # the same tokens, plus initial_slack AR steps (as far as the cost profile is right).
+        live = active.astype(jnp.float32)
+        tokens = jnp.sum(live * (accepted + 1)) / jnp.maximum(jnp.sum(live), 1.0)
+        gain = (1.0 + self.policy.budget) * tokens - costs[index] / costs[0]
+        pol = dataclasses.replace(
+            pol,
+            uses=pol.uses.at[index].add(ran.astype(jnp.int32)),
+            slack=jnp.where(ran, pol.slack + gain, pol.slack),
+        )
         if c.kind == "ar":
             return pol
         fam, limit, valid = self._rows(c, n, avail)
@@ -456,12 +491,13 @@ def auto_params(drafter: AutoDrafter, longspec_params=None, costs=None) -> dict:
     "most expected tokens per second on this device",
     uses_draft=True,
 )
-def _build(model, *, pld_ngram: int = registry.PLD_NGRAM, **opts):
+def _build(model, *, pld_ngram: int = registry.PLD_NGRAM, budget=None, initial_slack=None, **opts):
     from lsjax.errors import ModelNotFoundError
 
     try:
         ls, params = registry.get("longspec").build(model, **opts)
     except ModelNotFoundError:  # no draft for this target: AR and prompt lookup only
         ls, params = None, None
-    drafter = AutoDrafter(longspec=ls, pld_ngram=pld_ngram)
+    policy = {k: v for k, v in (("budget", budget), ("initial_slack", initial_slack)) if v is not None}
+    drafter = AutoDrafter(longspec=ls, pld_ngram=pld_ngram, policy=AutoPolicy(**policy))
     return drafter, auto_params(drafter, params)

@@ -1,0 +1,33 @@
+"""`lsjax.bench.repeat`'s report: auto and its variants are each compared with the best *fixed* method."""
+
+from __future__ import annotations
+
+import pytest
+
+from lsjax.bench import repeat
+
+
+def _rows():
+    speed = {"auto": (1.10, 0.95), "auto-free": (1.20, 0.80), "pld": (1.05, 0.60)}
+    rows = []
+    for i, pid in enumerate(("a", "b")):
+        for m, s in speed.items():
+            rows.append(
+                {"prompt": pid, "T": 0.0, "method": m, "speedup": s[i], "cpu_speedup": s[i], "equal_to_ar": True}
+            )
+    return rows
+
+
+def test_report_compares_auto_variants_with_fixed_methods_only(capsys):
+    repeat.report(_rows(), ["ar", "auto", "pld", "auto-free"], [0.0])
+    out = capsys.readouterr().out
+    # pld is the only fixed method (mean 0.825x): auto's variant must not be taken as the "best fixed".
+    assert "auto = 124.2% of the best fixed method (pld); worst prompt b 0.95x" in out
+    assert "auto-free = 121.2% of the best fixed method (pld); worst prompt b 0.80x" in out
+
+
+def test_bad_variant_is_one_line_exit_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        repeat.main(["--variant", "no-equals-sign"])
+    assert e.value.code == 2
+    assert "--variant 'no-equals-sign'" in capsys.readouterr().err
