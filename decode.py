@@ -254,12 +254,12 @@ def main(argv=None) -> int:
             )
         stream = tok.stream_decoder(skip_special_tokens=True)
         on_tokens = None if args.json else (lambda new: print(stream.push(new), end="", flush=True))
-        result = generator.generate(ids, gen, seed=args.seed, on_tokens=on_tokens)
+        result = generator.run(ids, gen, seed=args.seed, on_tokens=on_tokens)
         if not args.json:
             print(stream.flush())
         baseline = split = None
         if args.compare == "ar":
-            baseline = Generator(model.config, model.params, backend=args.backend).generate(ids, gen, seed=args.seed)
+            baseline = Generator(model.config, model.params, backend=args.backend).run(ids, gen, seed=args.seed)
         if args.json and method != "ar":
             from lsjax.bench.profiling import time_split
 

@@ -58,7 +58,7 @@ def generate(
     if P % config.chunk:
         raise ValueError(f"prompt_ids length {P} must be a multiple of config.chunk={config.chunk}; pad it")
     lengths = jnp.full((B,), P, jnp.int32) if prompt_lengths is None else prompt_lengths.astype(jnp.int32)
-    state = speculative.generate(
+    state = speculative.run(
         # Inside jit this slices the weights once per call (outside the decode loop), not per token.
         target.prepare_for_decode(target_params, config.model),
         draft_params,

@@ -126,7 +126,7 @@ class Generator:
         buf[0, :P] = prompt_ids
         return gen, P, buf, key, compiled, compile_s
 
-    def generate(
+    def run(
         self,
         prompt_ids: list[int],
         gen: GenerateConfig,

@@ -2,7 +2,7 @@
 
     spec_step(ctx, drafter, gen, state) -> state     one step (any drafter; ARDrafter = plain AR)
     decode(...)                                      jitted `lax.while_loop` of steps, state donated
-    generate(...)                                    prefill + first token + decode, jittable end to end
+    run(...)                                         prefill + first token + decode, jittable end to end
 
 One step: the drafter proposes a tree rooted at the pending token; one target
 forward scores every node (hybrid tree attention: committed cache unmasked +
@@ -339,7 +339,7 @@ def required_capacity(prompt_len: int, gen: GenerateConfig, drafter: Drafter) ->
     )
 
 
-def generate(
+def run(
     target_params,
     draft_params,
     config,

@@ -188,8 +188,8 @@ def test_real_smollm2_greedy_equals_ar(ours, method):
     ids = ours.tokenizer.encode(stdlib_code_prompt(ours.tokenizer, 1024).text)
     gen = GenerateConfig(max_new_tokens=48, ignore_eos=True)
     drafter, dp = registry.build(method, ours, block_draft="longspec", block_size=6, local_head="gru")
-    ar = Generator(ours.config, ours.params).generate(ids, gen)
-    sp = Generator(ours.config, ours.params, drafter, dp).generate(ids, gen)
+    ar = Generator(ours.config, ours.params).run(ids, gen)
+    sp = Generator(ours.config, ours.params, drafter, dp).run(ids, gen)
     assert sp.tokens == ar.tokens
 
 
@@ -208,7 +208,7 @@ def test_alpha_beta_sweep_reuses_one_program_and_starts_from_the_block_drafter()
     gen = GenerateConfig(max_new_tokens=20, ignore_eos=True)
     result = sweep(model, dels, dp, prompts, (0.0, 0.5), (0.0, 1.0), gen, log=lambda *_: None)
     plain = Generator(config, params, block, bp)
-    tau_block = np.mean([plain.generate(ids, gen).mean_accepted for ids in prompts.values()])
+    tau_block = np.mean([plain.run(ids, gen).mean_accepted for ids in prompts.values()])
     assert result["tau"][(0.0, 0.0)] == pytest.approx(tau_block)
     assert len(result["tau"]) == 4
     assert "Row-wise gain" in markdown(result, (0.0, 0.5), (0.0, 1.0), "t")

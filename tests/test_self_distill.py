@@ -36,7 +36,7 @@ def test_rows_are_prompt_plus_the_targets_answer(tmp_path):
     params = target_lib.init_params(CFG, jax.random.PRNGKey(0), scale=0.3)
     prompts = _prompts(5)
     kw = dict(seq_len=64, max_new_tokens=8, batch_size=2, log=lambda *_: None)
-    sd.generate(tmp_path / "a", params, CFG, Chars(), prompts, **kw)
+    sd.write_answers(tmp_path / "a", params, CFG, Chars(), prompts, **kw)
     tokens, mask = sd.load(tmp_path / "a")
     assert tokens.shape == (5, 64) and mask.shape == (5, 64)
     # Part 0 is greedy: its answers are exactly what AR generation gives for each prompt alone.
@@ -52,11 +52,11 @@ def test_rows_are_prompt_plus_the_targets_answer(tmp_path):
         assert mask[r, len(ids) + n :].sum() == 0
 
     # A killed run resumes: a missing part is redone identically, finished parts are kept.
-    sd.generate(tmp_path / "b", params, CFG, Chars(), prompts, **kw)
+    sd.write_answers(tmp_path / "b", params, CFG, Chars(), prompts, **kw)
     (tmp_path / "b" / "part-00001.npz").unlink()
-    sd.generate(tmp_path / "b", params, CFG, Chars(), prompts, **kw)
+    sd.write_answers(tmp_path / "b", params, CFG, Chars(), prompts, **kw)
     names = [f"part-{i:05d}.npz" for i in range(3)]
     match, mismatch, _ = filecmp.cmpfiles(tmp_path / "a", tmp_path / "b", names, shallow=False)
     assert mismatch == [] and len(match) == 3
     with pytest.raises(LsjaxError, match="another prompt set"):
-        sd.generate(tmp_path / "b", params, CFG, Chars(), _prompts(4), **kw)
+        sd.write_answers(tmp_path / "b", params, CFG, Chars(), _prompts(4), **kw)

@@ -25,7 +25,7 @@ from lsjax.verify import accept
 from lsjax.vocab import pruned_vocab
 from tests.tiny import tiny_model
 
-generate = jax.jit(speculative.generate, static_argnames=("config", "gen", "drafter", "capacity", "chunk", "backend"))
+spec_run = jax.jit(speculative.run, static_argnames=("config", "gen", "drafter", "capacity", "chunk", "backend"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +63,7 @@ def run(params, config, prompts, gen, drafter, key=0, chunk=64, capacity=None, d
     if isinstance(drafter, LongSpecDrafter | HybridDrafter) and draft_params is None:
         draft_params = longspec_params(params, config, getattr(drafter, "longspec", drafter))
     dp = () if draft_params is None else draft_params
-    return generate(
+    return spec_run(
         params, dp, config, jnp.asarray(buf), lengths, gen, jax.random.key(key), drafter, chunk=chunk, capacity=capacity
     )
 
@@ -391,8 +391,8 @@ def test_real_smollm2_greedy_speculative_equals_ar(ours, method):
         drafter, dp = PLDDrafter(num_tokens=6), None
     else:
         drafter, dp = load_longspec(ours, "random", "2,2,2")
-    ar = Generator(ours.config, ours.params).generate(ids, gen)
-    sp = Generator(ours.config, ours.params, drafter, dp).generate(ids, gen)
+    ar = Generator(ours.config, ours.params).run(ids, gen)
+    sp = Generator(ours.config, ours.params, drafter, dp).run(ids, gen)
     assert sp.tokens == ar.tokens
 
 

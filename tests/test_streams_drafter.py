@@ -186,6 +186,6 @@ def test_real_smollm2_streams_greedy_equals_ar(ours, tree):
     ids = ours.tokenizer.encode(stdlib_code_prompt(ours.tokenizer, 1024).text)
     gen = GenerateConfig(max_new_tokens=32, ignore_eos=True)
     drafter, sp = load_streams_drafter(ours, "random", 3, 4, tree)
-    ar = Generator(ours.config, ours.params).generate(ids, gen)
-    st = Generator(ours.config, ours.params, drafter, sp).generate(ids, gen)
+    ar = Generator(ours.config, ours.params).run(ids, gen)
+    st = Generator(ours.config, ours.params, drafter, sp).run(ids, gen)
     assert st.tokens == ar.tokens

@@ -65,11 +65,11 @@ def tiny_hf(tmp_path, kind: str, tie: bool, rope: str = "default", seed: int = 0
 
 forward = jax.jit(target.forward, static_argnames=("config", "backend"))
 prefill = jax.jit(decoding.prefill, static_argnames=("config", "chunk", "backend"))
-_generate = jax.jit(speculative.generate, static_argnames=("config", "gen", "drafter", "capacity", "chunk", "backend"))
+_spec_run = jax.jit(speculative.run, static_argnames=("config", "gen", "drafter", "capacity", "chunk", "backend"))
 
 
 def generate_ar(params, config, tokens, lengths, gen, key):
-    return _generate(params, (), config, tokens, lengths, gen, key)
+    return _spec_run(params, (), config, tokens, lengths, gen, key)
 
 
 CASES = [("llama", False, "llama3"), ("llama", True, "linear"), ("qwen2", True, "default"), ("qwen2", False, "llama3")]

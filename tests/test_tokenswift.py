@@ -116,8 +116,8 @@ def test_real_smollm2_greedy_tokenswift_equals_ar(ours, draft_pass):
     topk = (1, 2, 2, 1) if draft_pass == "partial" else (2, 2, 1)
     cfg = TokenSwiftConfig(draft_pass=draft_pass, topk=topk, kv_budget=256, ngram_topk=4)
     drafter, dp = load_tokenswift(ours, "zero", cfg)
-    ar = Generator(ours.config, ours.params).generate(ids, gen)
-    sp = Generator(ours.config, ours.params, drafter, dp).generate(ids, gen)
+    ar = Generator(ours.config, ours.params).run(ids, gen)
+    sp = Generator(ours.config, ours.params, drafter, dp).run(ids, gen)
     assert sp.tokens == ar.tokens
     assert sp.mean_accepted > 1.2
 

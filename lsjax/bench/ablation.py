@@ -228,12 +228,12 @@ def measure_tau(config, target_params, drafts: dict[str, Path], tree, prompts: l
         t0, compile_s = time.perf_counter(), 0.0
         if generator is None or generator.drafter != drafter:
             generator = Generator(config, target_params, drafter, params)
-            compile_s = generator.generate(prompts[0], gen).compile_s
+            compile_s = generator.run(prompts[0], gen).compile_s
         else:
             generator.draft_params = jax.tree.map(jnp.asarray, params)
         rows = []
         for i, ids in enumerate(prompts):
-            r = generator.generate(ids, gen)
+            r = generator.run(ids, gen)
             rows.append(
                 {
                     "prompt_tokens": r.prompt_tokens,

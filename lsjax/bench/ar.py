@@ -85,10 +85,10 @@ def main(argv=None) -> None:
     for length in args.lengths:
         prompt = stdlib_code_prompt(model.tokenizer, length)
         ids = model.tokenizer.encode(prompt.text)
-        gen_ar.generate(ids, gen)  # compile + warm up
+        gen_ar.run(ids, gen)  # compile + warm up
         ours, theirs, same = [], [], True
         for _ in range(args.repeats):
-            r = gen_ar.generate(ids, gen)
+            r = gen_ar.run(ids, gen)
             ours.append(r.tokens_per_s)
             tps, hf_tokens = run_hf(hf, ids, args.new_tokens)
             theirs.append(tps)

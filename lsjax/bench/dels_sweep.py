@@ -36,16 +36,16 @@ def sweep(model, drafter, dels_params, prompts: dict[str, list[int]], alphas, be
 
     params = jax.tree.map(jnp.asarray, model.params)
     ar = Generator(model.config, params, ARDrafter())
-    run = Generator(model.config, params, drafter, dels_params)
+    dels = Generator(model.config, params, drafter, dels_params)
     taus: dict = {(a, b): [] for a in alphas for b in betas}
     per_prompt: dict = {}
     for pid, ids in prompts.items():
-        want = ar.generate(ids, gen).tokens if gen.sampling.greedy else None
+        want = ar.run(ids, gen).tokens if gen.sampling.greedy else None
         per_prompt[pid] = {}
         for a in alphas:
             for b in betas:
-                run.draft_params = jax.tree.map(jnp.asarray, with_weights(dels_params, a, b))
-                out = run.generate(ids, gen, seed=prompt_seed(0, pid))
+                dels.draft_params = jax.tree.map(jnp.asarray, with_weights(dels_params, a, b))
+                out = dels.run(ids, gen, seed=prompt_seed(0, pid))
                 if want is not None:
                     assert out.tokens == want, f"{pid}: alpha={a} beta={b} output differs from AR"
                 taus[(a, b)].append(out.mean_accepted)

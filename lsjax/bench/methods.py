@@ -51,7 +51,7 @@ class LsjaxMethod:
         return dataclasses.replace(gen, sampling=sampling)
 
     def run(self, ids, gen, seed):
-        r = self.generator.generate(ids, self._gen(gen), seed=seed)
+        r = self.generator.run(ids, self._gen(gen), seed=seed)
         return Outcome(r.tokens, r.prefill_s, r.decode_s, r.compile_s, r.target_forwards)
 
     def step_tokens(self, ids, gen, seed) -> tuple[list[int], list[int]]:
@@ -61,7 +61,7 @@ class LsjaxMethod:
         compiled programs (the step limit is an argument), so it costs decode time but no compile.
         """
         chunks: list[list[int]] = []
-        r = self.generator.generate(ids, self._gen(gen), seed=seed, on_tokens=chunks.append, stream_every=1)
+        r = self.generator.run(ids, self._gen(gen), seed=seed, on_tokens=chunks.append, stream_every=1)
         return [len(c) for c in chunks[1:]], r.tokens  # chunks[0] is the token prefill emits
 
     def split(self, ids, gen, seed, steps: int) -> dict:

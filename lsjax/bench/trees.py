@@ -40,8 +40,8 @@ def sweep(model, drafter_for, draft_params, prompts: dict[str, list[int]], trees
     for pid, ids in prompts.items():
         ref = None
         for name, g in runs.items():
-            g.generate(ids, gen)  # compile + warm up, untimed
-            r = g.generate(ids, gen)
+            g.run(ids, gen)  # compile + warm up, untimed
+            r = g.run(ids, gen)
             if ref is None:
                 ref = r.tokens
             elif list(r.tokens) != list(ref):

@@ -161,7 +161,7 @@ def run_one(generator, ids: list[int], gen, seed: int, stream_every: int) -> tup
             t0[0] = now
         stamps.append((len(new) + (stamps[-1][0] if stamps else 0), now - t0[0]))
 
-    r = generator.generate(ids, gen, seed=seed, on_tokens=on_tokens, stream_every=stream_every)
+    r = generator.run(ids, gen, seed=seed, on_tokens=on_tokens, stream_every=stream_every)
     steps = [min(i * stream_every, r.target_forwards - 1) for i in range(len(stamps))]
     return r.tokens, Curve([s[0] for s in stamps], [s[1] for s in stamps], steps)
 

@@ -62,7 +62,7 @@ def rows_from_answers(prompt_ids, answers, lengths, seq_len: int, eos: int, pad:
     return tokens, mask
 
 
-def generate(
+def write_answers(
     out_dir: str | Path,
     params,
     config,
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         # Shuffled, so every prefix of the run covers all three task kinds.
         order = np.random.default_rng(args.seed).permutation(len(prompts))
         prompts = [prompts[i] for i in order]
-        generate(
+        write_answers(
             args.out,
             jax.tree.map(jnp.asarray, loaded.params),
             loaded.config,
