@@ -16,24 +16,15 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lsjax.config import ConfigError, MeshConfig
+from lsjax.models import block_draft, draft, target
 from lsjax.models.layers import ParamSpec
-from lsjax.models.target import AXES as target_axes
 
 BATCH = ("data", "fsdp")
 
-# Logical axes of every named leaf (draft and target); target layer leaves carry a leading "layers" axis.
-# The target's come from its schema (`lsjax.models.target.param_specs`).
-LOGICAL_AXES: dict[str, tuple[str, ...]] = {
-    **target_axes,
-    "self_norm": ("norm",),
-    "cross_norm": ("norm",),
-    "self_wq": ("embed", "heads", "head_dim"),
-    "self_wk": ("embed", "kv_heads", "head_dim"),
-    "self_wv": ("embed", "kv_heads", "head_dim"),
-    "self_wo": ("heads", "head_dim", "embed"),
-    "cross_wq": ("embed", "heads", "head_dim"),
-    "cross_wo": ("heads", "head_dim", "embed"),
-}
+# Logical axes of every named leaf (target, draft, block draft); target layer leaves carry a leading "layers"
+# axis. They come from the models' schemas (each module's `param_specs` and the AXES it is built from); a name
+# the target and the draft share (w_gate, mlp_norm, final_norm, ...) has the same axes in both.
+LOGICAL_AXES: dict[str, tuple[str, ...]] = {**target.AXES, **draft.AXES, **block_draft.AXES}
 
 # Logical axis -> mesh axis. FSDP shards the model width of every matrix (and the vocabulary rows of the
 # embedding through "embed"); the small per-head axes and norms stay whole.

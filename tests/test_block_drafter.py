@@ -109,7 +109,7 @@ def test_dels_chain_is_the_fused_argmax_of_a_local_head_over_the_block_only(kind
     tree = _propose(dels, params, dp, config, gen, state)
     ctx = speculative.context(params, dp, config, gen, 96)
     ll = np.asarray(dels.long_logits(ctx, state, state.draft))[0]  # [s, Vd]
-    ids = np.arange(config.vocab_size) if not pruned else np.asarray(bp["vocab_ids"])
+    ids = np.arange(config.vocab_size) if not pruned else np.asarray(bp.vocab_ids)
     in_head = np.ones(config.vocab_size, bool) if hv is None else np.isin(np.arange(config.vocab_size), hv)
     prior_d, in_d = np.asarray(prior)[ids], in_head[ids]
     chain = [int(ids[np.argmax(ll[0])])]

@@ -418,7 +418,7 @@ def test_pruned_vocab_logits(setup, tie):
     np.testing.assert_allclose(pruned, full[..., ids8], atol=1e-6)
     # the head gathered once at load gives the same logits, and is not saved with the draft
     with_head = draft.with_vocab_head({**setup["dp"], "vocab_ids": ids8}, tp, config)
-    assert with_head["vocab_head"].shape == (8, config.hidden_size)
+    assert with_head.vocab_head.shape == (8, config.hidden_size)
     np.testing.assert_allclose(draft.draft_logits(with_head, tp, config, hidden, jnp.asarray(ids8)), pruned, atol=1e-6)
 
 

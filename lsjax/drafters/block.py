@@ -39,6 +39,7 @@ from lsjax.drafters.registry import register
 from lsjax.models import local_head as lh
 from lsjax.models.block_draft import block_hidden
 from lsjax.models.draft import draft_logits
+from lsjax.models.draft_params import DraftParams
 from lsjax.sampling import processed_logprobs
 from lsjax.tree import Tree, TreeConfig, make_tree
 
@@ -60,12 +61,14 @@ def short_logprobs(r: jax.Array, table: jax.Array, in_head: jax.Array, prior: ja
 DELS_ALPHA, DELS_BETA = 1.0, 1.0
 
 
-def prepare_dels_params(block: dict, local: dict, prior, head_vocab, embed, alpha=0.3, beta=0.3) -> dict:
-    """The draft params `dels` runs with: the block draft's, plus the local head with its vocabulary map folded
-    and the prior and head mask gathered at the block draft's vocabulary (derived at load, never saved).
-    `head_vocab`: the ids the head's loss covered (None: all). α and β are arrays here, not drafter fields, so
-    one compiled program serves every (α, β) (`with_weights`; the α-β sweep of `lsjax.bench.dels_sweep`)."""
-    ids = block.get("vocab_ids")
+def prepare_dels_params(block, local: dict, prior, head_vocab, embed, alpha=0.3, beta=0.3) -> dict:
+    """The draft params `dels` runs with: the block draft's (a DraftParams, or a dict in the file layout), plus
+    the local head with its vocabulary map folded and the prior and head mask gathered at the block draft's
+    vocabulary (derived at load, never saved). `head_vocab`: the ids the head's loss covered (None: all). α and
+    β are arrays here, not drafter fields, so one compiled program serves every (α, β) (`with_weights`; the
+    α-β sweep of `lsjax.bench.dels_sweep`)."""
+    block = DraftParams.of(block)
+    ids = block.vocab_ids
     V = embed.shape[0]
     prior = jnp.asarray(prior, jnp.float32)
     in_head = (
@@ -94,8 +97,8 @@ def with_weights(dels_params: dict, alpha: float, beta: float) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class BlockDrafter(Drafter):
-    """`local is None`: the plain block drafter (`params` = the block draft's dict). Else DeLS-Spec (`params`
-    from `prepare_dels_params`, which hold α and β)."""
+    """`local is None`: the plain block drafter (`params` = the block draft's DraftParams). Else DeLS-Spec
+    (`params` from `prepare_dels_params`, which hold α and β)."""
 
     block: BlockConfig = BlockConfig()
     draft: DraftConfig = DraftConfig()
@@ -114,8 +117,8 @@ class BlockDrafter(Drafter):
     def tree(self) -> TreeConfig:
         return TreeConfig((self.branches,) * self.block.block_size)
 
-    def _block_params(self, ctx: DraftContext) -> dict:
-        return ctx.draft_params if self.local is None else ctx.draft_params["block"]
+    def _block_params(self, ctx: DraftContext) -> DraftParams:
+        return DraftParams.of(ctx.draft_params if self.local is None else ctx.draft_params["block"])
 
     def _ring_keeper(self) -> LongSpecDrafter:
         return LongSpecDrafter(tree=TreeConfig((1,)), draft=self.draft)
@@ -130,10 +133,9 @@ class BlockDrafter(Drafter):
     def long_logits(self, ctx: DraftContext, state, ring: RingCache) -> jax.Array:
         """ℓ_L [B, s, Vd]: one block-draft forward."""
         params = self._block_params(ctx)
-        body = {k: v for k, v in params.items() if k != "vocab_ids"}
         cache = state.cache
         hidden = block_hidden(
-            body,
+            params.weights,
             ctx.target_params,
             ctx.config,
             self.block.block_size,
@@ -145,13 +147,13 @@ class BlockDrafter(Drafter):
             cache.lengths,
             backend=ctx.backend,
         )
-        return draft_logits(body, ctx.target_params, ctx.config, hidden, params.get("vocab_ids"))
+        return draft_logits(params, ctx.target_params, ctx.config, hidden)
 
     def propose(self, ctx: DraftContext, state, draft_state: RingCache, key: jax.Array) -> Tree:
         s, w = self.block.block_size, self.branches
         ll = self.long_logits(ctx, state, draft_state)  # [B, s, Vd]
         B, _, Vd = ll.shape
-        vocab_ids = self._block_params(ctx).get("vocab_ids")
+        vocab_ids = self._block_params(ctx).vocab_ids
         stochastic = ctx.sampling.sample_drafts
 
         def pick(logits, k, level):
@@ -222,7 +224,7 @@ TRAIN_HINT = (
 
 
 def load_block(model, draft: str | None, block_size: int | None):
-    """(block params with derived heads, DraftConfig, BlockConfig) for a loaded target. `draft`: a block-draft
+    """(block DraftParams with the derived head, DraftConfig, BlockConfig) for a loaded target. `draft`: a block-draft
     directory, "longspec" (the shipped LongSpec draft with a fresh mask embedding: untrained for blocks), or
     None (the shipped block draft). The registry passes it as `block_draft`: the shared `draft` option names
     a LongSpec draft."""

@@ -22,8 +22,9 @@ import numpy as np
 from lsjax.config import BlockConfig, ConfigError, DraftConfig, LocalHeadConfig, from_dict, to_dict
 from lsjax.drafters.checkpoints import _NPZ_ERRORS, DRAFTS_DIR, _reason, check_draft_fits, load_draft, target_key
 from lsjax.errors import CorruptFileError, ModelNotFoundError, ShapeMismatchError
+from lsjax.models import block_draft as bd
 from lsjax.models import local_head as lh
-from lsjax.models.draft import with_vocab_head
+from lsjax.models.draft_params import DraftParams
 
 LOCAL_PARAMS, LOCAL_META = "local_head.npz", "local_head.json"
 BLOCK_PARAMS, BLOCK_META = "params.npz", "block.json"
@@ -93,17 +94,20 @@ def load_local_head(path, config=None):
 # ---------------------------------------------------------------------------------------------- block drafter
 
 
-def save_block_draft(path, params: dict, draft_cfg: DraftConfig, block_cfg: BlockConfig, target_name: str, extra=None):
+def save_block_draft(path, params, draft_cfg: DraftConfig, block_cfg: BlockConfig, target_name: str, extra=None):
+    """Writes a block-draft directory from `params` (a DraftParams, or a dict in the file layout); returns the
+    size of its params file in bytes."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    np.savez(path / BLOCK_PARAMS, **{k: np.asarray(v) for k, v in params.items() if k != "vocab_head"})
+    np.savez(path / BLOCK_PARAMS, **{k: np.asarray(v) for k, v in DraftParams.of(params).arrays().items()})
     meta = {"target": target_name, "draft_config": to_dict(draft_cfg), "block": to_dict(block_cfg), **(extra or {})}
     (path / BLOCK_META).write_text(json.dumps(meta, indent=2) + "\n")
     return (path / BLOCK_PARAMS).stat().st_size
 
 
 def load_block_draft(path, config) -> tuple[dict, DraftConfig, BlockConfig, dict]:
-    """(params with the derived vocab head, DraftConfig, BlockConfig, meta) of a block-draft directory."""
+    """(the params.npz arrays, checked against target `config`, DraftConfig, BlockConfig, meta) of a block-draft
+    directory; `DraftParams.from_arrays` makes the first the typed structure."""
     path = Path(path)
     if not (path / BLOCK_PARAMS).is_file() or not (path / BLOCK_META).is_file():
         raise ModelNotFoundError(f"no block draft at {path} (expected {BLOCK_PARAMS} and {BLOCK_META})")
@@ -125,16 +129,11 @@ def load_block_draft(path, config) -> tuple[dict, DraftConfig, BlockConfig, dict
 
 
 def check_block_fits(params: dict, dcfg: DraftConfig, config, where: str, made_for: str = "") -> None:
-    check_draft_fits(params, dcfg, config, where, made_for)
-    mask = params.get("mask_embed")
-    if mask is None or tuple(mask.shape) != (config.hidden_size,):
-        got = "missing" if mask is None else f"shape {tuple(mask.shape)}"
-        raise ShapeMismatchError(
-            f"block draft {where} does not fit target {config.name}: mask_embed is {got}, need ({config.hidden_size},)"
-        )
+    """`check_draft_fits` against the block draft's schema (`lsjax.models.block_draft.param_specs`)."""
+    check_draft_fits(params, dcfg, config, where, made_for, specs=bd.param_specs(config))
 
 
-def longspec_as_block(model, draft: str | None) -> tuple[dict, DraftConfig]:
+def longspec_as_block(model, draft: str | None) -> tuple[DraftParams, DraftConfig]:
     """A block drafter's starting point from a LongSpec draft (a directory, or None for the shipped one):
     its layer, vocabulary and window, plus a mask embedding at the mean of the target's embedding rows."""
     from lsjax.drafters.checkpoints import default_draft_path
@@ -142,13 +141,13 @@ def longspec_as_block(model, draft: str | None) -> tuple[dict, DraftConfig]:
     path = Path(draft) if draft else default_draft_path(model.path)
     if path is None:
         raise ModelNotFoundError(f"no shipped LongSpec draft for {target_key(model.path)} to start a block draft from")
-    params, dcfg, meta = load_draft(path)
-    check_draft_fits(params, dcfg, model.config, str(path), meta.get("target", ""))
-    params = dict(params)
-    params["mask_embed"] = np.asarray(jnp.mean(jnp.asarray(model.params["embed"], jnp.float32), axis=0))
-    return params, dcfg
+    arrays, dcfg, meta = load_draft(path)
+    check_draft_fits(arrays, dcfg, model.config, str(path), meta.get("target", ""))
+    mask = np.asarray(jnp.mean(jnp.asarray(model.params["embed"], jnp.float32), axis=0))
+    return DraftParams.from_arrays(arrays).replace_weights(mask_embed=mask), dcfg
 
 
-def with_block_heads(params: dict, target_params: dict, config) -> dict:
-    """The derived tensors drafting reads every step, gathered once: the pruned vocabulary's LM-head rows."""
-    return with_vocab_head(jax.tree.map(jnp.asarray, params), target_params, config)
+def with_block_heads(params, target_params: dict, config) -> DraftParams:
+    """`params` (a DraftParams or the file's arrays) on the device, with the tensors drafting reads every step
+    gathered once: the pruned vocabulary's LM-head rows."""
+    return DraftParams.of(jax.tree.map(jnp.asarray, params)).with_vocab_head(target_params, config)

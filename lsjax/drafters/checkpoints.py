@@ -3,7 +3,8 @@
 A draft directory holds `params.npz` (the draft's tensors, plus `vocab_ids` when the vocabulary is pruned)
 and `draft.json` (the DraftConfig, the target's name, the default tree and the training summary). Training
 writes them (`lsjax.train.export`); nothing here imports the trainer, so decoding never loads optax, orbax
-or grain.
+or grain. `load_draft` returns the file's arrays as they are; `load_longspec` turns them into the
+`DraftParams` the drafter runs with (weights, vocab_ids, and the vocabulary's head gathered once).
 
 A bad draft is a named one-line error: a truncated or corrupt file is a `CorruptFileError`, a draft made for
 another target (its tensors do not fit this target's shapes) a `ShapeMismatchError`.
@@ -23,7 +24,8 @@ import numpy as np
 from lsjax.config import ConfigError, DraftConfig, from_dict
 from lsjax.drafters.longspec import LongSpecDrafter
 from lsjax.errors import CorruptFileError, MissingTensorError, ModelNotFoundError, ShapeMismatchError
-from lsjax.models.draft import init_draft_params, random_draft_params, with_vocab_head
+from lsjax.models.draft import init_draft_params, param_specs
+from lsjax.models.draft_params import VOCAB_IDS, DraftParams
 from lsjax.tree import TreeConfig, parse_tree
 
 DRAFTS_DIR = Path(__file__).resolve().parents[1] / "drafts"
@@ -32,7 +34,8 @@ _NPZ_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError, Ke
 
 
 def load_draft(path: str | Path) -> tuple[dict, DraftConfig, dict]:
-    """(params as numpy arrays, DraftConfig, the draft.json metadata) of a draft directory."""
+    """(the params.npz arrays {name: numpy array}, DraftConfig, the draft.json metadata) of a draft directory;
+    `DraftParams.from_arrays` makes the first the typed structure."""
     path = Path(path)
     if not (path / "params.npz").is_file() or not (path / "draft.json").is_file():
         raise ModelNotFoundError(f"no LongSpec draft at {path} (expected params.npz and draft.json)")
@@ -55,10 +58,13 @@ def _reason(e: Exception) -> str:
     return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
-def check_draft_fits(params: dict, dcfg: DraftConfig, config, where: str, made_for: str = "") -> None:
-    """Raises ShapeMismatchError (MissingTensorError) when the draft's tensors do not fit target `config`: a
-    draft trained for another target would otherwise fail deep inside jit with an XLA shape error."""
-    expected = jax.eval_shape(lambda k: random_draft_params(config, k), jax.random.key(0))
+def check_draft_fits(
+    params: dict, dcfg: DraftConfig, config, where: str, made_for: str = "", specs: dict | None = None
+) -> None:
+    """Raises ShapeMismatchError (MissingTensorError) when the draft's tensors (the file's arrays) do not fit
+    target `config`: a draft trained for another target would otherwise fail deep inside jit with an XLA shape
+    error. The expected tensors are the model's schema, `specs` (default the LongSpec draft's `param_specs`)."""
+    expected = param_specs(config) if specs is None else specs
     note = f" (it was made for {made_for})" if made_for else ""
     for name, spec in expected.items():
         if name not in params:
@@ -68,7 +74,7 @@ def check_draft_fits(params: dict, dcfg: DraftConfig, config, where: str, made_f
                 f"draft {where} does not fit target {config.name}: tensor {name} has shape "
                 f"{tuple(params[name].shape)}, this target needs {tuple(spec.shape)}{note}"
             )
-    ids = params.get("vocab_ids")
+    ids = params.get(VOCAB_IDS)
     if ids is not None and (ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= config.vocab_size):
         raise ShapeMismatchError(
             f"draft {where} does not fit target {config.name}: its vocab_ids lie outside [0, {config.vocab_size}){note}"
@@ -89,12 +95,12 @@ def default_draft_path(model_path: str | Path) -> Path | None:
 
 
 def load_longspec(model, draft: str | None, tree_spec: str | TreeConfig | None):
-    """(drafter, draft_params) for a loaded model (config, params, path): `draft` is a checkpoint directory,
+    """(drafter, DraftParams) for a loaded model (config, params, path): `draft` is a checkpoint directory,
     "random" (initialised from the target's last layer, untrained), or None (the shipped draft for this target).
     `tree_spec`: a preset or widths ("2,1"), a TreeConfig, or None (the draft's own tree, else the device's)."""
     if draft == "random":
         dcfg = DraftConfig()
-        params = init_draft_params(model.config, dcfg, jax.tree.map(jnp.asarray, model.params))
+        params = DraftParams(init_draft_params(model.config, dcfg, jax.tree.map(jnp.asarray, model.params)))
         meta = {}
     else:
         path = Path(draft) if draft else default_draft_path(model.path)
@@ -102,9 +108,9 @@ def load_longspec(model, draft: str | None, tree_spec: str | TreeConfig | None):
             raise ModelNotFoundError(
                 f"no shipped LongSpec draft for {target_key(model.path)}; pass --draft DIR (or --draft random)"
             )
-        params, dcfg, meta = load_draft(path)
-        check_draft_fits(params, dcfg, model.config, str(path), meta.get("target", ""))
-        params = with_vocab_head(params, model.params, model.config)
+        arrays, dcfg, meta = load_draft(path)
+        check_draft_fits(arrays, dcfg, model.config, str(path), meta.get("target", ""))
+        params = DraftParams.from_arrays(arrays).with_vocab_head(model.params, model.config)
     tree = (
         tree_spec
         if isinstance(tree_spec, TreeConfig)

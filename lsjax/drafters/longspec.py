@@ -16,7 +16,8 @@ rejection sampling (accepting a child with probability >= 1 - TV(p, q)
 instead of p(child) for a top-k child).
 
 Draft checkpoints (load: `lsjax.drafters.checkpoints`; export from a training
-run: `lsjax.train.export`) hold the params this drafter runs with.
+run: `lsjax.train.export`) hold the params this drafter runs with: a `DraftParams`
+(`lsjax.models.draft_params`: weights, pruned vocabulary, gathered head) in `ctx.draft_params`.
 """
 
 from __future__ import annotations
@@ -30,14 +31,15 @@ from lsjax.cache import RingCache, ring_write
 from lsjax.config import DraftConfig
 from lsjax.drafters.base import DraftContext, Drafter, Verdict
 from lsjax.models.draft import draft_logits, draft_self_kv, draft_step
+from lsjax.models.draft_params import DraftParams
 from lsjax.sampling import processed_logprobs, tree_penalty_mask
 from lsjax.tree import Tree, TreeConfig
 
 
-def split_vocab(draft_params: dict):
-    """(params without `vocab_ids`, vocab_ids or None)."""
-    params = {k: v for k, v in draft_params.items() if k != "vocab_ids"}
-    return params, draft_params.get("vocab_ids")
+def split_vocab(draft_params):
+    """(the weights, vocab_ids or None) of a DraftParams (or a dict in the file layout)."""
+    p = DraftParams.of(draft_params)
+    return p.weights, p.vocab_ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +51,7 @@ class LongSpecDrafter(Drafter):
 
     def init(self, ctx: DraftContext, state) -> RingCache:
         """Fill the ring with the draft K/V of the last W prompt tokens (positions [P - W, P))."""
-        params, _ = split_vocab(ctx.draft_params)
+        params = DraftParams.of(ctx.draft_params).weights
         tokens, lengths = ctx.prompt_tokens, ctx.prompt_lengths
         B, P = tokens.shape
         W = self.draft.window
@@ -62,7 +64,8 @@ class LongSpecDrafter(Drafter):
         return ring_write(ring, k, v, start, jnp.minimum(lengths, W))
 
     def propose(self, ctx: DraftContext, state, draft_state: RingCache, key: jax.Array) -> Tree:
-        params, vocab_ids = split_vocab(ctx.draft_params)
+        dp = DraftParams.of(ctx.draft_params)
+        params, vocab_ids = dp.weights, dp.vocab_ids
         cfg, tp = ctx.config, ctx.target_params
         ring = draft_state
         cache = state.cache
@@ -103,7 +106,7 @@ class LongSpecDrafter(Drafter):
                 cache.lengths,
                 backend=ctx.backend,
             )
-            logits = draft_logits(params, tp, cfg, hidden, vocab_ids)  # [B, w, Vd]
+            logits = draft_logits(dp, tp, cfg, hidden)  # [B, w, Vd]
             w_next = widths[d + 1]
             if stochastic:
                 # q is the draft's distribution after the target's own penalty/temperature/top-k/top-p/min-p.
@@ -166,12 +169,12 @@ class LongSpecDrafter(Drafter):
             self.tree.depth,
             query_depth=jnp.full((B, w), d, jnp.int32),
         )
-        _, vocab_ids = split_vocab(ctx.draft_params)
+        vocab_ids = DraftParams.of(ctx.draft_params).vocab_ids
         return mask if vocab_ids is None else mask[..., vocab_ids]
 
     def update(self, ctx: DraftContext, state, draft_state: RingCache, verdict: Verdict):
         """The root and the accepted nodes are committed: their draft K/V join the window."""
-        params, _ = split_vocab(ctx.draft_params)
+        params = DraftParams.of(ctx.draft_params).weights
         A = verdict.path.shape[1]
         start = state.cache.lengths - verdict.count  # the old n: the root's position
         toks = verdict.path_tokens  # [B, A]

@@ -29,19 +29,36 @@ import numpy as np
 from lsjax import attention
 from lsjax.cache import RingCache
 from lsjax.config import DraftConfig, ModelConfig
+from lsjax.models import draft as draft_lib
 from lsjax.models.draft import _query, _rope, _self_qkv, init_draft_params
-from lsjax.models.layers import embed, mlp, rms_norm
+from lsjax.models.draft_params import DraftParams
+from lsjax.models.layers import ParamSpec, embed, mlp, rms_norm
+
+# Logical axes of the weights beyond the LongSpec draft's (`lsjax.models.draft.AXES`).
+AXES: dict[str, tuple[str, ...]] = {"mask_embed": ("embed",)}
+
+
+def param_specs(config: ModelConfig) -> dict[str, ParamSpec]:
+    """The block draft's parameter schema: the LongSpec draft's (`lsjax.models.draft.param_specs`) plus the
+    mask embedding [D]. Init, the loader's shape checks and the sharding rules derive from it."""
+    return draft_lib.param_specs(config) | {
+        "mask_embed": ParamSpec((config.hidden_size,), config.dtype, AXES["mask_embed"])
+    }
+
+
+def mask_embed_init(target_params: dict, config: ModelConfig) -> jax.Array:
+    """The mask embedding a block draft starts from: the mean of the target's embedding rows (a neutral input
+    the first training steps can move anywhere)."""
+    return jnp.mean(jnp.asarray(target_params["embed"], jnp.float32), axis=0).astype(jnp.dtype(config.dtype))
 
 
 def init_block_params(
     config: ModelConfig, draft_config: DraftConfig, target_params: dict, key: jax.Array | None = None
 ) -> dict:
-    """A LongSpec draft initialised from the target (`init_draft_params`) plus a mask embedding at the mean of
-    the target's embedding rows: a neutral input the first training steps can move anywhere."""
+    """A LongSpec draft initialised from the target (`init_draft_params`) plus the mask embedding
+    (`mask_embed_init`): every weight of `param_specs`."""
     params = init_draft_params(config, draft_config, target_params, key)
-    params["mask_embed"] = jnp.mean(jnp.asarray(target_params["embed"], jnp.float32), axis=0).astype(
-        jnp.dtype(config.dtype)
-    )
+    params["mask_embed"] = mask_embed_init(target_params, config)
     return params
 
 
@@ -168,7 +185,7 @@ def reference_position(params, target_params, config, root, n, j, ring_k, ring_v
     norm. ring_k/v [K, W', H] (the filled ring slots, RoPE'd), target_k/v [K, n, H] (RoPE'd)."""
     from lsjax.rope import inverse_frequencies
 
-    p = {k: np.asarray(v, np.float64) for k, v in params.items() if k not in ("vocab_ids", "vocab_head")}
+    p = {k: np.asarray(v, np.float64) for k, v in DraftParams.of(params).weights.items()}
     E = np.asarray(target_params["embed"], np.float64)
     eps, inv = config.rms_norm_eps, inverse_frequencies(config).astype(np.float64)
     x = np.concatenate([E[root][None], np.repeat(p["mask_embed"][None], block_size, 0)])  # [s + 1, D]

@@ -7,12 +7,16 @@
     h3 = h2 + MLP(rms_norm(h2))                         SwiGLU
     logits = lm_head(rms_norm(h3, final_norm))          the TARGET's LM head, optionally on a pruned vocabulary
 
-Parameters (a dict pytree in the target's dtype):
+Parameters (`param_specs`: a dict of weights in the target's dtype):
 
     self_norm [D]; self_wq [D, N, H]; self_wk, self_wv [D, K, H]; self_wo [N, H, D]
     (+ self_bq [N, H], self_bk, self_bv [K, H] with config.qkv_bias)
     cross_norm [D]; cross_wq [D, N, H]; cross_wo [N, H, D] (+ cross_bq [N, H] with qkv_bias)
     mlp_norm [D]; w_gate, w_up [D, F]; w_down [F, D]; final_norm [D]
+
+Random init, the draft loader's shape checks (`lsjax.drafters.checkpoints`) and the sharding rules
+(`lsjax.sharding`) derive from that schema. At decode time the weights travel in a `DraftParams`
+(`lsjax.models.draft_params`) with the pruned vocabulary and its gathered head.
 
 The self-attention layer's input is the embedding, so a token's draft K/V depend
 only on (token, position): `draft_self_kv` computes them for committed tokens and
@@ -55,11 +59,87 @@ from lsjax import attention
 from lsjax.band_attention import band_attention
 from lsjax.cache import RingCache
 from lsjax.config import DraftConfig, ModelConfig
-from lsjax.models.layers import embed, head_logits, mlp, rms_norm
+from lsjax.models.draft_params import DraftParams
+from lsjax.models.layers import ParamSpec, embed, head_logits, init_from_specs, mlp, rms_norm
 from lsjax.rope import apply_rope, inverse_frequencies, rope_angles
 
 # ---------------------------------------------------------------------------
 # Parameters
+
+# Logical axes of every weight (`lsjax.sharding` maps them to mesh axes).
+AXES: dict[str, tuple[str, ...]] = {
+    "self_norm": ("norm",),
+    "self_wq": ("embed", "heads", "head_dim"),
+    "self_wk": ("embed", "kv_heads", "head_dim"),
+    "self_wv": ("embed", "kv_heads", "head_dim"),
+    "self_wo": ("heads", "head_dim", "embed"),
+    "self_bq": ("heads", "head_dim"),
+    "self_bk": ("kv_heads", "head_dim"),
+    "self_bv": ("kv_heads", "head_dim"),
+    "cross_norm": ("norm",),
+    "cross_wq": ("embed", "heads", "head_dim"),
+    "cross_wo": ("heads", "head_dim", "embed"),
+    "cross_bq": ("heads", "head_dim"),
+    "mlp_norm": ("norm",),
+    "w_gate": ("embed", "mlp"),
+    "w_up": ("embed", "mlp"),
+    "w_down": ("mlp", "embed"),
+    "final_norm": ("norm",),
+}
+
+# Where `init_draft_params` copies each weight from: the target layer's tensor of this name ("final_norm":
+# the target's final norm).
+FROM_TARGET = {
+    "self_norm": "attn_norm",
+    "self_wq": "wq",
+    "self_wk": "wk",
+    "self_wv": "wv",
+    "self_wo": "wo",
+    "self_bq": "bq",
+    "self_bk": "bk",
+    "self_bv": "bv",
+    "cross_norm": "attn_norm",
+    "cross_wq": "wq",
+    "cross_wo": "wo",
+    "cross_bq": "bq",
+    "mlp_norm": "mlp_norm",
+    "w_gate": "w_gate",
+    "w_up": "w_up",
+    "w_down": "w_down",
+    "final_norm": "final_norm",
+}
+
+
+def param_specs(config: ModelConfig) -> dict[str, ParamSpec]:
+    """The draft's parameter schema {name: ParamSpec} (module docstring). Random init, the loader's shape
+    checks and the sharding rules derive from it. The "normal" matrices come first, in the order random init
+    draws their keys."""
+    D, F, N, K, H, dt = (
+        config.hidden_size,
+        config.intermediate_size,
+        config.num_heads,
+        config.num_kv_heads,
+        config.head_dim,
+        config.dtype,
+    )
+    shapes = {
+        "self_wq": (D, N, H),
+        "self_wk": (D, K, H),
+        "self_wv": (D, K, H),
+        "self_wo": (N, H, D),
+        "cross_wq": (D, N, H),
+        "cross_wo": (N, H, D),
+        "w_gate": (D, F),
+        "w_up": (D, F),
+        "w_down": (F, D),
+    }
+    specs = {name: ParamSpec(shape, dt, AXES[name]) for name, shape in shapes.items()}
+    specs |= {name: ParamSpec((D,), dt, AXES[name], "ones") for name in ("self_norm", "cross_norm", "mlp_norm")}
+    specs["final_norm"] = ParamSpec((D,), dt, AXES["final_norm"], "ones")
+    if config.qkv_bias:
+        biases = {"self_bq": (N, H), "self_bk": (K, H), "self_bv": (K, H), "cross_bq": (N, H)}
+        specs |= {name: ParamSpec(shape, dt, AXES[name], "zeros") for name, shape in biases.items()}
+    return specs
 
 
 def _layer_index(config: ModelConfig, index: int) -> int:
@@ -77,15 +157,14 @@ def init_draft_params(
     *,
     from_target: bool = True,
 ) -> dict:
-    """Draft parameters initialised from target layer `draft_config.init_from_target_layer`, or random.
+    """Draft weights initialised from target layer `draft_config.init_from_target_layer`, or random.
 
-    From the target: self_* and cross_wq/cross_wo from that layer's attention
-    (the cross-attention's keys come from the target's last layer, whose queries
-    live in the same space when the layer is the last one), the MLP and its norm
-    from that layer, `self_norm`/`cross_norm` from its attention norm and
-    `final_norm` from the target's final norm. Tensors are copied, not aliased:
-    a trainer that donates the draft params must not invalidate the target's
-    buffers. With `from_target=False`, `key` gives random parameters.
+    From the target (`FROM_TARGET`, for every weight of `param_specs`): self_* and cross_wq/cross_wo from
+    that layer's attention (the cross-attention's keys come from the target's last layer, whose queries
+    live in the same space when the layer is the last one), the MLP and its norm from that layer,
+    `self_norm`/`cross_norm` from its attention norm and `final_norm` from the target's final norm.
+    Tensors are copied, not aliased: a trainer that donates the draft params must not invalidate the
+    target's buffers. With `from_target=False`, `key` gives random parameters.
     """
     if not from_target:
         if key is None:
@@ -95,103 +174,52 @@ def init_draft_params(
         raise ValueError("init_draft_params(from_target=True) needs target_params")
     i = _layer_index(config, draft_config.init_from_target_layer)
     layer = {name: leaf[i] for name, leaf in target_params["layers"].items()}
+    dtype = jnp.dtype(config.dtype)
 
-    def copy(x):
-        return jnp.array(x, dtype=jnp.dtype(config.dtype), copy=True)
+    def source(name: str):
+        return target_params["final_norm"] if name == "final_norm" else layer[FROM_TARGET[name]]
 
-    params = {
-        "self_norm": copy(layer["attn_norm"]),
-        "self_wq": copy(layer["wq"]),
-        "self_wk": copy(layer["wk"]),
-        "self_wv": copy(layer["wv"]),
-        "self_wo": copy(layer["wo"]),
-        "cross_norm": copy(layer["attn_norm"]),
-        "cross_wq": copy(layer["wq"]),
-        "cross_wo": copy(layer["wo"]),
-        "mlp_norm": copy(layer["mlp_norm"]),
-        "w_gate": copy(layer["w_gate"]),
-        "w_up": copy(layer["w_up"]),
-        "w_down": copy(layer["w_down"]),
-        "final_norm": copy(target_params["final_norm"]) * draft_config.init_head_scale,
-    }
+    params = {name: jnp.array(source(name), dtype=dtype, copy=True) for name in param_specs(config)}
+    params["final_norm"] = params["final_norm"] * draft_config.init_head_scale
     if draft_config.zero_init_outputs:
         for name in ("self_wo", "cross_wo", "w_down"):
             params[name] = jnp.zeros_like(params[name])
-    if config.qkv_bias:
-        params |= {
-            "self_bq": copy(layer["bq"]),
-            "self_bk": copy(layer["bk"]),
-            "self_bv": copy(layer["bv"]),
-            "cross_bq": copy(layer["bq"]),
-        }
     return params
 
 
 def random_draft_params(config: ModelConfig, key: jax.Array, scale: float = 0.02) -> dict:
-    """Random draft parameters (normal * scale for matrices, ones for norms, zeros for biases)."""
-    D, F, N, K, H = (
-        config.hidden_size,
-        config.intermediate_size,
-        config.num_heads,
-        config.num_kv_heads,
-        config.head_dim,
-    )
-    dtype = jnp.dtype(config.dtype)
-    shapes = {
-        "self_wq": (D, N, H),
-        "self_wk": (D, K, H),
-        "self_wv": (D, K, H),
-        "self_wo": (N, H, D),
-        "cross_wq": (D, N, H),
-        "cross_wo": (N, H, D),
-        "w_gate": (D, F),
-        "w_up": (D, F),
-        "w_down": (F, D),
-    }
-    keys = jax.random.split(key, len(shapes))
-    params = {name: (scale * jax.random.normal(k, s)).astype(dtype) for k, (name, s) in zip(keys, shapes.items())}
-    for name in ("self_norm", "cross_norm", "mlp_norm", "final_norm"):
-        params[name] = jnp.ones((D,), dtype)
-    if config.qkv_bias:
-        params |= {
-            "self_bq": jnp.zeros((N, H), dtype),
-            "self_bk": jnp.zeros((K, H), dtype),
-            "self_bv": jnp.zeros((K, H), dtype),
-            "cross_bq": jnp.zeros((N, H), dtype),
-        }
-    return params
+    """Random draft weights from `param_specs`: normal * scale for matrices, ones for norms, zeros for biases."""
+    specs = param_specs(config)
+    normal = [name for name, s in specs.items() if s.init == "normal"]
+    return init_from_specs(specs, dict(zip(normal, jax.random.split(key, len(normal)))), scale)
 
 
 # ---------------------------------------------------------------------------
 # Vocabulary (the pruned set itself is chosen by lsjax.vocab)
 
 
-def with_vocab_head(draft_params: dict, target_params: dict, config: ModelConfig) -> dict:
-    """Adds "vocab_head" [Vd, D], the LM-head rows of a pruned vocabulary, so drafting does not gather them
-    from the [V, D] head at every step (19 MB of reads per step for SmolLM2 at Vd = 8192). Derived, never
-    saved; a no-op without `vocab_ids`."""
-    if draft_params.get("vocab_ids") is None:
-        return draft_params
-    ids = jnp.asarray(draft_params["vocab_ids"], jnp.int32)
-    if config.tie_embeddings:
-        head = jnp.take(jnp.asarray(target_params["embed"]), ids, axis=0)
-    else:
-        head = jnp.take(jnp.asarray(target_params["lm_head"]), ids, axis=1).T
-    return {**draft_params, "vocab_head": head}
+def with_vocab_head(draft_params, target_params: dict, config: ModelConfig) -> DraftParams:
+    """`draft_params` (a DraftParams, or a dict in the file layout) as a DraftParams with `vocab_head`
+    [Vd, D], the LM-head rows of its pruned vocabulary, gathered once (`DraftParams.with_vocab_head`)."""
+    return DraftParams.of(draft_params).with_vocab_head(target_params, config)
 
 
 def draft_logits(
-    draft_params: dict, target_params: dict, config: ModelConfig, hidden: jax.Array, vocab_ids: jax.Array | None = None
+    draft_params, target_params: dict, config: ModelConfig, hidden: jax.Array, vocab_ids=None
 ) -> jax.Array:
-    """hidden [..., D] (before the final norm) -> fp32 logits [..., V], or [..., Vd] over `vocab_ids` [Vd].
+    """hidden [..., D] (before the final norm) -> fp32 logits [..., V], or [..., Vd] over a pruned vocabulary.
 
-    The LM head is the target's (the embedding when tied). With `vocab_ids`,
-    logit i is the full vocabulary's logit at vocab_ids[i]; the [Vd, D] rows
+    `draft_params`: a DraftParams (its own `vocab_ids`, and `vocab_head` when gathered at load, are used), or
+    a weights dict (then `vocab_ids` [Vd] prunes, or None). The LM head is the target's (the embedding when
+    tied); logit i is the full vocabulary's logit at vocab_ids[i]. Without a gathered head the [Vd, D] rows
     are gathered per call, which a jitted caller hoists out of its loop.
     """
-    h = rms_norm(hidden, draft_params["final_norm"], config.rms_norm_eps)
-    if vocab_ids is not None and "vocab_head" in draft_params:  # gathered once at load (with_vocab_head)
-        return head_logits(h, draft_params["vocab_head"]).astype(jnp.float32)
+    p = DraftParams.of(draft_params)
+    if vocab_ids is None:
+        vocab_ids = p.vocab_ids if isinstance(draft_params, DraftParams) else None
+    h = rms_norm(hidden, p.weights["final_norm"], config.rms_norm_eps)
+    if vocab_ids is not None and p.vocab_head is not None:  # gathered once at load (with_vocab_head)
+        return head_logits(h, p.vocab_head).astype(jnp.float32)
     if config.tie_embeddings:
         head = target_params["embed"] if vocab_ids is None else jnp.take(target_params["embed"], vocab_ids, axis=0)
         logits = head_logits(h, head)

@@ -141,23 +141,24 @@ def initial_params(cfg: TrainConfig, config, target_params, counts: np.ndarray, 
     from lsjax.config import ConfigError
     from lsjax.drafters.block_checkpoints import BLOCK_META
     from lsjax.drafters.checkpoints import load_draft
+    from lsjax.models.draft_params import DraftParams
     from lsjax.train.checkpoint import load_draft_params
     from lsjax.vocab import pruned_vocab
 
     src = Path(cfg.checkpoint.init_from) if cfg.checkpoint.init_from else None
     if src is not None and (src / "draft.json").is_file():  # an exported LongSpec draft
-        params, dcfg, _ = load_draft(src)
+        arrays, dcfg, _ = load_draft(src)
         for field in ("window", "draft_vocab_size"):
             if getattr(dcfg, field) != getattr(cfg.draft, field):
                 raise ConfigError(f"draft.{field}: must equal the init_from draft's {getattr(dcfg, field)}")
-        params = dict(params)
-        vocab_ids = params.pop("vocab_ids", None)
+        exported = DraftParams.from_arrays(arrays)
+        params, vocab_ids = dict(exported.weights), exported.vocab_ids
         params["mask_embed"] = np.asarray(jnp.mean(jnp.asarray(target_params["embed"], jnp.float32), axis=0))
         log(f"block draft: initialised from the LongSpec draft {src}")
     elif src is not None and (src / BLOCK_META).is_file():  # an exported block draft
         with np.load(src / "params.npz") as z:
-            params = {k: z[k] for k in z.files}
-        vocab_ids = params.pop("vocab_ids", None)
+            exported = DraftParams.from_arrays({k: z[k] for k in z.files})
+        params, vocab_ids = exported.weights, exported.vocab_ids
         log(f"block draft: initialised from the block draft {src}")
     elif src is not None:  # a run directory or checkpoint
         params = load_draft_params(src)

@@ -10,7 +10,6 @@ import numpy as np
 
 from lsjax.drafters.block_checkpoints import save_block_draft, save_local_head
 from lsjax.drafters.checkpoints import target_key
-from lsjax.train.checkpoint import load_draft_params
 from lsjax.train.loop import training_summary
 
 
@@ -20,13 +19,11 @@ def _read_json(path: Path) -> dict:
 
 def export_dels(cfg, out_dir, extra: dict | None = None) -> dict:
     """The run's latest checkpoint -> a local-head or block-draft directory; returns the exported params."""
-    from lsjax.train.export import DEFAULT_TARGET
+    from lsjax.train.export import DEFAULT_TARGET, run_draft_params
 
     run_dir = Path(cfg.resolved_run_dir)
-    params = {k: np.asarray(v) for k, v in load_draft_params(run_dir).items()}
+    params = run_draft_params(cfg)  # the weights and the run's pruned vocabulary
     target = target_key(cfg.target.path) if cfg.target.path else DEFAULT_TARGET
-    vocab = run_dir / "vocab_ids.npy"
-    vocab_ids = np.load(vocab) if vocab.is_file() else None
     meta = {
         "run_dir": str(run_dir),
         "training": training_summary(run_dir) | {"run": _read_json(run_dir / "run.json")},
@@ -35,9 +32,7 @@ def export_dels(cfg, out_dir, extra: dict | None = None) -> dict:
     if cfg.kind == "local_head":
         meta |= {"prior": _read_json(run_dir / "prior.json"), "dev": _read_json(run_dir / "dev.json")}
         prior = np.load(run_dir / "unigram_logprior.npy")
-        save_local_head(out_dir, params, cfg.local_head, prior, target, vocab_ids=vocab_ids, extra=meta)
-        return params
-    if vocab_ids is not None:
-        params["vocab_ids"] = vocab_ids
+        save_local_head(out_dir, params.weights, cfg.local_head, prior, target, vocab_ids=params.vocab_ids, extra=meta)
+        return params.weights
     save_block_draft(out_dir, params, cfg.draft, cfg.block, target, extra=meta)
-    return params
+    return params.arrays()

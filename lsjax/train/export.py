@@ -14,6 +14,7 @@ import numpy as np
 
 from lsjax.config import ConfigError, DraftConfig, to_dict
 from lsjax.drafters.checkpoints import target_key
+from lsjax.models.draft_params import DraftParams
 from lsjax.train.checkpoint import load_draft_params
 from lsjax.train.loop import training_summary
 from lsjax.tree import TreeConfig
@@ -23,15 +24,17 @@ DEFAULT_TARGET = "SmolLM2-135M-Instruct"  # the name drafts of the bundled targe
 
 def save_draft(
     path: str | Path,
-    draft_params: dict,
+    draft_params,
     draft_config: DraftConfig,
     target_name: str,
     tree: TreeConfig | None = None,
     extra: dict | None = None,
 ) -> None:
+    """Writes a draft directory; `draft_params` is a DraftParams or a dict in the file layout (weights, plus
+    `vocab_ids` when pruned). The derived head is never saved."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    np.savez(path / "params.npz", **{k: np.asarray(v) for k, v in draft_params.items() if k != "vocab_head"})
+    np.savez(path / "params.npz", **{k: np.asarray(v) for k, v in DraftParams.of(draft_params).arrays().items()})
     meta = {
         "target": target_name,
         "draft_config": to_dict(draft_config),
@@ -52,21 +55,26 @@ def check_tree_lags(cfg, tree: TreeConfig) -> None:
 
 
 def export_run(cfg, out_dir: str | Path, extra: dict | None = None, tree: TreeConfig | None = None) -> dict:
-    """A training run's latest checkpoint (TrainConfig `cfg`) -> a draft directory; returns the exported
-    params. The run's pruned vocabulary (vocab_ids.npy) travels with them; draft.json records the run's
-    training summary and the default `tree` decode.py should use with this draft."""
+    """A training run's latest checkpoint (TrainConfig `cfg`) -> a draft directory; returns the arrays written
+    (the file layout). The run's pruned vocabulary (vocab_ids.npy) travels with them; draft.json records the
+    run's training summary and the default `tree` decode.py should use with this draft."""
     if cfg.kind != "longspec":
         from lsjax.train.dels_export import export_dels
 
         return export_dels(cfg, out_dir, extra)
     if tree is not None:
         check_tree_lags(cfg, tree)
+    params = run_draft_params(cfg)
     run_dir = Path(cfg.resolved_run_dir)
-    params = {k: np.asarray(v) for k, v in load_draft_params(run_dir).items()}
-    vocab = run_dir / "vocab_ids.npy"
-    if vocab.is_file():
-        params["vocab_ids"] = np.load(vocab)
     target = target_key(cfg.target.path) if cfg.target.path else DEFAULT_TARGET
     extra = {"run_dir": str(run_dir), "training": training_summary(run_dir), **(extra or {})}
     save_draft(out_dir, params, cfg.draft, target, tree=tree, extra=extra)
-    return params
+    return params.arrays()
+
+
+def run_draft_params(cfg) -> DraftParams:
+    """A run's latest checkpointed weights (numpy) with the run's pruned vocabulary (vocab_ids.npy), if any."""
+    run_dir = Path(cfg.resolved_run_dir)
+    weights = {k: np.asarray(v) for k, v in load_draft_params(run_dir).items()}
+    vocab = run_dir / "vocab_ids.npy"
+    return DraftParams(weights, np.load(vocab) if vocab.is_file() else None)

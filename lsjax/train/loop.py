@@ -115,14 +115,14 @@ def fit(
     # --- vocabulary, params, optimizer
     vocab_ids, exported = None, _exported_draft(cfg)
     if exported is not None:  # continuing a shipped draft: its vocabulary comes with it
-        vocab_ids = exported.pop("vocab_ids", None)
+        vocab_ids = exported.vocab_ids
     elif cfg.draft.draft_vocab_size:
         counts = np.bincount(seqs[mask > 0].reshape(-1), minlength=V)
         vocab_ids = pruned_vocab(config, cfg.draft.draft_vocab_size, token_counts=counts)
     if vocab_ids is not None:
         np.save(run_dir / "vocab_ids.npy", vocab_ids)
     if exported is not None:
-        draft_params = jax.tree.map(jnp.asarray, exported)
+        draft_params = jax.tree.map(jnp.asarray, exported.weights)
         log(f"draft: initialised from the exported draft {cfg.checkpoint.init_from}")
     elif cfg.checkpoint.init_from:
         draft_params = jax.tree.map(jnp.asarray, ckpt_lib.load_draft_params(cfg.checkpoint.init_from))
@@ -242,19 +242,21 @@ def training_summary(run_dir) -> dict:
     return out
 
 
-def _exported_draft(cfg: TrainConfig) -> dict | None:
-    """The params of `checkpoint.init_from` when it is an exported draft directory (draft.json), else None."""
+def _exported_draft(cfg: TrainConfig):
+    """The DraftParams of `checkpoint.init_from` when it is an exported draft directory (draft.json), else
+    None."""
     src = Path(cfg.checkpoint.init_from) if cfg.checkpoint.init_from else None
     if src is None or not (src / "draft.json").is_file():
         return None
     from lsjax.drafters.checkpoints import load_draft
+    from lsjax.models.draft_params import DraftParams
 
-    params, dcfg, _ = load_draft(src)
+    arrays, dcfg, _ = load_draft(src)
     for field in ("window", "draft_vocab_size"):
         want, got = getattr(dcfg, field), getattr(cfg.draft, field)
         if want != got:
             raise ConfigError(f"draft.{field}: must equal the init_from draft's {want}, got {got}")
-    return params
+    return DraftParams.from_arrays(arrays)
 
 
 def _shared_features(cfg: TrainConfig, config: ModelConfig, log):

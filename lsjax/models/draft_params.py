@@ -1,0 +1,74 @@
+"""What a LongSpec (or block) draft runs with: its trained weights, its pruned vocabulary, the derived head.
+
+    params = DraftParams.from_arrays(np.load("params.npz"))         # the file's layout -> the typed structure
+    params = params.with_vocab_head(target_params, config)          # at load: gather the head rows once
+    jax.jit(f)(params)                                              # a pytree: weights, vocab_ids, vocab_head
+    np.savez("params.npz", **params.arrays())                       # back to the file's layout (no head)
+
+The three parts used to share one dict. They are different things:
+
+* `weights` {name: Array}: the trained tensors, named as the model's `param_specs` (`lsjax.models.draft`;
+  `lsjax.models.block_draft` adds `mask_embed`). Trainers optimise exactly this dict.
+* `vocab_ids` [Vd] int or None: the pruned draft vocabulary (`lsjax.vocab`), metadata chosen before training
+  and never trained. None = the target's whole vocabulary.
+* `vocab_head` [Vd, D] or None: the target's LM-head rows at `vocab_ids`, derived at load so drafting does not
+  gather them from the [V, D] head every step (19 MB of reads per step for SmolLM2 at Vd = 8192). Never saved.
+
+The disk format is unchanged: `params.npz` holds the weights by name plus `vocab_ids` when pruned
+(`from_arrays` / `arrays`). A flat dict in that layout is still accepted wherever a DraftParams is expected
+(`DraftParams.of`), so a trainer's or a test's weights dict runs as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+
+from lsjax.config import ModelConfig
+
+VOCAB_IDS, VOCAB_HEAD = "vocab_ids", "vocab_head"  # their names in the file layout (the head is never saved)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DraftParams:
+    weights: dict  # {name: Array}: the trained tensors (the model's param_specs)
+    vocab_ids: jax.Array | None = None  # [Vd] the pruned vocabulary, or None (the target's whole vocabulary)
+    vocab_head: jax.Array | None = None  # [Vd, D] the LM-head rows at vocab_ids (derived at load, never saved)
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping) -> DraftParams:
+        """The file layout (a flat {name: array}: weights, plus "vocab_ids" when pruned) -> DraftParams. A
+        "vocab_head" entry (a dict from before this type existed) is kept as the derived head."""
+        weights = {k: v for k, v in arrays.items() if k not in (VOCAB_IDS, VOCAB_HEAD)}
+        return cls(weights, arrays.get(VOCAB_IDS), arrays.get(VOCAB_HEAD))
+
+    @classmethod
+    def of(cls, params) -> DraftParams:
+        """`params` as a DraftParams: itself, or a flat dict in the file layout (`from_arrays`)."""
+        return params if isinstance(params, DraftParams) else cls.from_arrays(params)
+
+    def arrays(self) -> dict:
+        """The file layout: the weights by name, plus "vocab_ids" when pruned (never the derived head)."""
+        return {**self.weights, **({} if self.vocab_ids is None else {VOCAB_IDS: self.vocab_ids})}
+
+    def with_vocab_head(self, target_params: dict, config: ModelConfig) -> DraftParams:
+        """The same params with `vocab_head` gathered from the target's LM head; unchanged without vocab_ids."""
+        if self.vocab_ids is None:
+            return self
+        return dataclasses.replace(self, vocab_head=vocab_head_rows(target_params, config, self.vocab_ids))
+
+    def replace_weights(self, **weights) -> DraftParams:
+        """The same params with some weights replaced or added (e.g. a block draft's `mask_embed`)."""
+        return dataclasses.replace(self, weights={**self.weights, **weights})
+
+
+def vocab_head_rows(target_params: dict, config: ModelConfig, vocab_ids) -> jax.Array:
+    """The target's LM-head rows [Vd, D] at `vocab_ids` (the embedding's when the head is tied)."""
+    ids = jnp.asarray(vocab_ids, jnp.int32)
+    if config.tie_embeddings:
+        return jnp.take(jnp.asarray(target_params["embed"]), ids, axis=0)
+    return jnp.take(jnp.asarray(target_params["lm_head"]), ids, axis=1).T
