@@ -1,12 +1,19 @@
 """Training drafts against a frozen target (`python train.py --config configs/train/X.yaml`).
 
+    kinds.py      the config's `kind:` -> its config class, trainer and export (longspec, block, local_head,
+                  tokenswift-heads, streams); train.py has one path through it
     config.py     TrainConfig and its sections (target, data, positions, loss, optim, checkpoint, features, log)
+    inputs.py     the frozen target, the batch readers every trainer hands the loop (resumable position)
     features.py   the frozen target's features: live in the step, or cached once on disk (npy memmaps)
+    feature_cache.py  the target-feature cache shared by several trainers (sets of shards)
     losses.py     chunked LM-head cross-entropy and distillation; one micro-batch's loss sums
-    step.py       the optimizer (optax AdamW, warmup-cosine, clipping) and the pure train / eval steps
+    step.py       the optimizer (optax AdamW, warmup-cosine, clipping), gradient accumulation over
+                  micro-batches and the update every trainer's step ends with; the LongSpec draft's step
     checkpoint.py orbax checkpoints: params, optimizer state, step, RNG and data-iterator state
-    loop.py       `fit`: one run (a stage) with resume, dev eval, metrics, plots
-    export.py     a run's latest checkpoint -> a draft directory decode.py loads
+    runner.py     the step loop every trainer shares: resume, checkpoints, metrics, dev eval, limits, plots
+    loop.py       `fit`: the LongSpec draft's run (a stage): data, vocabulary, params, dev eval
+    block.py, local_head.py, heads.py, streams.py   the other kinds' data, losses and steps
+    export.py     a run's latest checkpoint -> a draft directory decode.py loads (dels_export.py: DeLS-Spec's)
 
 Decoding never imports this package (optax, orbax and grain stay unloaded). The names below are loaded
 on first use, so `import lsjax.train.config` stays light.
@@ -23,6 +30,8 @@ _EXPORTS = {
     "make_eval_step": "step",
     "make_optimizer": "step",
     "make_train_step": "step",
+    "accumulate_grads": "step",
+    "apply_grads": "step",
     "draw_shift": "step",
     "lm_losses": "losses",
     "dense_lm_losses": "losses",
@@ -32,12 +41,13 @@ _EXPORTS = {
     "positions_from_offsets": "features",
     "target_features": "features",
     "target_logits": "features",
-    "TrainingDiverged": "loop",
+    "TrainingDiverged": "runner",
+    "run_steps": "runner",
+    "plot_losses": "runner",
+    "training_summary": "runner",
     "fit": "loop",
-    "load_target": "loop",
-    "eos_id": "loop",
-    "plot_losses": "loop",
-    "training_summary": "loop",
+    "load_target": "inputs",
+    "eos_id": "inputs",
     "export_run": "export",
     "save_draft": "export",
     "TrainConfig": "config",

@@ -88,7 +88,7 @@ def make_step(config, cfg: TrainConfig, optimizer, vocab_ids):
     """`(state, target_params, batch, key) -> (state, metrics)`; batch fields are [A, B, ...] micro-batches."""
     import optax
 
-    from lsjax.train.step import TrainState, lr_schedule
+    from lsjax.train.step import TrainState, accumulate_grads, apply_grads, lr_schedule
 
     schedule = lr_schedule(cfg.optim)
     vocab_ids = None if vocab_ids is None else jnp.asarray(vocab_ids, jnp.int32)
@@ -105,23 +105,16 @@ def make_step(config, cfg: TrainConfig, optimizer, vocab_ids):
         micro = {k: batch[k] for k in names}
         keys = jax.random.split(key, A)
 
-        def one(carry, xs):
-            grads_acc, sums_acc = carry
+        def loss_fn(p, xs):
             m, k = xs
-
-            def f(p):
-                sums = micro_block_losses(p, target_params, config, cfg, m, k, vocab_ids)
-                return objective(sums), sums
-
-            (_, sums), grads = jax.value_and_grad(f, has_aux=True)(state.params)
-            return (jax.tree.map(jnp.add, grads_acc, grads), jax.tree.map(jnp.add, sums_acc, sums)), None
+            sums = micro_block_losses(p, target_params, config, cfg, m, k, vocab_ids)
+            return objective(sums), sums
 
         zeros = {k: jnp.zeros((), jnp.float32) for k in ("ce", "distill", "correct", "weight")}
-        (grads, sums), _ = jax.lax.scan(one, (jax.tree.map(jnp.zeros_like, state.params), zeros), (micro, keys))
+        grads, sums = accumulate_grads(loss_fn, state.params, (micro, keys), zeros)
         w = jnp.maximum(sums["weight"], 1e-6)
         grads = jax.tree.map(lambda g: g / w, grads)  # the mean over the step's weighted targets
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        new_state = apply_grads(state, grads, optimizer)
         metrics = {
             "loss": objective(sums) / w,
             "ce": sums["ce"] / w,
@@ -131,7 +124,7 @@ def make_step(config, cfg: TrainConfig, optimizer, vocab_ids):
             "grad_norm": optax.global_norm(grads),
             "lr": schedule(state.step),
         }
-        return TrainState(state.step + 1, params, opt_state), metrics
+        return new_state, metrics
 
     return step
 
@@ -174,43 +167,23 @@ def initial_params(cfg: TrainConfig, config, target_params, counts: np.ndarray, 
 
 
 def fit_block(cfg: TrainConfig, *, resume=False, stop_after=None, log=print, progress=None, config_dict=None) -> dict:
-    import yaml
-
     from lsjax import data as data_lib
     from lsjax.config import ConfigError
-    from lsjax.train import feature_cache as fcm
-    from lsjax.train.loop import load_target
-    from lsjax.train.runner import run_steps
+    from lsjax.train.inputs import GrainBatches, load_target, shared_feature_inputs
+    from lsjax.train.runner import prepare_run_dir, run_steps
     from lsjax.train.step import init_state, make_optimizer
 
     if not cfg.features.set:
         raise ConfigError("features.set: kind block trains from the shared target-feature cache; name a set")
     if cfg.loss.distill == "kl":
         raise ConfigError("loss.distill: kind block distills to the target's argmax (argmax) or not at all (none)")
-    run_dir = Path(cfg.resolved_run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if config_dict is not None:
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(config_dict, sort_keys=False))
-    config, target_params, _ = load_target(cfg)
     s = cfg.block.block_size
-
-    fc = fcm.FeatureSets.open(cfg.features.set, cfg.data.max_sequences)
-    if fc.seq_len != cfg.data.seq_len:
-        raise ConfigError(f"data.seq_len: must equal the feature set's length {fc.seq_len}, got {cfg.data.seq_len}")
     if cfg.data.seq_len < s + 2 + cfg.dels.num_anchors:
         raise ConfigError(f"dels.num_anchors: {cfg.dels.num_anchors} anchors of {s}-token blocks need longer sequences")
-    n = fc.num_sequences
-    if n < cfg.data.batch_size:
-        raise ConfigError(f"features.set: {cfg.features.set} has {n} complete sequences, fewer than data.batch_size")
-    seqs, mask = fc.tokens, fc.loss_mask
-    extra = {
-        "target_k_raw": fcm.FieldView(fc, "k", n),
-        "target_v": fcm.FieldView(fc, "v", n),
-        "target_argmax": fcm.FieldView(fc, "topk_ids", n, first_only=True),
-    }
-    log(f"data: {data_lib.describe(seqs, mask)} from feature sets {fc.describe()} (complete/total sequences)")
-    dataset = data_lib.batches(seqs, mask, cfg, config.max_position, extra=extra)
-    iterator = iter(dataset.to_iter_dataset())
+    run_dir = prepare_run_dir(cfg, config_dict)
+    config, target_params, _ = load_target(cfg)
+    seqs, mask, extra = shared_feature_inputs(cfg, log)
+    data = GrainBatches(iter(data_lib.batches(seqs, mask, cfg, config.max_position, extra=extra).to_iter_dataset()))
 
     counts = np.bincount(seqs[mask > 0].reshape(-1), minlength=config.vocab_size)
     params, vocab_ids = initial_params(cfg, config, target_params, counts, log)
@@ -224,7 +197,7 @@ def fit_block(cfg: TrainConfig, *, resume=False, stop_after=None, log=print, pro
         state,
         make_step(config, cfg, optimizer, vocab_ids),
         target_params,
-        iterator,
+        data,
         jax.random.PRNGKey(cfg.seed),
         run_dir=run_dir,
         log=log,
@@ -233,4 +206,5 @@ def fit_block(cfg: TrainConfig, *, resume=False, stop_after=None, log=print, pro
         progress=progress,
         config_dict=config_dict,
         tokens_per_step=d.batch_size * d.grad_accum * cfg.dels.num_anchors * s,
+        max_minutes=cfg.dels.max_minutes,
     )

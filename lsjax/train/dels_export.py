@@ -10,7 +10,7 @@ import numpy as np
 
 from lsjax.drafters.block_checkpoints import save_block_draft, save_local_head
 from lsjax.drafters.checkpoints import target_key
-from lsjax.train.loop import training_summary
+from lsjax.train.runner import training_summary
 
 
 def _read_json(path: Path) -> dict:

@@ -16,7 +16,7 @@ from lsjax.config import ConfigError, DraftConfig, to_dict
 from lsjax.drafters.checkpoints import target_key
 from lsjax.models.draft_params import DraftParams
 from lsjax.train.checkpoint import load_draft_params
-from lsjax.train.loop import training_summary
+from lsjax.train.runner import training_summary
 from lsjax.tree import TreeConfig
 
 DEFAULT_TARGET = "SmolLM2-135M-Instruct"  # the name drafts of the bundled target are filed under

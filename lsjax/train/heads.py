@@ -11,15 +11,13 @@ Head i (1-based) at position t guesses token t + 1 + i:
 (the cached top-k at position t + i is the target's own distribution for token t + 1 + i). The LM head is
 the target's, frozen; the logits are computed in chunks of positions under `jax.checkpoint`, so [B, T, V]
 never exists. Optimizer, schedule, checkpoints (exact resume: params, optimizer, step, RNG, the sampler's
-position) and logs are the LongSpec trainer's (`lsjax.train.step`, `.checkpoint`, `.loop`).
+position) and the step loop are every trainer's (`lsjax.train.step`, `.checkpoint`, `.runner`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,7 +29,8 @@ import optax
 from lsjax.config import _check, _positive_int
 from lsjax.models import tokenswift_heads as th
 from lsjax.train.config import CheckpointConfig, LogConfig, OptimConfig, TargetConfig
-from lsjax.train.step import TrainState, init_state, lr_schedule, make_optimizer
+from lsjax.train.inputs import epoch_order
+from lsjax.train.step import TrainState, accumulate_grads, apply_grads, init_state, lr_schedule, make_optimizer
 
 KIND = "tokenswift-heads"
 
@@ -143,7 +142,13 @@ class FeatureBatches:
         self.state = {"epoch": 0, "pos": 0}
 
     def _order(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.cfg.seed, epoch]).permutation(len(self.index))
+        return epoch_order(self.cfg.seed, epoch, len(self.index))
+
+    def get_state(self) -> dict:
+        return dict(self.state)
+
+    def set_state(self, state: dict) -> None:
+        self.state = dict(state)
 
     def read(self, rows: np.ndarray, key: tuple) -> dict:
         """Sequences `rows` (indices into self.index), each cut to a window at a seeded offset."""
@@ -243,27 +248,19 @@ def make_heads_step(config, cfg: HeadsTrainConfig, optimizer):
     def step(state: TrainState, target_params, batch):
         total_w = jnp.maximum(_head_weight(batch, Hn), 1.0)
 
-        def micro_step(carry, micro):
-            grads_acc, sums_acc = carry
-
-            def f(p):
-                sums = heads_losses(p, target_params, config, micro, cfg.loss, Hn)
-                return objective(sums, total_w), sums
-
-            (_, sums), grads = jax.value_and_grad(f, has_aux=True)(state.params)
-            return (jax.tree.map(jnp.add, grads_acc, grads), jax.tree.map(jnp.add, sums_acc, sums)), None
+        def loss_fn(p, micro):
+            sums = heads_losses(p, target_params, config, micro, cfg.loss, Hn)
+            return objective(sums, total_w), sums
 
         zeros = {k: jnp.zeros((Hn,), jnp.float32) for k in ("ce", "distill", "correct", "weight")}
-        (grads, sums), _ = jax.lax.scan(micro_step, (jax.tree.map(jnp.zeros_like, state.params), zeros), batch)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        grads, sums = accumulate_grads(loss_fn, state.params, batch, zeros)
         w = jnp.maximum(sums["weight"], 1.0)
         metrics = {"loss": objective(sums, total_w), "grad_norm": optax.global_norm(grads), "lr": schedule(state.step)}
         for i in range(Hn):
             metrics |= {f"ce{i + 1}": sums["ce"][i] / w[i], f"acc{i + 1}": sums["correct"][i] / w[i]}
             if cfg.loss.distill_weight > 0:
                 metrics[f"distill{i + 1}"] = sums["distill"][i] / w[i]
-        params = optax.apply_updates(state.params, updates)
-        return TrainState(state.step + 1, params, opt_state), metrics
+        return apply_grads(state, grads, optimizer), metrics
 
     return step
 
@@ -283,22 +280,18 @@ def fit_heads(
     resume: bool = False,
     stop_after: int | None = None,
     log=print,
+    progress: bool | None = None,
     config_dict: dict | None = None,
     open_set: Callable = open_feature_set,
 ) -> dict:
-    """Runs (or resumes) a heads training run; returns a summary like `lsjax.train.loop.fit`'s.
+    """Runs (or resumes) a heads training run; returns the summary of `lsjax.train.runner.run_steps`.
 
     Writes <run_dir>/metrics.jsonl, checkpoints/ and config.yaml. `stop_after` ends after that many steps
     without the final checkpoint, as a kill would. `open_set(directory)` opens one feature set."""
-    import yaml
+    from lsjax.train.inputs import load_target
+    from lsjax.train.runner import prepare_run_dir, run_steps
 
-    from lsjax.train.checkpoint import Checkpointer
-    from lsjax.train.loop import TrainingDiverged, load_target, plot_losses
-
-    run_dir = Path(cfg.resolved_run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if config_dict is not None:
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(config_dict, sort_keys=False))
+    run_dir = prepare_run_dir(cfg, config_dict)
     config, target_params, _ = load_target(cfg)
     head_params = {k: target_params[k] for k in ("embed", "lm_head", "final_norm") if k in target_params}
     fields = ("hidden", "tokens", "loss_mask") + (("topk_ids", "topk_logprobs") if cfg.loss.distill_weight else ())
@@ -308,59 +301,27 @@ def fit_heads(
 
     optimizer = make_optimizer(cfg.optim)
     state = init_state(th.init_params(config, cfg.heads, head_params), optimizer)
-    rng = jax.random.PRNGKey(cfg.seed)  # unused by the step; kept so checkpoints share the trainer's format
-    ckpt = Checkpointer(run_dir / "checkpoints", keep=cfg.checkpoint.keep)
-    metrics_file = run_dir / "metrics.jsonl"
-    start = 0
-    if resume and ckpt.latest_step() is not None:
-        state, rng, data.state, _ = ckpt.restore(state, rng)
-        start = int(state.step)
-        log(f"resumed from step {start} ({ckpt.directory})")
-        keep = [r for r in metrics_file.read_text().splitlines() if r.strip() and json.loads(r)["step"] <= start]
-        metrics_file.write_text("".join(r + "\n" for r in keep))
-    else:
-        metrics_file.write_text("")
-    step_fn = jax.jit(make_heads_step(config, cfg, optimizer), donate_argnums=(0,))
+    heads_step = make_heads_step(config, cfg, optimizer)
     evaluate = None
     if cfg.data.dev_sequences and cfg.log.eval_every:
         evaluate = _dev_eval(config, cfg, head_params, FeatureBatches(caches, cfg.data, fields, split="dev"))
-    total = cfg.num_steps if stop_after is None else min(cfg.num_steps, stop_after)
-    history, last_good, t_start = [], ckpt.latest_step(), time.perf_counter()
-    try:
-        for step in range(start, total):
-            batch = data.next()
-            t0 = time.perf_counter()
-            state, metrics = step_fn(state, head_params, batch)
-            metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-            if not np.isfinite(metrics["loss"]):
-                raise TrainingDiverged(
-                    f"non-finite loss ({metrics['loss']}) at step {step + 1}; last good checkpoint: {last_good}"
-                )
-            record = {"step": step + 1, **metrics, "step_s": time.perf_counter() - t0}
-            if evaluate is not None and (step + 1) % cfg.log.eval_every == 0:
-                record |= evaluate(state.params)
-            history.append(record)
-            if (step + 1) % cfg.log.every == 0 or step + 1 == total:
-                with metrics_file.open("a") as f:
-                    f.write(json.dumps(record) + "\n")
-                log(" ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "lr"))
-            if (step + 1) % cfg.checkpoint.every == 0 or step + 1 == cfg.num_steps:
-                ckpt.save(step + 1, state, rng, dict(data.state), {"step": step + 1, "config": config_dict or {}})
-                last_good = step + 1
-    finally:
-        ckpt.close()
-    if cfg.log.plot and stop_after is None and history:
-        plot_losses(metrics_file, run_dir / "loss.png")
-    return {
-        "run_dir": str(run_dir),
-        "steps": total,
-        "start": start,
-        "losses": [r["loss"] for r in history],
-        "final": history[-1] if history else {},
-        "wall_s": time.perf_counter() - t_start,
-        "last_checkpoint": last_good,
-        "state": state,
-    }
+    d = cfg.data
+    return run_steps(
+        cfg,
+        state,
+        lambda state, consts, batch, key: heads_step(state, consts, batch),  # the step draws nothing
+        head_params,
+        data,
+        jax.random.PRNGKey(cfg.seed),  # unused by the step; checkpointed like every trainer's
+        run_dir=run_dir,
+        log=log,
+        resume=resume,
+        stop_after=stop_after,
+        progress=progress,
+        config_dict=config_dict,
+        tokens_per_step=d.batch_size * d.grad_accum * data.window,
+        evaluate=evaluate,
+    )
 
 
 def _dev_eval(config, cfg: HeadsTrainConfig, head_params, dev: FeatureBatches):
@@ -391,7 +352,7 @@ def export_heads(cfg: HeadsTrainConfig, out_dir: str | Path) -> dict:
     from lsjax.drafters.tokenswift import save_heads
     from lsjax.train.checkpoint import load_draft_params
     from lsjax.train.export import DEFAULT_TARGET
-    from lsjax.train.loop import training_summary
+    from lsjax.train.runner import training_summary
 
     run_dir = Path(cfg.resolved_run_dir)
     params = {k: np.asarray(v) for k, v in load_draft_params(run_dir).items()}

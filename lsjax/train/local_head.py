@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -114,7 +113,7 @@ def make_step(cfg: TrainConfig, optimizer):
     """`(state, consts, batch, key) -> (state, metrics)` with consts = (embed, embed_rows, index)."""
     import optax
 
-    from lsjax.train.step import TrainState, lr_schedule
+    from lsjax.train.step import TrainState, apply_grads, lr_schedule
 
     schedule = lr_schedule(cfg.optim)
     s = cfg.local_head.block_size
@@ -132,9 +131,10 @@ def make_step(cfg: TrainConfig, optimizer):
             sums = jax.tree.map(lambda *x: sum(x), *sums)
             return sums["ce"] / jnp.maximum(sums["weight"], 1.0), sums
 
+        # One gradient of the whole step's loss: its normaliser (the weight of every micro-batch) is a sum the
+        # forward computes.
         (loss, sums), grads = jax.value_and_grad(total, has_aux=True)(state.params)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        new_state = apply_grads(state, grads, optimizer)
         metrics = {
             "loss": loss,
             "acc": sums["correct"] / jnp.maximum(sums["weight"], 1.0),
@@ -142,7 +142,7 @@ def make_step(cfg: TrainConfig, optimizer):
             "grad_norm": optax.global_norm(grads),
             "lr": schedule(state.step),
         }
-        return TrainState(state.step + 1, params, opt_state), metrics
+        return new_state, metrics
 
     return step
 
@@ -154,17 +154,12 @@ def embed_rms(embed) -> float:
 def fit_local_head(
     cfg: TrainConfig, *, resume=False, stop_after=None, log=print, progress=None, config_dict=None
 ) -> dict:
-    import yaml
-
     from lsjax import data as data_lib
-    from lsjax.train.loop import eos_id, load_target
-    from lsjax.train.runner import run_steps
+    from lsjax.train.inputs import GrainBatches, eos_id, load_target
+    from lsjax.train.runner import prepare_run_dir, run_steps
     from lsjax.train.step import init_state, make_optimizer
 
-    run_dir = Path(cfg.resolved_run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if config_dict is not None:
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(config_dict, sort_keys=False))
+    run_dir = prepare_run_dir(cfg, config_dict)
     config, target_params, tokenizer = load_target(cfg)
     sources = (*cfg.data.sources, *cfg.dels.chat_sources)
     if tokenizer is None and any(s != "synthetic" for s in sources):
@@ -187,8 +182,7 @@ def fit_local_head(
     rows = embed if vocab_ids is None else embed[jnp.asarray(vocab_ids)]
     consts = (embed, rows, vocab_index(vocab_ids, V))
 
-    dataset = data_lib.batches(seqs, mask, cfg, config.max_position)
-    iterator = iter(dataset.to_iter_dataset())
+    data = GrainBatches(iter(data_lib.batches(seqs, mask, cfg, config.max_position).to_iter_dataset()))
     params = lh.init_params(cfg.local_head, config.hidden_size, jax.random.PRNGKey(cfg.seed), embed_rms(embed))
     optimizer = make_optimizer(cfg.optim)
     state = init_state(params, optimizer)
@@ -198,7 +192,7 @@ def fit_local_head(
         state,
         make_step(cfg, optimizer),
         consts,
-        iterator,
+        data,
         jax.random.PRNGKey(cfg.seed),
         run_dir=run_dir,
         log=log,
@@ -207,6 +201,7 @@ def fit_local_head(
         progress=progress,
         config_dict=config_dict,
         tokens_per_step=d.batch_size * d.grad_accum * d.seq_len,
+        max_minutes=cfg.dels.max_minutes,
     )
     out["prior"] = prior
     if stop_after is None and cfg.log.eval_batches:
@@ -222,7 +217,7 @@ def fit_local_head(
 def dev_loss(cfg: TrainConfig, config: ModelConfig, params, consts, tokenizer, *, max_sequences=64, log=print):
     """Block-local CE and accuracy of a head on the dev split (phase 0, fixed sequences), over the vocabulary
     it was trained on (`consts` as in training)."""
-    from lsjax.train.loop import eos_id
+    from lsjax.train.inputs import eos_id
 
     seqs, mask = load_data(cfg, tokenizer, eos_id(config), config.vocab_size, split="dev", log=log)
     pick = np.random.default_rng(0).permutation(len(seqs))[:max_sequences]

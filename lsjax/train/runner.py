@@ -1,13 +1,21 @@
-"""The step loop shared by DeLS-Spec's trainers (kind block | local_head): checkpoints, resume, metrics, limits.
+"""The step loop every trainer shares: resume, step, log, evaluate, checkpoint, limits, plots.
 
-    out = run_steps(cfg, state, step, consts, iterator, rng, run_dir=..., log=...)
+    run_dir = prepare_run_dir(cfg, config_dict)
+    out = run_steps(cfg, state, step, consts, data, rng, run_dir=run_dir, log=..., resume=..., evaluate=...)
 
-`step(state, consts, batch, key) -> (state, metrics)` is jitted here with the state donated; `consts` are
-frozen arrays (the target's embedding, ...) passed as arguments so they are not baked into the program;
-`metrics` must hold "loss". The key of step i is fold_in(rng, i), and the grain iterator's position is
-checkpointed with the params and the optimizer state, so a resumed run replays the same batches and keys.
-`dels.max_minutes` ends a run early with a checkpoint (the learning-rate schedule keeps its length: a
-bounded run ends at a higher rate than a finished one).
+`step(state, consts, batch, key) -> (state, metrics)` is jitted here with the state donated (or by `compile`,
+e.g. with a mesh's shardings); `consts` are frozen arrays (the target's params, ...) passed as arguments so
+they are not baked into the program; `metrics` must hold "loss". `data` is any `lsjax.train.inputs.Batches`:
+`next()` gives one step's batch, `get_state()` / `set_state()` its JSON position. The key of step i is
+fold_in(rng, i), and the data position is checkpointed with the params, the optimizer state and the RNG
+(`lsjax.train.checkpoint`), so a resumed run replays the same batches and keys.
+
+What a run writes in its directory: config.yaml, metrics.jsonl (every `log.every`-th step's record, the last
+one, and `evaluate`'s dev metrics every `log.eval_every` steps), checkpoints/, run.json (steps and wall time
+of this process), loss.png (`log.plot`), tb/ (`log.tensorboard`, when a writer is installed). A tqdm bar
+shows progress (`log.progress`); without it each logged record is one line through `log`. A non-finite loss
+stops the run (`TrainingDiverged`) with the last good checkpoint kept as the latest. `max_minutes` ends a run
+early with a checkpoint (the learning-rate schedule keeps its length: a bounded run ends at a higher rate).
 """
 
 from __future__ import annotations
@@ -20,16 +28,29 @@ import jax
 import numpy as np
 
 from lsjax.train import checkpoint as ckpt_lib
-from lsjax.train.config import TrainConfig
-from lsjax.train.loop import TrainingDiverged, _progress, _truncate_metrics, plot_losses
+
+
+class TrainingDiverged(RuntimeError):
+    """A non-finite loss: the run stops and the last good checkpoint stays the latest."""
+
+
+def prepare_run_dir(cfg, config_dict: dict | None = None) -> Path:
+    """Creates the run directory (`cfg.resolved_run_dir`) and writes the run's config.yaml when given."""
+    run_dir = Path(cfg.resolved_run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if config_dict is not None:
+        import yaml
+
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config_dict, sort_keys=False))
+    return run_dir
 
 
 def run_steps(
-    cfg: TrainConfig,
+    cfg,
     state,
     step,
     consts,
-    iterator,
+    data,
     rng: jax.Array,
     *,
     run_dir: Path,
@@ -39,13 +60,23 @@ def run_steps(
     progress: bool | None = None,
     config_dict: dict | None = None,
     tokens_per_step: int = 0,
+    evaluate=None,
+    compile=None,
+    max_minutes: float = 0.0,
 ) -> dict:
+    """Runs (or resumes) `cfg.num_steps` optimizer steps; returns the run's summary (module docstring).
+
+    `cfg` is any trainer's config with `num_steps`, `checkpoint` (every, keep) and `log` sections. `stop_after`
+    ends the run after that many steps without the final checkpoint, as a kill would (tests use it).
+    `evaluate(params) -> {name: float}` adds dev metrics every `log.eval_every` steps. `compile(step, state,
+    consts) -> (jitted step, state, consts)` replaces the default `jax.jit(step, donate_argnums=0)` (it runs
+    after a resume, so it may place the restored state). `tokens_per_step` feeds the throughput figures."""
     ckpt = ckpt_lib.Checkpointer(run_dir / "checkpoints", keep=cfg.checkpoint.keep)
     metrics_file = run_dir / "metrics.jsonl"
     start = 0
     if resume and ckpt.latest_step() is not None:
         state, rng, data_state, _ = ckpt.restore(state, rng)
-        iterator.set_state(data_state)
+        data.set_state(data_state)
         start = int(state.step)
         log(f"resumed from step {start} ({ckpt.directory})")
         _truncate_metrics(metrics_file, start)
@@ -53,15 +84,21 @@ def run_steps(
         if resume:
             log(f"--resume: no checkpoint in {ckpt.directory}; starting fresh")
         metrics_file.write_text("")
-    jitted = jax.jit(step, donate_argnums=(0,))
+    if compile is None:
+        jitted = jax.jit(step, donate_argnums=(0,))
+    else:
+        jitted, state, consts = compile(step, state, consts)
+
     total = cfg.num_steps if stop_after is None else min(cfg.num_steps, stop_after)
-    budget = cfg.dels.max_minutes * 60 or float("inf")
-    bar = _progress(start, cfg.num_steps, cfg.log.progress if progress is None else progress)
+    budget = max_minutes * 60 or float("inf")
+    log_cfg = cfg.log
+    writer = _tensorboard(run_dir) if log_cfg.tensorboard else None
+    bar = _progress(start, cfg.num_steps, log_cfg.progress if progress is None else progress)
     last_good = ckpt.latest_step()
     t_start, history, last_step = time.perf_counter(), [], start
     try:
         for i in range(start, total):
-            batch = {k: v for k, v in next(iterator).items() if k != "index"}
+            batch = data.next()
             t0 = time.perf_counter()
             state, metrics = jitted(state, consts, batch, jax.random.fold_in(rng, i))
             metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
@@ -74,34 +111,44 @@ def run_steps(
             record = {"step": i + 1, **metrics, "step_s": dt}
             if tokens_per_step:
                 record["tokens_per_s"] = tokens_per_step / dt
+            if evaluate is not None and log_cfg.eval_every and (i + 1) % log_cfg.eval_every == 0:
+                record |= evaluate(state.params)
             history.append(record)
             last_step = i + 1
             out_of_time = time.perf_counter() - t_start > budget
-            if (i + 1) % cfg.log.every == 0 or i + 1 == total or out_of_time:
+            if (i + 1) % log_cfg.every == 0 or i + 1 == total or out_of_time:
                 with metrics_file.open("a") as f:
                     f.write(json.dumps(record) + "\n")
+                if writer is not None:
+                    for k, v in record.items():
+                        writer.add_scalar(f"train/{k}", v, i + 1)
+                if bar is None:
+                    log(" ".join(f"{k}={v:.4g}" for k, v in record.items() if k != "lr"))
             if bar is not None:
-                bar.set_postfix(loss=f"{metrics['loss']:.3f}")
+                bar.set_postfix({k: fmt.format(record[f]) for k, f, fmt in _POSTFIX if f in record})
                 bar.update(1)
             if (i + 1) % cfg.checkpoint.every == 0 or i + 1 == cfg.num_steps or out_of_time:
                 meta = {"step": i + 1, "config": config_dict or {}, "elapsed_s": time.perf_counter() - t_start}
-                ckpt.save(i + 1, state, rng, iterator.get_state(), meta)
+                ckpt.save(i + 1, state, rng, data.get_state(), meta)
                 last_good = i + 1
             if out_of_time:
-                log(f"dels.max_minutes={cfg.dels.max_minutes} reached after step {i + 1}; checkpoint saved")
+                log(f"max_minutes={max_minutes} reached after step {i + 1}; checkpoint saved")
                 break
     finally:
         if bar is not None:
             bar.close()
+        if writer is not None:
+            writer.close()
         ckpt.close()
     wall = time.perf_counter() - t_start
-    # What the export reports as the training cost (metrics.jsonl keeps only every log.every-th step).
+    # What an export reports as the training cost (metrics.jsonl keeps only every log.every-th step).
     seen = (last_step - start) * tokens_per_step
     run = {"steps": last_step, "wall_s": round(wall, 1), "tokens_this_process": seen, "resumed_from": start}
     (run_dir / "run.json").write_text(json.dumps(run) + "\n")
-    if cfg.log.plot and stop_after is None and history:
+    if log_cfg.plot and stop_after is None and history:
         plot_losses(metrics_file, run_dir / "loss.png")
-    timed = history[1:] if len(history) > 1 else history  # the first step of a process includes compilation
+    # The first step of a process includes compilation: throughput counts the steps after it.
+    timed_s = wall - (history[0]["step_s"] if history else 0.0)
     return {
         "run_dir": str(run_dir),
         "steps": last_step,
@@ -109,7 +156,82 @@ def run_steps(
         "losses": [r["loss"] for r in history],
         "final": history[-1] if history else {},
         "wall_s": wall,
-        "tokens_per_s": tokens_per_step * len(timed) / max(sum(r["step_s"] for r in timed), 1e-9),
+        "tokens_per_s": tokens_per_step * max(len(history) - 1, 0) / max(timed_s, 1e-9),
         "last_checkpoint": last_good,
         "state": state,
     }
+
+
+# The tqdm bar's fields: (label, record key, format).
+_POSTFIX = (("loss", "loss", "{:.3f}"), ("acc", "acc", "{:.2f}"), ("tok_s", "tokens_per_s", "{:.0f}"))
+
+
+def training_summary(run_dir) -> dict:
+    """What the run's metrics say about it: steps, the last train and dev numbers, the training wall time."""
+    path = Path(run_dir) / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    if not rows:
+        return {}
+    last = rows[-1]
+    dev = [r for r in rows if "dev_ce" in r]
+    out = {
+        "steps": last["step"],
+        "train_steps_s": round(sum(r["step_s"] for r in rows), 1),
+        **{f"final_{k}": round(last[k], 4) for k in ("loss", "ce", "distill", "acc") if k in last},
+    }
+    if dev:
+        d = dev[-1]
+        out |= {"dev_step": d["step"], "dev_ce": round(d["dev_ce"], 4), "dev_acc": round(d["dev_acc"], 4)}
+    return out
+
+
+def plot_losses(metrics_file: Path, out: Path) -> Path | None:
+    """The loss curve (and dev CE when logged) of a run as a PNG."""
+    records = [json.loads(line) for line in Path(metrics_file).read_text().splitlines() if line.strip()]
+    if not records:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([r["step"] for r in records], [r["loss"] for r in records], label="train loss", lw=1)
+    dev = [r for r in records if "dev_ce" in r]
+    if dev:
+        ax.plot([r["step"] for r in dev], [r["dev_ce"] for r in dev], "o-", label="dev CE")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    # A killed run may have logged steps past its last checkpoint; the resumed run logs them again.
+    if not path.exists():
+        return
+    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in keep))
+
+
+def _progress(start: int, total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
+
+
+def _tensorboard(run_dir: Path):
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            return None
+    return SummaryWriter(str(run_dir / "tb"))

@@ -1,5 +1,7 @@
-"""The optimizer and the pure training step.
+"""The optimizer, the two halves of every trainer's step, and the LongSpec draft's pure training step.
 
+    grads, sums = accumulate_grads(loss_fn, state.params, micro_batches, zero_sums)   # summed over micro-batches
+    state = apply_grads(state, grads, optimizer)                                      # one optimizer update
     step = make_train_step(model_cfg, train_cfg, vocab_ids)      # pure: (state, target_params, batch, key)
     state, metrics = jax.jit(step, donate_argnums=0)(state, target_params, batch, key)
 
@@ -63,6 +65,27 @@ def init_state(draft_params: dict, optimizer: optax.GradientTransformation) -> T
     return TrainState(jnp.zeros((), jnp.int32), draft_params, optimizer.init(draft_params))
 
 
+def accumulate_grads(loss_fn, params, micro_batches, zero_sums):
+    """(grads, sums): the gradients of `loss_fn(params, micro) -> (loss, sums)` w.r.t. `params` and its aux
+    `sums`, each summed over the micro-batches (the leading axis of every leaf of `micro_batches`) under
+    `lax.scan`, so only one micro-batch's activations are alive at a time. `zero_sums` are the sums' zeros
+    (their shapes). Each micro-batch's loss must already be normalised for the whole step."""
+
+    def one(carry, micro):
+        grads_acc, sums_acc = carry
+        (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, micro)
+        return (jax.tree.map(jnp.add, grads_acc, grads), jax.tree.map(jnp.add, sums_acc, sums)), None
+
+    (grads, sums), _ = jax.lax.scan(one, (jax.tree.map(jnp.zeros_like, params), zero_sums), micro_batches)
+    return grads, sums
+
+
+def apply_grads(state: TrainState, grads, optimizer: optax.GradientTransformation) -> TrainState:
+    """One optimizer update of `state.params` with `grads`; the step count advances."""
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state)
+
+
 def draw_shift(key: jax.Array, cfg: TrainConfig) -> jax.Array:
     """Flash-noisy lag j ~ U{1, ..., gamma - 1} as an int32 array; 0 (no lag) when flash noisy training is off."""
     if not cfg.loss.flash_noisy:
@@ -89,25 +112,15 @@ def make_train_step(config: ModelConfig, cfg: TrainConfig, vocab_ids=None, optim
         # The normaliser is known before any forward: sum over micro-batches of next-token weights.
         total_w = jnp.maximum(jnp.sum(batch["loss_mask"][:, :, 1:]), 1.0)
 
-        def micro_step(carry, xs):
-            grads_acc, sums_acc = carry
+        def loss_fn(p, xs):
             micro, k = xs
             shift = draw_shift(k, cfg)
+            sums = micro_losses(p, target_params, config, cfg, micro, shift, vocab_ids)
+            return _objective(sums, cfg, total_w), {**sums, "shift": shift.astype(jnp.float32)}
 
-            def f(p):
-                sums = micro_losses(p, target_params, config, cfg, micro, shift, vocab_ids)
-                return _objective(sums, cfg, total_w), sums
-
-            (_, sums), grads = jax.value_and_grad(f, has_aux=True)(state.params)
-            grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
-            sums = {**sums, "shift": shift.astype(jnp.float32)}
-            return (grads_acc, jax.tree.map(jnp.add, sums_acc, sums)), None
-
-        zeros_g = jax.tree.map(jnp.zeros_like, state.params)
         zeros_s = {k: jnp.zeros((), jnp.float32) for k in ("ce", "distill", "correct", "weight", "shift")}
-        (grads, sums), _ = jax.lax.scan(micro_step, (zeros_g, zeros_s), (batch, keys))
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        grads, sums = accumulate_grads(loss_fn, state.params, (batch, keys), zeros_s)
+        new_state = apply_grads(state, grads, optimizer)
         w = jnp.maximum(sums["weight"], 1.0)
         metrics = {
             "loss": _objective(sums, cfg, total_w),
@@ -119,7 +132,7 @@ def make_train_step(config: ModelConfig, cfg: TrainConfig, vocab_ids=None, optim
             "lr": schedule(state.step),
             "shift": sums["shift"] / A,
         }
-        return TrainState(state.step + 1, params, opt_state), metrics
+        return new_state, metrics
 
     return step
 

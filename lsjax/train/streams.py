@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from pathlib import Path
 
 import jax
@@ -35,6 +34,7 @@ from lsjax.config import ConfigError, ModelConfig, _check, _positive_int
 from lsjax.models import streams as ss
 from lsjax.models import target as target_lib
 from lsjax.train.config import CheckpointConfig, LogConfig, OptimConfig, TargetConfig
+from lsjax.train.inputs import epoch_order
 
 LABELS = ("target", "data")
 
@@ -201,7 +201,7 @@ def make_train_step(config: ModelConfig, cfg: StreamsTrainConfig, optimizer):
     only (the target is an argument, never differentiated), summed over the A micro-batches."""
     import optax
 
-    from lsjax.train.step import TrainState
+    from lsjax.train.step import apply_grads
 
     def sums_of(params, target_params, batch, key):
         A = batch["tokens"].shape[0]
@@ -223,11 +223,11 @@ def make_train_step(config: ModelConfig, cfg: StreamsTrainConfig, optimizer):
         return _objective(sums, cfg), sums
 
     def step(state, target_params, batch, key):
+        # One gradient of the whole step's objective: each stream's loss is normalised by its weight over every
+        # micro-batch, which the forward computes.
         (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, target_params, batch, key)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
         metrics = {"loss": loss, "grad_norm": optax.global_norm(grads)} | summarize(sums, cfg)
-        return TrainState(state.step + 1, params, opt_state), metrics
+        return apply_grads(state, grads, optimizer), metrics
 
     return step
 
@@ -269,7 +269,13 @@ class Batches:
         self.cfg, self.position = cfg, 0
 
     def _order(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.cfg.seed, epoch]).permutation(self.n)
+        return epoch_order(self.cfg.seed, epoch, self.n)
+
+    def get_state(self) -> dict:
+        return {"position": self.position}
+
+    def set_state(self, state: dict) -> None:
+        self.position = int(state["position"])
 
     def next(self) -> dict:
         idx = []
@@ -290,77 +296,51 @@ class Batches:
 
 
 def fit_streams(
-    cfg: StreamsTrainConfig, *, resume: bool = False, log=print, stop_after: int | None = None, target=None
+    cfg: StreamsTrainConfig,
+    *,
+    resume: bool = False,
+    log=print,
+    stop_after: int | None = None,
+    progress: bool | None = None,
+    config_dict: dict | None = None,
+    target=None,
 ) -> dict:
-    """Runs (or resumes) a stream-training run; writes metrics.jsonl, checkpoints/ and, at the end, the
-    exported stream checkpoint in <run_dir>/export. `target` = (config, params) replaces `cfg.target`
-    (tests: a tiny target with peaky logits)."""
+    """Runs (or resumes) a stream-training run (`lsjax.train.runner.run_steps`: metrics.jsonl, checkpoints/)
+    and, at the end, exports the stream checkpoint to <run_dir>/export. `target` = (config, params) replaces
+    `cfg.target` (tests: a tiny target with peaky logits)."""
     from lsjax.drafters.streams import save_streams
-    from lsjax.train.checkpoint import Checkpointer
-    from lsjax.train.loop import load_target
+    from lsjax.train.inputs import load_target
+    from lsjax.train.runner import prepare_run_dir, run_steps
     from lsjax.train.step import init_state, make_optimizer
 
-    run_dir = Path(cfg.resolved_run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = prepare_run_dir(cfg, config_dict)
     config, target_params, _ = target if target is not None else load_target(cfg)
     data = Batches(cfg, config)
     log(f"data: {data.n} sequences x {cfg.data.seq_len} tokens from {data.describe()}")
     params = ss.init_params(config, cfg.streams, jax.random.PRNGKey(cfg.seed))
     log(f"streams: {ss.num_params(config, cfg.streams)} trained parameters (the target's {config.num_params()})")
     optimizer = make_optimizer(cfg.optim)
-    state = init_state(params, optimizer)
-    rng = jax.random.PRNGKey(cfg.seed)
-    ckpt = Checkpointer(run_dir / "checkpoints", keep=cfg.checkpoint.keep)
-    metrics_file = run_dir / "metrics.jsonl"
-    start = 0
-    if resume and ckpt.latest_step() is not None:
-        state, rng, data_state, _ = ckpt.restore(state, rng)
-        data.position = int(data_state["position"])
-        start = int(state.step)
-        lines = metrics_file.read_text().splitlines() if metrics_file.exists() else []
-        metrics_file.write_text("".join(x + "\n" for x in lines if x.strip() and json.loads(x)["step"] <= start))
-        log(f"resumed from step {start}")
-    else:
-        metrics_file.write_text("")
-    step_fn = jax.jit(make_train_step(config, cfg, optimizer), donate_argnums=(0,))
-    total = cfg.num_steps if stop_after is None else min(cfg.num_steps, stop_after)
-    losses, t_start = [], time.perf_counter()
-    try:
-        for step in range(start, total):
-            batch = data.next()
-            t0 = time.perf_counter()
-            state, metrics = step_fn(state, target_params, batch, jax.random.fold_in(rng, step))
-            metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-            if not np.isfinite(metrics["loss"]):
-                from lsjax.train.loop import TrainingDiverged
-
-                raise TrainingDiverged(f"non-finite loss ({metrics['loss']}) at step {step + 1}")
-            record = {"step": step + 1, **metrics, "step_s": time.perf_counter() - t0}
-            losses.append(metrics["loss"])
-            if (step + 1) % cfg.log.every == 0 or step + 1 == total:
-                with metrics_file.open("a") as f:
-                    f.write(json.dumps(record) + "\n")
-                log(
-                    f"step {step + 1}: loss {metrics['loss']:.3f} acc_1 {metrics['acc_1']:.3f} "
-                    f"exit_acc {metrics['exit_acc']:.3f} ({record['step_s']:.1f}s)"
-                )
-            if (step + 1) % cfg.checkpoint.every == 0 or step + 1 == cfg.num_steps:
-                ckpt.save(step + 1, state, rng, {"position": data.position}, {"step": step + 1})
-    finally:
-        ckpt.close()
-    exported = None
+    d = cfg.data
+    out = run_steps(
+        cfg,
+        init_state(params, optimizer),
+        make_train_step(config, cfg, optimizer),
+        target_params,
+        data,
+        jax.random.PRNGKey(cfg.seed),
+        run_dir=run_dir,
+        log=log,
+        resume=resume,
+        stop_after=stop_after,
+        progress=progress,
+        config_dict=config_dict,
+        tokens_per_step=d.batch_size * d.grad_accum * d.positions * cfg.streams.num_streams,
+    )
+    out["export"] = None
     if stop_after is None:
-        meta = {"target": config.name, "trained_steps": total, **({"tree": cfg.tree} if cfg.tree else {})}
-        exported = save_streams(run_dir / "export", jax.device_get(state.params), cfg.streams, meta)
-    return {
-        "run_dir": str(run_dir),
-        "steps": total,
-        "start": start,
-        "losses": losses,
-        "wall_s": time.perf_counter() - t_start,
-        "state": state,
-        "export": str(exported) if exported else None,
-    }
+        meta = {"target": config.name, "trained_steps": out["steps"], **({"tree": cfg.tree} if cfg.tree else {})}
+        out["export"] = str(save_streams(run_dir / "export", jax.device_get(out["state"].params), cfg.streams, meta))
+    return out
 
 
 def export_streams(cfg: StreamsTrainConfig, out_dir, config: ModelConfig | None = None) -> Path:

@@ -1,0 +1,98 @@
+"""What a training step reads: the frozen target, and batches whose position can be checkpointed.
+
+    config, target_params, tokenizer = load_target(cfg)
+    seqs, mask, extra = shared_feature_inputs(cfg, log)        # a set of the shared target-feature cache
+    data = GrainBatches(iter(lsjax.data.batches(seqs, mask, cfg, ..., extra=extra).to_iter_dataset()))
+
+Every trainer hands the shared step loop (`lsjax.train.runner.run_steps`) a `Batches`: `next()` is one
+optimizer step's batch (every field [A, B, ...] for A = data.grad_accum micro-batches of B sequences) and
+`get_state()` / `set_state()` its position as JSON, checkpointed with the params so a resumed run reads the
+same batches. The LongSpec, block and local-head trainers read `lsjax.data`'s grain pipeline (`GrainBatches`);
+the TokenSwift-heads and streams trainers read feature-cache rows in seeded epochs (`epoch_order`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lsjax.config import ConfigError, ModelConfig
+
+
+class Batches(Protocol):
+    def next(self) -> dict: ...
+
+    def get_state(self) -> dict: ...
+
+    def set_state(self, state: dict) -> None: ...
+
+
+class GrainBatches:
+    """A grain iterator over `lsjax.data.batches` as `Batches` (its bookkeeping field "index" dropped)."""
+
+    def __init__(self, iterator):
+        self.iterator = iterator
+
+    def next(self) -> dict:
+        return {k: v for k, v in next(self.iterator).items() if k != "index"}
+
+    def get_state(self) -> dict:
+        return self.iterator.get_state()
+
+    def set_state(self, state: dict) -> None:
+        self.iterator.set_state(state)
+
+
+def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
+    """The order in which epoch `epoch` visits n sequences (seeded, so a resumed run sees the same order)."""
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def load_target(cfg):
+    """(model config, params, tokenizer or None) for the run's frozen target (`cfg.target`, any trainer's)."""
+    from lsjax.config import load_yaml
+    from lsjax.models import target as target_lib
+
+    t = cfg.target
+    if t.random_init:
+        mc = t.model if t.model is not None else load_yaml(ModelConfig, t.preset)
+        mc = dataclasses.replace(mc, dtype=t.dtype)
+        return mc, target_lib.init_params(mc, jax.random.PRNGKey(cfg.seed + 7919)), None
+    from lsjax.loading import load_model
+
+    loaded = load_model(t.path or None, dtype=t.dtype)
+    return loaded.config, jax.tree.map(jnp.asarray, loaded.params), loaded.tokenizer
+
+
+def eos_id(config: ModelConfig) -> int:
+    return config.eos_token_ids[0] if config.eos_token_ids else config.pad_token_id
+
+
+def shared_feature_inputs(cfg, log=print):
+    """(tokens, loss_mask, extra) from the sets `features.set` of the shared target-feature cache, for a
+    TrainConfig (LongSpec or block). `extra` holds lazy views of the target's last-layer keys (pre-RoPE: the
+    loss ropes them at the batch's positions, so anchor offsets may change every epoch), values and argmax,
+    and with `loss.distill: kl` its final hidden states."""
+    from lsjax.data import describe
+    from lsjax.train import feature_cache as fcm
+
+    fc = fcm.FeatureSets.open(cfg.features.set, cfg.data.max_sequences)
+    if fc.seq_len != cfg.data.seq_len:
+        raise ConfigError(f"data.seq_len: must equal the feature set's length {fc.seq_len}, got {cfg.data.seq_len}")
+    n = fc.num_sequences
+    if n < cfg.data.batch_size:
+        raise ConfigError(f"features.set: {cfg.features.set} has {n} complete sequences, fewer than data.batch_size")
+    seqs, mask = fc.tokens, fc.loss_mask
+    extra = {
+        "target_k_raw": fcm.FieldView(fc, "k", n),
+        "target_v": fcm.FieldView(fc, "v", n),
+        "target_argmax": fcm.FieldView(fc, "topk_ids", n, first_only=True),
+    }
+    if cfg.loss.distill == "kl":
+        extra["target_hidden"] = fcm.FieldView(fc, "hidden", n)
+    log(f"data: {describe(seqs, mask)} from feature sets {fc.describe()} (complete/total sequences)")
+    return seqs, mask, extra
