@@ -1,7 +1,7 @@
 """Train a draft: python train.py --config configs/train/X.yaml [--set a.b=value ...] [--resume]
 
-A LongSpec draft by default; Speculative Streaming's streams for a config with a `streams:` section;
-TokenSwift's heads for a config with `kind: tokenswift-heads`."""
+The config's `kind:` names the trainer (`lsjax.train.kinds`): longspec (the LongSpec draft; the default when
+the config names no kind), block, local_head, tokenswift-heads or streams."""
 
 from __future__ import annotations
 
@@ -17,131 +17,98 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", required=True, help="a configs/train/*.yaml file")
     p.add_argument("--set", action="append", default=[], metavar="a.b=value", help="override a config field")
     p.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
-    p.add_argument("--no-progress", action="store_true", help="no tqdm bar (logs only)")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm bar (one log line per logged step)")
     p.add_argument(
         "--export",
         metavar="DIR",
-        help="do not train: write the run's latest checkpoint as a decode.py draft (params.npz + draft.json)",
+        help="do not train: write the run's latest checkpoint as the directory decode.py loads",
     )
-    p.add_argument("--tree", help="with --export: the tree preset or widths decode.py uses for this draft by default")
+    p.add_argument(
+        "--tree", help="kind longspec, with --export: the tree preset or widths decode.py uses for this draft"
+    )
     args = p.parse_args(argv)
 
     from lsjax.config import ConfigError, apply_overrides, from_dict, to_dict
-    from lsjax.errors import LsjaxError
-    from lsjax.train.config import TrainConfig
+    from lsjax.train import kinds
 
     try:
         with open(args.config) as f:
             raw = yaml.safe_load(f) or {}
-        if isinstance(raw, dict) and "streams" in raw:  # Speculative Streaming: its own trainer
-            from lsjax.train.streams import cli
-
-            return cli(raw, args)
         raw = apply_overrides(raw, args.set)
-        if (
-            isinstance(raw, dict) and raw.get("kind") == "tokenswift-heads"
-        ):  # TokenSwift's heads, from the shared feature cache
-            return heads(raw, args)
-        cfg = from_dict(TrainConfig, raw)
+        kind = kinds.get(kinds.kind_of(raw))
+        cfg = from_dict(kind.config_class, raw)
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except (ConfigError, yaml.YAMLError, TypeError) as e:
         print(f"error: config {args.config}: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
-
-    if args.export:
-        return export(cfg, args.export, args.config, args.tree)
-
-    from lsjax.train.loop import TrainingDiverged, fit
-
-    try:
-        out = fit(cfg, resume=args.resume, progress=not args.no_progress, config_dict=to_dict(cfg))
-    except TrainingDiverged as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 3
-    except LsjaxError as e:  # a bad config field, a missing or corrupt target checkpoint
-        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
-    final = out["final"]
-    print(
-        json.dumps(
-            {
-                "run_dir": out["run_dir"],
-                "steps": out["steps"],
-                "loss": final.get("loss"),
-                "tokens_per_s": round(out["tokens_per_s"], 1),
-                "wall_s": round(out["wall_s"], 1),
-                "last_checkpoint": out["last_checkpoint"],
-            }
-        )
-    )
-    return 0
-
-
-def heads(raw: dict, args) -> int:
-    """`kind: tokenswift-heads` configs: train (or --export) TokenSwift's multi-token heads."""
-    from lsjax.config import ConfigError, from_dict, to_dict
-    from lsjax.errors import LsjaxError
-    from lsjax.train.heads import HeadsTrainConfig, export_heads, fit_heads
-    from lsjax.train.loop import TrainingDiverged
-
-    try:
-        cfg = from_dict(HeadsTrainConfig, raw)
-    except (ConfigError, TypeError) as e:
-        print(f"error: config {args.config}: {str(e).splitlines()[0]}", file=sys.stderr)
+    if (bad := _inapplicable_flag(args, kind)) is not None:
+        print(f"error: {bad}", file=sys.stderr)
         return 2
     if args.export:
-        try:
-            export_heads(cfg, args.export)
-        except (LsjaxError, FileNotFoundError, ValueError) as e:
-            print(
-                f"error: no checkpoint to export in {cfg.resolved_run_dir}: {str(e).splitlines()[0]}", file=sys.stderr
-            )
-            return 2
-        print(json.dumps({"exported": args.export, "from": cfg.resolved_run_dir}))
-        return 0
-    try:
-        out = fit_heads(cfg, resume=args.resume, config_dict=to_dict(cfg))
-    except TrainingDiverged as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 3
-    except (LsjaxError, FileNotFoundError, ImportError, ValueError) as e:
-        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
-    final = out["final"]
-    print(
-        json.dumps(
-            {
-                "run_dir": out["run_dir"],
-                "steps": out["steps"],
-                "loss": final.get("loss"),
-                "wall_s": round(out["wall_s"], 1),
-            }
-        )
-    )
-    return 0
+        return export(kind, cfg, args)
+    return fit(kind, cfg, to_dict(cfg), progress=not args.no_progress, resume=args.resume)
 
 
-def export(cfg, out_dir: str, config_path: str, tree: str | None = None) -> int:
-    """Latest checkpoint of the run -> a draft directory `decode.py --draft DIR` (or the shipped one) loads."""
+def _inapplicable_flag(args, kind) -> str | None:
+    """Why a given option does not apply to this kind (None when they all do)."""
+    if args.tree is None:
+        return None
+    if "tree" not in kind.flags:
+        from lsjax.train import kinds
+
+        takers = ", ".join(name for name in kinds.names() if "tree" in kinds.get(name).flags)
+        return f"--tree: does not apply to kind {kind.name} (only to {takers})"
+    if not args.export:
+        return "--tree: only with --export (the tree stored with the exported draft)"
     from lsjax.config import ConfigError
-    from lsjax.errors import LsjaxError
-    from lsjax.train.export import export_run
     from lsjax.tree import parse_tree
+
+    try:
+        parse_tree(args.tree)
+    except ConfigError as e:
+        return f"--tree: {str(e).splitlines()[0]}"
+    return None
+
+
+def fit(kind, cfg, config_dict: dict, *, progress: bool, resume: bool) -> int:
+    from lsjax.errors import LsjaxError
+    from lsjax.train.runner import TrainingDiverged
+
+    try:
+        out = kind.fit(cfg, resume=resume, progress=progress, config_dict=config_dict)
+    except TrainingDiverged as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    except (LsjaxError, FileNotFoundError, ImportError, ValueError) as e:  # a bad field, a missing set or target
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    summary = {
+        "run_dir": out["run_dir"],
+        "steps": out["steps"],
+        "loss": out["final"].get("loss"),
+        "tokens_per_s": round(out["tokens_per_s"], 1),
+        "wall_s": round(out["wall_s"], 1),
+        "last_checkpoint": out["last_checkpoint"],
+    }
+    if "export" in out:  # a kind that exports at the end of its run
+        summary["export"] = out["export"]
+    print(json.dumps(summary))
+    return 0
+
+
+def export(kind, cfg, args) -> int:
+    """The run's latest checkpoint -> the directory `decode.py` (or the shipped drafts) loads."""
+    from lsjax.errors import LsjaxError
 
     run_dir = cfg.resolved_run_dir
     try:
-        tree_cfg = parse_tree(tree) if tree else None
-    except ConfigError as e:
-        print(f"error: --tree: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
-    try:
-        params = export_run(cfg, out_dir, extra={"train_config": config_path}, tree=tree_cfg)
+        info = kind.export(cfg, args.export, config_path=args.config, tree=args.tree)
     except (LsjaxError, FileNotFoundError, ValueError) as e:
         print(f"error: no checkpoint to export in {run_dir}: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
-    print(json.dumps({"exported": out_dir, "from": run_dir, "tensors": len(params)}))
+    print(json.dumps({"exported": args.export, "from": run_dir, **info}))
     return 0
 
 

@@ -4,7 +4,7 @@ out = fit(train_cfg)            # what `python train.py --config configs/train/X
 
 The step loop (resume, checkpoints, logs, plots) is the one every trainer shares (`lsjax.train.runner`); the
 frozen target and the batch readers come from `lsjax.train.inputs`. Configs of another kind (block,
-local_head) are handed to their own trainer.
+local_head) are handed to their own trainer (`lsjax.train.kinds`).
 """
 
 from __future__ import annotations
@@ -45,14 +45,10 @@ def fit(
     loss.
     """
     if cfg.kind != "longspec":  # DeLS-Spec's parts have their own data and losses
+        from lsjax.train.kinds import get
+
         opts = {"resume": resume, "stop_after": stop_after, "log": log, "progress": progress}
-        if cfg.kind == "local_head":
-            from lsjax.train.local_head import fit_local_head
-
-            return fit_local_head(cfg, config_dict=config_dict, **opts)
-        from lsjax.train.block import fit_block
-
-        return fit_block(cfg, config_dict=config_dict, **opts)
+        return get(cfg.kind).fit(cfg, config_dict=config_dict, **opts)
 
     from lsjax import data as data_lib
     from lsjax import sharding

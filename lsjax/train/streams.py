@@ -23,7 +23,6 @@ resumes exactly (orbax: params, optimizer, step, RNG, data position) and exports
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import jax
@@ -37,6 +36,7 @@ from lsjax.train.config import CheckpointConfig, LogConfig, OptimConfig, TargetC
 from lsjax.train.inputs import epoch_order
 
 LABELS = ("target", "data")
+KIND = "streams"  # the config's `kind:` (`lsjax.train.kinds`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +71,7 @@ class StreamsLossConfig:
 
 @dataclasses.dataclass(frozen=True)
 class StreamsTrainConfig:
+    kind: str = KIND
     name: str = "streams"
     run_dir: str = ""  # "" = runs/<name>
     seed: int = 0
@@ -85,6 +86,7 @@ class StreamsTrainConfig:
     tree: str = ""  # the decode tree stored with the export ("" = the drafter's default)
 
     def __post_init__(self):
+        _check(self.kind == KIND, "kind", f"must be {KIND!r}, got {self.kind!r}")
         _check(bool(self.name) and "/" not in self.name, "name", f"must be a name without '/', got {self.name!r}")
         _check(
             0 <= self.steps <= self.optim.total_steps, "steps", f"must be in [0, optim.total_steps], got {self.steps}"
@@ -353,32 +355,3 @@ def export_streams(cfg: StreamsTrainConfig, out_dir, config: ModelConfig | None 
     if config is not None:
         meta["target"] = config.name
     return save_streams(out_dir, params, cfg.streams, meta)
-
-
-def cli(raw: dict, args) -> int:
-    """`train.py --config X.yaml` for a config with a `streams:` section (exit status 2 on a bad input)."""
-    import sys
-
-    from lsjax.config import apply_overrides, from_dict
-    from lsjax.errors import LsjaxError
-
-    try:
-        cfg = from_dict(StreamsTrainConfig, apply_overrides(raw, args.set))
-    except (ConfigError, TypeError) as e:
-        print(f"error: config {args.config}: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
-    try:
-        if args.export:
-            out = export_streams(cfg, args.export)
-            print(json.dumps({"exported": str(out), "from": cfg.resolved_run_dir}))
-            return 0
-        out = fit_streams(cfg, resume=args.resume)
-    except (LsjaxError, FileNotFoundError) as e:
-        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
-    print(
-        json.dumps(
-            {k: out[k] for k in ("run_dir", "steps", "export")} | {"loss": out["losses"][-1] if out["losses"] else None}
-        )
-    )
-    return 0
