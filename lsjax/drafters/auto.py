@@ -54,11 +54,19 @@ import numpy as np
 
 from lsjax.config import ConfigError
 from lsjax.drafters import registry
-from lsjax.drafters.base import ARDrafter, DraftContext, Drafter, Verdict
-from lsjax.drafters.hybrid import HybridDrafter
+from lsjax.drafters.auto_candidates import (
+    Candidate,
+    CandidateStep,
+    candidates_of,
+    families_of,
+    members_of,
+    prior_rates,
+    sub_context,
+)
+from lsjax.drafters.base import DraftContext, Drafter, Verdict
 from lsjax.drafters.longspec import LongSpecDrafter
 from lsjax.drafters.pld import History, PLDDrafter, find_continuation
-from lsjax.tree import Tree, TreeConfig, root_only
+from lsjax.tree import Tree, TreeConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,27 +99,6 @@ class AutoPolicy:
             raise ConfigError(f"auto.budget: must be a float in (0, 1], got {self.budget!r}")
         if not (isinstance(self.initial_slack, (int, float)) and self.initial_slack >= 0):
             raise ConfigError(f"auto.initial_slack: must be a float >= 0 (AR steps), got {self.initial_slack!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-    name: str
-    kind: str  # "ar" | "pld" | "ls" | "hybrid"
-    drafter: Drafter
-    family: int  # row of the acceptance statistics (pld: the 1-gram family; + n - 1 for an n-gram match)
-    group: int  # probe group (-1: AR, never probed)
-
-
-# Prior per-depth rates P(node d accepted | node d - 1 accepted), greedy and sampled (T > 0). Deliberately
-# modest: the first steps of a run lean towards AR, the data decide within a few steps.
-PRIORS = {
-    "pld1": ((0.25, 0.55, 0.65, 0.7), (0.15, 0.45, 0.55, 0.6)),
-    "pld2": ((0.4, 0.65, 0.75, 0.8), (0.25, 0.5, 0.6, 0.65)),
-    "pld3": ((0.55, 0.75, 0.8, 0.85), (0.35, 0.6, 0.65, 0.7)),
-    "ls-chain": ((0.4, 0.5, 0.5, 0.5), (0.3, 0.4, 0.4, 0.4)),
-    "ls-tree": ((0.5, 0.5, 0.5, 0.5), (0.4, 0.4, 0.4, 0.4)),
-    "hybrid": ((0.55, 0.65, 0.7, 0.75), (0.4, 0.5, 0.55, 0.6)),
-}
 
 
 @jax.tree_util.register_dataclass
@@ -160,11 +147,11 @@ class AutoDrafter(Drafter):
 
     @property
     def candidates(self) -> tuple[Candidate, ...]:
-        return _candidates(self)
+        return candidates_of(self)
 
     @property
     def families(self) -> tuple[str, ...]:
-        return _families(self)
+        return families_of(self)
 
     @property
     def max_depth(self) -> int:
@@ -179,7 +166,7 @@ class AutoDrafter(Drafter):
         return TreeConfig((1,) * self.max_depth)
 
     def step_variants(self) -> tuple[Drafter, ...]:
-        return tuple(_Step(self, i) for i in range(len(self.candidates)))
+        return tuple(CandidateStep(self, i) for i in range(len(self.candidates)))
 
     def _costs(self, ctx: DraftContext) -> jax.Array:
         """The per-candidate costs in the draft params; the built-in prior when none were given (`()`)."""
@@ -196,11 +183,11 @@ class AutoDrafter(Drafter):
 
     def init(self, ctx: DraftContext, state) -> AutoState:
         pld = self._pld(max(self.pld_tokens)).init(ctx, state)
-        ring = self.longspec.init(_sub(ctx), state) if self.longspec is not None else ()
+        ring = self.longspec.init(sub_context(ctx), state) if self.longspec is not None else ()
         return AutoState(pld, ring, self.init_policy(ctx.sampling.greedy or not ctx.sampling.sample_drafts))
 
     def init_policy(self, greedy: bool = True) -> PolicyState:
-        prior = np.asarray([_prior(f, self.max_depth, greedy) for f in self.families], np.float32)
+        prior = np.asarray([prior_rates(f, self.max_depth, greedy) for f in self.families], np.float32)
         w = self.policy.prior_weight
         G = 1 + max(c.group for c in self.candidates)
         # Staggered first probes, so no two families are explored in the same stretch of steps.
@@ -287,12 +274,12 @@ class AutoDrafter(Drafter):
         ok = self.affordable(pol, costs)
         score = jnp.where(ok, self._scores(costs, pol, n, avail, active), -jnp.inf)
         greedy = jnp.argmax(score).astype(jnp.int32)
-        if not _members(self).shape[0]:  # nothing to probe (AR and prompt lookup only)
+        if not members_of(self).shape[0]:  # nothing to probe (AR and prompt lookup only)
             return jnp.where(pol.force >= 0, pol.force, greedy).astype(jnp.int32)
         hopeful = self._scores(costs, pol, n, avail, active, self.policy.optimism)
         # Each group's most hopeful member is its probe: it could beat the greedy choice if its rates sit at the
         # top of their confidence range.
-        members = jnp.asarray(_members(self))  # [G, C]
+        members = jnp.asarray(members_of(self))  # [G, C]
         reps = jnp.argmax(jnp.where(members, hopeful[None], -jnp.inf), axis=1).astype(jnp.int32)
         # Due is enough: gating on the (stale) estimates would never re-check a family after the text changes.
         probe = (steps >= pol.due) & jnp.isfinite(score[reps]) & (reps != greedy)  # score is -inf if unaffordable
@@ -304,7 +291,7 @@ class AutoDrafter(Drafter):
         a chain, `verdict.extras` the candidate's index): every sub-drafter sees the committed tokens, the
         candidate that ran updates its family's rates, and prompt lookup learns from the committed tokens."""
         pld = self._pld(max(self.pld_tokens)).update(ctx, state, ds.pld, verdict)
-        ring = self.longspec.update(_sub(ctx), state, ds.ring, verdict) if self.longspec is not None else ()
+        ring = self.longspec.update(sub_context(ctx), state, ds.ring, verdict) if self.longspec is not None else ()
         n, start, avail = self._match(ds.pld)  # the match the step was chosen and drafted with (old history)
         costs = self._costs(ctx)
         active = verdict.count > 0
@@ -381,97 +368,12 @@ class AutoDrafter(Drafter):
             return pol
         # Back off probing a group the new estimates still rank below the rest; probe it again soon if it wins.
         score = self._scores(costs, pol, n, avail, active.astype(jnp.float32))
-        mine = np.asarray(_members(self)[c.group])
+        mine = np.asarray(members_of(self)[c.group])
         worse = jnp.max(jnp.where(mine, score, -jnp.inf)) < jnp.max(jnp.where(mine, -jnp.inf, score))
         iv = jnp.where(worse, jnp.minimum(2 * pol.interval[c.group], self.policy.probe_max), self.policy.probe_min)
         return dataclasses.replace(
             pol, interval=pol.interval.at[c.group].set(iv), due=pol.due.at[c.group].set(steps + iv)
         )
-
-
-@dataclasses.dataclass(frozen=True)
-class _Step(Drafter):
-    """Candidate `index` of `auto` as a fixed-shape drafter over the shared AutoState."""
-
-    auto: AutoDrafter
-    index: int
-
-    name = "auto"
-
-    @property
-    def _c(self) -> Candidate:
-        return self.auto.candidates[self.index]
-
-    @property
-    def tree(self) -> TreeConfig:
-        return self._c.drafter.tree
-
-    @property
-    def max_depth(self) -> int:
-        return self._c.drafter.max_depth
-
-    @property
-    def num_nodes(self) -> int:
-        return self._c.drafter.num_nodes
-
-    def propose(self, ctx: DraftContext, state, draft_state: AutoState, key) -> Tree:
-        c = self._c
-        if c.kind == "ar":
-            return root_only(state.root)
-        if c.kind == "pld":
-            return c.drafter.propose(ctx, state, draft_state.pld, key)
-        if c.kind == "ls":
-            return c.drafter.propose(_sub(ctx), state, draft_state.ring, key)
-        return c.drafter.propose(_sub(ctx), state, (draft_state.pld, draft_state.ring), key)
-
-
-def _sub(ctx: DraftContext) -> DraftContext:
-    """The context the LongSpec sub-drafters see: their own params, not auto's {"longspec", "costs"} dict."""
-    dp = ctx.draft_params
-    return dataclasses.replace(ctx, draft_params=dp.get("longspec") if isinstance(dp, dict) else None)
-
-
-def _prior(family: str, depth: int, greedy: bool) -> list[float]:
-    rates = PRIORS[family][0 if greedy else 1]
-    return [rates[min(d, len(rates) - 1)] for d in range(depth)]
-
-
-@functools.cache
-def _families(auto: AutoDrafter) -> tuple[str, ...]:
-    out = [f"pld{min(n, 3)}" for n in range(1, auto.pld_ngram + 1)]
-    if auto.longspec is not None:
-        out += ["ls-chain", "ls-tree"] + (["hybrid"] if auto.hybrid_pld else [])
-    return tuple(out)
-
-
-@functools.cache
-def _candidates(auto: AutoDrafter) -> tuple[Candidate, ...]:
-    fams = _families(auto)
-    out = [Candidate("ar", "ar", ARDrafter(), -1, -1)]
-    # Prompt lookup learns from every step for free (`AutoDrafter.shadow`): never probed.
-    out += [Candidate(f"pld-{k}", "pld", auto._pld(k), 0, -1) for k in sorted(auto.pld_tokens)]
-    ls = auto.longspec
-    if ls is not None:
-        groups = 0  # probe groups, numbered densely in order
-        if auto.chains:
-            chain = fams.index("ls-chain")
-            for k in sorted(auto.chains):
-                tree = TreeConfig((1,) * k)
-                out.append(Candidate(f"ls-chain{k}", "ls", dataclasses.replace(ls, tree=tree), chain, groups))
-            groups += 1
-        out.append(Candidate("ls-tree", "ls", ls, fams.index("ls-tree"), groups))
-        groups += 1
-        if auto.hybrid_pld:
-            hyb = HybridDrafter(ls, auto._pld(auto.hybrid_pld))
-            out.append(Candidate("hybrid", "hybrid", hyb, fams.index("hybrid"), groups))
-    return tuple(out)
-
-
-@functools.cache
-def _members(auto: AutoDrafter) -> np.ndarray:
-    """[G, C] bool: the candidates of each probe group."""
-    groups = 1 + max(c.group for c in auto.candidates)
-    return np.asarray([[c.group == g for c in auto.candidates] for g in range(groups)])
 
 
 def auto_params(drafter: AutoDrafter, longspec_params=None, costs=None) -> dict:
