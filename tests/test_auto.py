@@ -199,6 +199,20 @@ def test_never_slower_than_ar_by_more_than_the_budget(spec, auto):
         assert over > 0  # the test can fail: unbudgeted exploration loses more than 3% here
 
 
+def test_evidence_is_not_exploration():
+    """With no budget to explore, prompt lookup still runs once its free observations show it pays even at the
+    low end of their confidence range; without that exception it would wait for slack it never earns."""
+    copying = true_rates(FULL, {"pld3": 0.9})
+    strict = AutoPolicy(budget=0.001, initial_slack=0.0)
+    evidence = simulate(dataclasses.replace(FULL, policy=strict), COSTS, [(150, copying)])
+    blind = simulate(
+        dataclasses.replace(FULL, policy=dataclasses.replace(strict, confidence=1e6)), COSTS, [(150, copying)]
+    )
+    is_pld = np.asarray([c.kind == "pld" for c in FULL.candidates])
+    assert np.mean(is_pld[evidence[50:]]) >= 0.85, names(FULL, evidence[:40])
+    assert np.mean(is_pld[blind[50:]]) <= 0.1
+
+
 def test_no_match_never_runs_prompt_lookup():
     chosen = simulate(FULL, COSTS, [(100, true_rates(FULL, {"pld3": 1.0}))], match=0)
     assert not any(FULL.candidates[c].kind in ("pld", "hybrid") for c in chosen)
@@ -209,6 +223,9 @@ def test_config_validation_names_the_field():
         AutoPolicy(decay=1.0)
     with pytest.raises(ConfigError, match="auto.probe_max"):
         AutoPolicy(probe_min=8, probe_max=4)
+    for field, bad in (("budget", 0.0), ("initial_slack", -1.0), ("confidence", "high")):
+        with pytest.raises(ConfigError, match=f"auto.{field}"):
+            AutoPolicy(**{field: bad})
     with pytest.raises(ConfigError, match="auto.pld_tokens"):
         AutoDrafter(pld_tokens=(0,))
 
