@@ -67,7 +67,48 @@ def sample(key: jax.Array, logits: jax.Array, cfg: SamplingConfig, penalized: ja
     """logits [..., V] -> tokens [...] int32 (argmax at temperature 0); `penalized` as in processed_logprobs."""
     if cfg.greedy:
         return jnp.argmax(_penalize(logits.astype(jnp.float32), cfg, penalized), axis=-1).astype(jnp.int32)
-    return jax.random.categorical(key, processed_logprobs(logits, cfg, penalized), axis=-1).astype(jnp.int32)
+    return categorical(key, processed_logprobs(logits, cfg, penalized))
+
+
+def categorical(key: jax.Array, logp: jax.Array) -> jax.Array:
+    """One draw per row from softmax(logp) [..., V] (entries may be -inf): tokens [...] int32."""
+    return draw(key, jnp.exp(logp - jnp.max(logp, axis=-1, keepdims=True)))
+
+
+def draw(key: jax.Array, weights: jax.Array, block: int = 256) -> jax.Array:
+    """One draw per row from the distribution proportional to `weights` [..., V] (>= 0, some > 0):
+    tokens [...] int32. A zero-weight token is never drawn.
+
+    Inverse CDF with one uniform per row, in two levels (which block of `block` tokens, then which token in
+    it). `jax.random.categorical` adds Gumbel noise to every entry: V random numbers and two logs per row,
+    ~2.5 ms per row for SmolLM2's 49K vocabulary on a CPU core, which made every T > 0 step of a tree
+    verification several times dearer than its forward. This costs one sum over the row and two short
+    cumulative sums (~20x cheaper at 11 rows).
+    """
+    return draw_at(jax.random.uniform(key, weights.shape[:-1]), weights, block)
+
+
+def draw_at(u: jax.Array, weights: jax.Array, block: int = 256) -> jax.Array:
+    """`draw` with its uniforms u [...] in [0, 1) given (tests reach the ends of the range with it)."""
+    w = weights.astype(jnp.float32)
+    V = w.shape[-1]
+    nb = -(-V // block)
+    w = jnp.pad(w, [(0, 0)] * (w.ndim - 1) + [(0, nb * block - V)]).reshape(w.shape[:-1] + (nb, block))
+    block_mass = jnp.sum(w, axis=-1)  # [..., nb]
+    upto = jnp.cumsum(block_mass, axis=-1)
+    before = jnp.concatenate([jnp.zeros_like(upto[..., :1]), upto[..., :-1]], axis=-1)
+    x = u * upto[..., -1]
+    # The first block whose cumulative mass exceeds x; rounding (u * total == total) can push the count past
+    # the end, hence the clip to the last block with mass.
+    last_block = nb - 1 - jnp.argmax((block_mass > 0)[..., ::-1], axis=-1)
+    b = jnp.minimum(jnp.sum(upto <= x[..., None], axis=-1), last_block)
+    rest = x - jnp.take_along_axis(before, b[..., None], axis=-1)[..., 0]  # >= 0: before[b] <= x
+    wb = jnp.take_along_axis(w, b[..., None, None], axis=-2)[..., 0, :]  # [..., block]
+    # Counting the cumulative sums <= rest steps over zero weights (their sum equals the previous one).
+    j = jnp.sum(jnp.cumsum(wb, axis=-1) <= rest[..., None], axis=-1)
+    # Rounding can leave `rest` at or past the block's summed mass: take its last token with weight > 0.
+    last = block - 1 - jnp.argmax((wb > 0)[..., ::-1], axis=-1)
+    return (b * block + jnp.minimum(j, last)).astype(jnp.int32)
 
 
 # ---------------------------------------------------------------------------------------- penalty windows

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from lsjax.cache import KVCache
 from lsjax.config import ModelConfig, SamplingConfig
 from lsjax.models import target
-from lsjax.sampling import processed_logprobs, sample
+from lsjax.sampling import categorical, draw, processed_logprobs, sample
 from lsjax.tree import Tree
 
 
@@ -195,7 +195,7 @@ def _accept_sampled(tree: Tree, logits, sampling: SamplingConfig, key, max_depth
             r = jnp.where(rejected[:, None], _normalise(jnp.maximum(r - q_j, 0.0), r), r)
             q_rem = jnp.where(rejected[:, None], q_rem.at[rows, tok].set(0.0), q_rem)
         # Nothing accepted: a draw from the residual, matched against every child (sampled or not).
-        x = jax.random.categorical(jax.random.fold_in(k_d, T), jnp.log(r), axis=-1).astype(jnp.int32)
+        x = draw(jax.random.fold_in(k_d, T), r)
         match = (tree.parents == cur[:, None]) & tree.valid & (tree.tokens == x[:, None]) & (tree.depth == d)
         matched = jnp.any(match, axis=1)
         child = jnp.where(taken, child, jnp.argmax(match, axis=1).astype(jnp.int32))
@@ -206,8 +206,8 @@ def _accept_sampled(tree: Tree, logits, sampling: SamplingConfig, key, max_depth
         path = path.at[:, d].set(jnp.where(found, child, 0))
         alive = found
     # Rows that walked to the deepest level: the bonus is a fresh draw from p there.
-    last = jax.random.categorical(jax.random.fold_in(key, max_depth + 1), _take(logp, cur), axis=-1)
-    bonus = jnp.where(alive, last.astype(jnp.int32), bonus)
+    last = categorical(jax.random.fold_in(key, max_depth + 1), _take(logp, cur))
+    bonus = jnp.where(alive, last, bonus)
     num_accepted = jnp.sum(path[:, 1:] > 0, axis=1).astype(jnp.int32)
     return path, num_accepted, bonus
 

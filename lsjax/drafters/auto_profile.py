@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-FORMAT = 1
+FORMAT = 2  # 2: T > 0 steps got cheaper (lsjax.sampling.draw), so profiles of format 1 overstate them
 STEPS = 4  # forced steps per timing
 REPEATS = 5
 # Verification cost vs nodes (log2 scale), in 1-token forwards; drafting in the same unit.

@@ -49,6 +49,11 @@ class StreamsConfig:
     rank: int = 8  # stream adapters and the early-exit adapter (the paper's R_s = 8)
     stream_mlp: bool = True  # streams also pass through the frozen MLP (False: the adapter alone)
     attend_streams: bool = True  # stream j also attends to streams 1..j of its node (eq. 2)
+    # The stream embeddings and the stream adapters' outputs are multiplied by `gain`. Adam's steps are sized
+    # in parameter units (~lr per step) while the residual they add to is large (SmolLM2's entering layer 26
+    # has RMS ~20): at gain 1 the stream losses of a SmolLM2 run had not moved after 30 steps.
+    # Set it near the residual's RMS at layer L.
+    gain: float = 1.0
 
     def __post_init__(self):
         for f in ("num_streams", "msa_layers", "rank"):
@@ -60,6 +65,11 @@ class StreamsConfig:
             )
         _check(isinstance(self.stream_mlp, bool), "streams.stream_mlp", "must be true or false")
         _check(isinstance(self.attend_streams, bool), "streams.attend_streams", "must be true or false")
+        _check(
+            isinstance(self.gain, (int, float)) and not isinstance(self.gain, bool) and self.gain > 0,
+            "streams.gain",
+            f"must be a number > 0, got {self.gain!r}",
+        )
 
     def first_layer(self, config: ModelConfig) -> int:
         """L = N - N_s: the layer whose input initialises the streams (and feeds early exit)."""
@@ -208,9 +218,9 @@ def msa_attention(
 # ----------------------------------------------------------------------------- the streams
 
 
-def init_streams(stream_params: dict, mid_hidden: jax.Array) -> jax.Array:
+def init_streams(stream_params: dict, mid_hidden: jax.Array, gain: float = 1.0) -> jax.Array:
     """mid_hidden [B, T, D] (the residual entering layer L) -> streams [B, T, S, D] (eq. 4, f_eta = id)."""
-    return mid_hidden[:, :, None, :] + stream_params["stream_embed"].astype(mid_hidden.dtype)
+    return mid_hidden[:, :, None, :] + gain * stream_params["stream_embed"].astype(mid_hidden.dtype)
 
 
 def stream_hidden(
@@ -234,7 +244,7 @@ def stream_hidden(
     eps = config.rms_norm_eps
     cos, sin = rope_angles(positions, inverse_frequencies(config))
     cos, sin = cos[:, :, None], sin[:, :, None]  # one position per node, shared by its streams
-    s = init_streams(stream_params, mid_hidden)
+    s = init_streams(stream_params, mid_hidden, scfg.gain)
     for i in range(L, config.num_layers):
         a = i - L
         layer = _layer(target_params, i)
@@ -243,7 +253,7 @@ def stream_hidden(
         s = s + _out_proj(layer, o)
         h = rms_norm(s, layer["mlp_norm"], eps)
         down = rms_norm(s, stream_params["adapter_norm"][a], eps) @ stream_params["adapter_down"][a]
-        delta = jax.nn.silu(down) @ stream_params["adapter_up"][a]
+        delta = scfg.gain * (jax.nn.silu(down) @ stream_params["adapter_up"][a])
         s = s + delta + (_mlp(layer, config, h) if scfg.stream_mlp else 0.0)
     return s
 

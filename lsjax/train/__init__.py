@@ -5,7 +5,8 @@
     config.py     TrainConfig and its sections (target, data, positions, loss, optim, checkpoint, features, log)
     inputs.py     the frozen target, the batch readers every trainer hands the loop (resumable position)
     features.py   the frozen target's features: live in the step, or cached once on disk (npy memmaps)
-    feature_cache.py  the target-feature cache shared by several trainers (sets of shards)
+    feature_cache.py  the target-feature cache shared by several trainers: the build pass and its CLI
+    feature_sets.py   reading it (one set, several sets as one, one field lazily)
     losses.py     chunked LM-head cross-entropy and distillation; one micro-batch's loss sums
     step.py       the optimizer (optax AdamW, warmup-cosine, clipping), gradient accumulation over
                   micro-batches and the update every trainer's step ends with; the LongSpec draft's step

@@ -114,7 +114,7 @@ def features_root(cfg: FeatureDataConfig) -> Path:
 
 def open_feature_set(directory: Path):
     """The shared cache reader (`lsjax.train.feature_cache`); tests pass their own opener."""
-    from lsjax.train.feature_cache import FeatureCache
+    from lsjax.train.feature_sets import FeatureCache
 
     # A set grows across sessions (its build resumes); training reads the shards finished so far, as the
     # LongSpec and block trainers do.

@@ -78,7 +78,7 @@ def shared_feature_inputs(cfg, log=print):
     loss ropes them at the batch's positions, so anchor offsets may change every epoch), values and argmax,
     and with `loss.distill: kl` its final hidden states."""
     from lsjax.data import describe
-    from lsjax.train import feature_cache as fcm
+    from lsjax.train import feature_sets as fcm
 
     fc = fcm.FeatureSets.open(cfg.features.set, cfg.data.max_sequences)
     if fc.seq_len != cfg.data.seq_len:

@@ -252,7 +252,7 @@ class Batches:
     FIELDS = ("tokens", "loss_mask", "mid_hidden", "topk_ids")
 
     def __init__(self, cfg: StreamsTrainConfig, config: ModelConfig):
-        from lsjax.train import feature_cache as fcm
+        from lsjax.train import feature_sets as fcm
 
         self.fc = fcm.FeatureSets.open(cfg.data.set, cfg.data.max_sequences)
         if self.fc.seq_len != cfg.data.seq_len:
