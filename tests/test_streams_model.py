@@ -187,3 +187,20 @@ def test_streams_config_is_validated():
     with pytest.raises(ConfigError, match="streams.msa_layers"):
         ss.StreamsConfig(msa_layers=5).first_layer(config)
     assert ss.num_params(config, SCFG) == 3 * 48 + 2 * (48 + 2 * 48 * 4) + 2 * 48 * 4
+    with pytest.raises(ConfigError, match="streams.gain"):
+        ss.StreamsConfig(gain=0.0)
+
+
+def test_gain_scales_the_stream_embeddings_and_adapter_outputs():
+    # gain g with params p is gain 1 with the stream embeddings and adapter up-projections times g.
+    config, params = small_target()
+    scaled = dataclasses.replace(SCFG, gain=7.0)
+    sp = trained_like_params(config, SCFG)
+    sp_g = dict(sp, stream_embed=7.0 * sp["stream_embed"], adapter_up=7.0 * sp["adapter_up"])
+    toks = jax.random.randint(jax.random.key(4), (1, 9), 3, config.vocab_size)
+    run = jax.jit(_training_streams, static_argnums=(2, 3))
+    _, with_gain = run(sp, params, config, scaled, toks)
+    _, folded = run(sp_g, params, config, SCFG, toks)
+    _, plain = run(sp, params, config, SCFG, toks)
+    np.testing.assert_allclose(np.asarray(with_gain), np.asarray(folded), rtol=1e-5, atol=1e-4)
+    assert float(jnp.abs(with_gain - plain).max()) > 1e-2
