@@ -75,6 +75,7 @@ def test_ablation_end_to_end(tmp_path, capsys):
     assert (out / "ablation.png").stat().st_size > 5000
 
 
+@pytest.mark.slow  # ~12 s; the ablation harness, not decoding
 def test_position_eval_matches_the_dev_eval():
     """Summed over buckets, the loss by position equals the trainer's eval step at plain positions and lag 1."""
     import dataclasses

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from lsjax.bench import roofline
 from tests.tiny import tiny_model
 
 
+@pytest.mark.slow  # ~28 s; a benchmark tool
 def test_measure_and_report_on_a_tiny_model():
     config, params = tiny_model()
     lines = []

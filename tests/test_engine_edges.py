@@ -80,9 +80,13 @@ def test_finished_rows_stop_committing_and_tau_counts_active_rows():
 @pytest.mark.parametrize(
     "drafter",
     [
-        PLDDrafter(num_tokens=5, ngram_max=3),
+        # The engine's row handling is shared; the default run keeps one drafter (~12 s each).
+        pytest.param(PLDDrafter(num_tokens=5, ngram_max=3), marks=pytest.mark.slow),
         LongSpecDrafter(TreeConfig((2, 2, 2)), DraftConfig(window=8)),
-        HybridDrafter(LongSpecDrafter(TreeConfig((2, 1)), DraftConfig(window=8)), PLDDrafter(num_tokens=4)),
+        pytest.param(
+            HybridDrafter(LongSpecDrafter(TreeConfig((2, 1)), DraftConfig(window=8)), PLDDrafter(num_tokens=4)),
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=lambda d: d.name,
 )

@@ -168,7 +168,8 @@ def repetitive_prompts(config, n, length, seed):
 
 
 DRAFTERS = [
-    PLDDrafter(num_tokens=1, ngram_max=1),
+    # ~15 s; the 5-token lookup chain below covers prompt lookup in the default run.
+    pytest.param(PLDDrafter(num_tokens=1, ngram_max=1), marks=pytest.mark.slow, id="pld-(1,)"),
     PLDDrafter(num_tokens=5, ngram_max=3),
     RandomTreeDrafter(TreeConfig((1,)), vocab=97),
     RandomTreeDrafter(TreeConfig((4, 4, 3)), vocab=97),
@@ -244,6 +245,7 @@ def test_longspec_pruned_vocab_is_lossless_and_draft_memory_is_constant():
     assert short.cache.capacity < long.cache.capacity
 
 
+@pytest.mark.slow  # ~38 s; the tree's shape, not losslessness (any tree verifies exactly)
 def test_longspec_beam_matches_brute_force():
     """Each level holds the global top-w children by cumulative draft log-prob."""
     from lsjax.drafters.base import DraftContext
@@ -359,7 +361,11 @@ def test_draft_sees_only_committed_target_kv():
 
 @pytest.mark.parametrize(
     "drafter",
-    [PLDDrafter(num_tokens=4), LongSpecDrafter(TreeConfig((3, 4, 4)), DraftConfig(window=8))],
+    # The loop is one program whatever the drafter: the default run checks it with LongSpec's (~20 s each).
+    [
+        pytest.param(PLDDrafter(num_tokens=4), marks=pytest.mark.slow),
+        LongSpecDrafter(TreeConfig((3, 4, 4)), DraftConfig(window=8)),
+    ],
     ids=lambda d: d.name,
 )
 def test_no_recompilation_per_step(drafter):

@@ -239,6 +239,7 @@ def test_loss_decreases(tmp_path):
     assert [r["step"] for r in recs] == list(range(1, 31))
 
 
+@pytest.mark.slow  # ~24 s; resume is also exercised by the streams and DeLS trainers' tests
 def test_exact_resume(tmp_path):
     quiet = dict(log=lambda *_: None)
     full = tr.fit(tiny_cfg(tmp_path / "a", optim__total_steps=4), **quiet)
@@ -434,6 +435,7 @@ def test_cli_smoke_config_real_target(tmp_path):
     assert json.loads(out.stdout.strip().splitlines()[-1])["last_checkpoint"] == 3
 
 
+@pytest.mark.slow  # ~16 s; tests/test_feature_cache.py covers the build
 def test_feature_cache_builds_once_and_reuses(tmp_path):
     """features.enabled: the target's K/V are written once to npy; a run pointed at an existing cache trains
     exactly as the run that built it (same losses), without running the target again."""
@@ -447,6 +449,7 @@ def test_feature_cache_builds_once_and_reuses(tmp_path):
     assert reused["losses"] == built["losses"]
 
 
+@pytest.mark.slow  # ~22 s
 def test_shared_feature_set_trains_like_live_features(tmp_path):
     """features.set: data and target features from the shared cache (K pre-RoPE, roped at the batch's anchor
     offsets in the loss) give the same losses as the live target, up to the cache's float16 rounding."""

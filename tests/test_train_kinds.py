@@ -81,6 +81,7 @@ def test_an_option_that_does_not_apply_is_one_line_and_exit_2(tmp_path, capsys):
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.slow  # ~17 s
 def test_an_old_config_without_kind_trains(tmp_path, capsys):
     """A config written before kinds existed (no `kind:`) trains the LongSpec draft through train.py's path."""
     raw = tiny_dict(tmp_path / "run", steps=2, checkpoint={"every": 2}, log={"progress": False, "plot": False})
