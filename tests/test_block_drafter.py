@@ -98,7 +98,11 @@ def _propose(drafter, params, dp, config, gen, state):
 
 @pytest.mark.parametrize(
     "kind,pruned,head_vocab",
-    [("gru", 0, None), pytest.param("markov", 40, tuple(range(40, 97)), marks=pytest.mark.slow)],
+    # ~13 s each; DeLS losslessness stays in the default run (test_greedy_block_and_dels_equal_ar)
+    [
+        pytest.param("gru", 0, None, marks=pytest.mark.slow),
+        pytest.param("markov", 40, tuple(range(40, 97)), marks=pytest.mark.slow),
+    ],
 )
 def test_dels_chain_is_the_fused_argmax_of_a_local_head_over_the_block_only(kind, pruned, head_vocab):
     """Token 1 is ℓ_L's argmax; token j > 1 the argmax of ℓ_L^(j) + α ℓ_S − β ℓ_P where ℓ_S comes from the
@@ -161,6 +165,7 @@ def test_greedy_block_and_dels_equal_ar(case):
     assert int(sp.accepted) > int(sp.steps)  # the drafts were accepted sometimes: the chain was verified
 
 
+@pytest.mark.slow  # ~10 s; the loop's one-program property is checked in the default run with LongSpec
 def test_no_recompilation_per_step():
     config, params = tiny_model()
     _, _, dels, dp, _ = drafters(config, params, s=4)

@@ -45,7 +45,7 @@ def test_split_blocks_cuts_consecutive_blocks_at_the_phase():
     np.testing.assert_array_equal(np.asarray(mask), np.asarray(blocks) % 3)
 
 
-@pytest.mark.parametrize("kind", [pytest.param("markov", marks=pytest.mark.slow), "gru"])
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow) for k in ("markov", "gru")])  # ~8 s each
 def test_local_head_trains_exports_and_loads(tmp_path, kind):
     """The synthetic stream is mostly t -> 5t + 3 (mod V): one token of context predicts the next. Through a
     48-wide random embedding the rank-16 Markov head learns that map slowly, the GRU quickly. The export holds

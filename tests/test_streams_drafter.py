@@ -127,6 +127,7 @@ def test_prune_tree_keeps_the_best_early_exit_paths():
     assert bool(jnp.all(sub.valid))
 
 
+@pytest.mark.slow  # ~10 s; the loop's one-program property is checked in the default run with LongSpec
 def test_no_recompilation_per_step():
     config, params = tiny_model()
     sp = stream_params(config)
