@@ -240,7 +240,7 @@ CASES = [pytest.param(d, s, N, id=f"{d}-{s}") for d, s in sorted(DEFAULT)] + [
 def draft_params_for(params, config, drafter):
     if isinstance(drafter, AutoDrafter):
         # AR priced out, so the first step drafts a tree (the depth histogram below needs one).
-        costs = [10.0] + [1.0] * (len(drafter.candidates) - 1)
+        costs = [10.0] + [1.0] * (len(drafter.candidates) - 1) + [10.0]  # the last: an AR step + a shadow draft
         return auto_params(drafter, longspec_params(params, config, drafter.longspec), costs)
     if isinstance(drafter, LongSpecDrafter | HybridDrafter):
         return longspec_params(params, config, getattr(drafter, "longspec", drafter))

@@ -20,7 +20,7 @@ family is keyed by the n-gram its match used (a 3-gram match is far more reliabl
 the match is found before choosing, so a step without one never pays for an empty chain. Families start from
 a prior (a few pseudo-observations) and forget with a ~20-observation window.
 
-Prompt lookup learns from every step, whichever candidate ran (`AutoDrafter.shadow`): its would-be proposal
+Prompt lookup learns from every step, whichever candidate ran (`AutoDrafter.lookup_shadow`): its would-be proposal
 is compared with the tokens the step emitted, which are the target's own, so acceptance up to the step's
 length is observed exactly and for free. The draft's families learn only when they run, so they are probed:
 a probe group (ls-chain, ls-tree, hybrid) not being played is probed when its probe is due, its most hopeful
@@ -55,6 +55,8 @@ import numpy as np
 
 from lsjax.config import ConfigError
 from lsjax.drafters import registry
+from lsjax.drafters.auto_shadow import DraftShadow, ShadowAccepts
+from lsjax.drafters.auto_shadow import accepts as shadow_accepts
 from lsjax.drafters.auto_candidates import (
     Candidate,
     CandidateStep,
@@ -89,6 +91,10 @@ class AutoPolicy:
     # steps of copying text; without this exception the budget kept pld-8 off a held-out code prompt: 1.44x
     # instead of 1.60x).
     confidence: float = 1.0
+    # Explore the draft's candidates with shadow drafts (`lsjax.drafters.auto_shadow`: draft only, check the
+    # proposal against the tokens that follow; ~0.2 AR steps) instead of probes that run them (a failed probe
+    # costs 1.3-2.3x an AR step for one token). Shadows are scheduled like probes (probe_min .. probe_max).
+    shadow: bool = True
 
     def __post_init__(self):
         if not 0.0 < self.decay < 1.0:
@@ -107,6 +113,8 @@ class AutoPolicy:
             raise ConfigError(f"auto.confidence: must be a float >= 0 (std units), got {self.confidence!r}")
         if not (isinstance(self.initial_slack, (int, float)) and self.initial_slack >= 0):
             raise ConfigError(f"auto.initial_slack: must be a float >= 0 (AR steps), got {self.initial_slack!r}")
+        if not isinstance(self.shadow, bool):
+            raise ConfigError(f"auto.shadow: must be a bool, got {self.shadow!r}")
 
 
 @jax.tree_util.register_dataclass
@@ -117,8 +125,10 @@ class PolicyState:
     due: jax.Array  # [G] int32 step at which each probe group may be probed
     interval: jax.Array  # [G] int32
     uses: jax.Array  # [C] int32 steps each candidate ran (diagnostics)
-    force: jax.Array  # [] int32: >= 0 runs that candidate every step (cost profiling); -1 = the policy
+    force: jax.Array  # [] int32: >= 0 runs that candidate every step (C: AR + a shadow draft every step; cost
+    # profiling); -1 = the policy
     slack: jax.Array  # [] f32 AR steps the run may still lose: (1 + budget) x its tokens - its cost, + initial
+    shadows: jax.Array  # [] int32 shadow drafts run (diagnostics)
 
 
 @jax.tree_util.register_dataclass
@@ -127,6 +137,7 @@ class AutoState:
     pld: History
     ring: Any  # LongSpec's RingCache; () without a draft
     policy: PolicyState
+    shadow: Any  # DraftShadow; () without a draft
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,8 +187,23 @@ class AutoDrafter(Drafter):
     def step_variants(self) -> tuple[Drafter, ...]:
         return tuple(CandidateStep(self, i) for i in range(len(self.candidates)))
 
+    @property
+    def shadows(self) -> bool:
+        """Whether the draft's candidates are explored by shadow drafts (else by probes)."""
+        return self.policy.shadow and self.longspec is not None
+
+    @property
+    def cost_names(self) -> tuple[str, ...]:
+        """What `costs` holds, in order: every candidate's step, then an AR step with a shadow draft."""
+        return tuple(c.name for c in self.candidates) + (("shadow",) if self.longspec is not None else ())
+
+    @property
+    def _shadow_depth(self) -> int:
+        """Committed tokens a shadow waits for: its tree's depth or the hybrid's chain, the longer."""
+        return max(self.longspec.max_depth, self.hybrid_pld)
+
     def _costs(self, ctx: DraftContext) -> jax.Array:
-        """The per-candidate costs in the draft params; the built-in prior when none were given (`()`)."""
+        """The costs (`cost_names`) in the draft params; the built-in prior when none were given (`()`)."""
         if isinstance(ctx.draft_params, dict) and "costs" in ctx.draft_params:
             return ctx.draft_params["costs"]
         from lsjax.drafters.auto_profile import prior_costs
@@ -192,7 +218,9 @@ class AutoDrafter(Drafter):
     def init(self, ctx: DraftContext, state) -> AutoState:
         pld = self._pld(max(self.pld_tokens)).init(ctx, state)
         ring = self.longspec.init(sub_context(ctx), state) if self.longspec is not None else ()
-        return AutoState(pld, ring, self.init_policy(ctx.sampling.greedy or not ctx.sampling.sample_drafts))
+        B = state.root.shape[0]
+        shadow = DraftShadow.empty(B, self.longspec.num_nodes, self.hybrid_pld) if self.longspec is not None else ()
+        return AutoState(pld, ring, self.init_policy(ctx.sampling.greedy or not ctx.sampling.sample_drafts), shadow)
 
     def init_policy(self, greedy: bool = True) -> PolicyState:
         prior = np.asarray([prior_rates(f, self.max_depth, greedy) for f in self.families], np.float32)
@@ -208,12 +236,16 @@ class AutoDrafter(Drafter):
             uses=jnp.zeros((len(self.candidates),), jnp.int32),
             force=jnp.int32(-1),
             slack=jnp.float32(self.policy.initial_slack),
+            shadows=jnp.int32(0),
         )
 
     def summary(self, draft_state: AutoState) -> dict:
         """Steps each candidate ran (host side, after decoding)."""
         uses = np.asarray(draft_state.policy.uses)
-        return {"steps_by_candidate": {c.name: int(u) for c, u in zip(self.candidates, uses) if u}}
+        out = {"steps_by_candidate": {c.name: int(u) for c, u in zip(self.candidates, uses) if u}}
+        if self.shadows:
+            out["shadow_drafts"] = int(draft_state.policy.shadows)
+        return out
 
     def propose(self, ctx, state, draft_state, key) -> Tree:
         raise NotImplementedError("auto runs one of its step_variants() per step (the engine switches over them)")
@@ -274,8 +306,9 @@ class AutoDrafter(Drafter):
     def affordable(self, pol: PolicyState, costs, n, avail, active) -> jax.Array:
         """[C] bool: AR; candidates whose step keeps the run within its budget even if it accepts nothing;
         and those that beat AR even at the low end of their rates' confidence range."""
+        C = len(self.candidates)
         sure = self._scores(costs, pol, n, avail, active, -self.policy.confidence) > 1.0 / costs[0]
-        return ((pol.slack >= costs / costs[0] - 1.0) | sure).at[0].set(True)
+        return ((pol.slack >= costs[:C] / costs[0] - 1.0) | sure).at[0].set(True)
 
     def decide(self, pol: PolicyState, costs, n, avail, active, steps) -> jax.Array:
         """The candidate to run: the best expected tokens per second, unless a probe is due (module doc); only
@@ -283,8 +316,10 @@ class AutoDrafter(Drafter):
         ok = self.affordable(pol, costs, n, avail, active)
         score = jnp.where(ok, self._scores(costs, pol, n, avail, active), -jnp.inf)
         greedy = jnp.argmax(score).astype(jnp.int32)
-        if not members_of(self).shape[0]:  # nothing to probe (AR and prompt lookup only)
-            return jnp.where(pol.force >= 0, pol.force, greedy).astype(jnp.int32)
+        # force == C profiles AR steps with a shadow draft each.
+        forced = jnp.where(pol.force == len(self.candidates), 0, pol.force)
+        if self.shadows or not members_of(self).shape[0]:  # shadows explore (or nothing to explore)
+            return jnp.where(pol.force >= 0, forced, greedy).astype(jnp.int32)
         hopeful = self._scores(costs, pol, n, avail, active, self.policy.optimism)
         # Each group's most hopeful member is its probe: it could beat the greedy choice if its rates sit at the
         # top of their confidence range.
@@ -293,7 +328,7 @@ class AutoDrafter(Drafter):
         # Due is enough: gating on the (stale) estimates would never re-check a family after the text changes.
         probe = (steps >= pol.due) & jnp.isfinite(score[reps]) & (reps != greedy)  # score is -inf if unaffordable
         choice = jnp.where(jnp.any(probe), reps[jnp.argmax(probe)], greedy)
-        return jnp.where(pol.force >= 0, pol.force, choice).astype(jnp.int32)
+        return jnp.where(pol.force >= 0, forced, choice).astype(jnp.int32)
 
     def update(self, ctx: DraftContext, state, ds: AutoState, verdict: Verdict) -> AutoState:
         """After the engine's commit (once per step, whichever candidate ran; `verdict` is the accepted path as
@@ -312,10 +347,82 @@ class AutoDrafter(Drafter):
         D = self.max_depth
         idx = jnp.clip(start[:, None] + jnp.arange(D)[None], 0, ds.pld.tokens.shape[1] - 1)
         proposal = jnp.take_along_axis(ds.pld.tokens, idx, axis=1)
-        shadowed = self.shadow(pol, n, avail, proposal, verdict.emitted()[:, :D], verdict.count)
+        shadowed = self.lookup_shadow(pol, n, avail, proposal, verdict.emitted()[:, :D], verdict.count)
         ran_pld = jnp.asarray([c.kind == "pld" for c in self.candidates])[verdict.extras]
         pol = jax.tree.map(lambda a, b: jnp.where(ran_pld, a, b), pol, shadowed)
-        return AutoState(pld, ring, pol)
+        if not self.shadows:
+            return AutoState(pld, ring, pol, ds.shadow)
+        pol, shadow = self._shadow_step(ctx, state, pld, ring, ds.shadow, pol, costs)
+        return AutoState(pld, ring, pol, shadow)
+
+    def _shadow_step(self, ctx, state, pld: History, ring, shadow: DraftShadow, pol: PolicyState, costs):
+        """After the commit: a shadow whose tokens are all committed teaches the draft's families; then, when
+        one is due and affordable, the draft proposes at the new root and its proposal is put aside."""
+        D = self._shadow_depth
+        idx = jnp.clip(shadow.base[:, None] + jnp.arange(D)[None], 0, pld.tokens.shape[1] - 1)
+        following = jnp.take_along_axis(pld.tokens, idx, axis=1)
+        ready = shadow.pending & (pld.length >= shadow.base + D)
+        got = shadow_accepts(shadow, following, self.longspec.tree.level_offsets())
+        n, start, avail = self._match(pld)
+        live = (~state.done).astype(jnp.float32)
+        pol = self.observe_shadow(pol, costs, n, avail, live, ready, got, state.steps)
+        shadow = dataclasses.replace(shadow, pending=shadow.pending & ~ready)
+        waiting = jnp.any(shadow.pending & ~state.done)
+        run = (pol.force == len(self.candidates)) | ((pol.force < 0) & ~waiting & self.shadow_due(pol, costs, state.steps))
+        run = run & jnp.any(~state.done)
+
+        def draft(args):
+            pol, shadow = args
+            # The deterministic tree at every temperature: its match with the emitted tokens is what
+            # verification accepts at T = 0 (and what sample-and-match accepts at T > 0).
+            sub = sub_context(ctx)
+            sub = dataclasses.replace(sub, sampling=dataclasses.replace(sub.sampling, draft_sampling="greedy"))
+            tree = self.longspec.propose(sub, state, ring, state.key)
+            H = self.hybrid_pld
+            cidx = jnp.clip(start[:, None] + jnp.arange(H)[None], 0, pld.tokens.shape[1] - 1)
+            chain = jnp.take_along_axis(pld.tokens, cidx, axis=1)
+            return self.start_shadow(pol, costs), DraftShadow.record(tree, chain, n, avail, pld.length)
+
+        return jax.lax.cond(run, draft, lambda args: args, (pol, shadow))
+
+    def shadow_due(self, pol: PolicyState, costs, steps) -> jax.Array:
+        """Whether a shadow draft runs now: some group's exploration is due and the slack covers the draft."""
+        return (steps >= jnp.min(pol.due)) & (pol.slack >= costs[-1] / costs[0] - 1.0)
+
+    def start_shadow(self, pol: PolicyState, costs) -> PolicyState:
+        """A shadow draft was run: its cost comes out of the slack."""
+        return dataclasses.replace(pol, slack=pol.slack - (costs[-1] / costs[0] - 1.0), shadows=pol.shadows + 1)
+
+    def observe_shadow(
+        self, pol: PolicyState, costs, n, avail, active, ready, got: ShadowAccepts, steps
+    ) -> PolicyState:
+        """The draft's families learn what a shadow (rows `ready` [B]) would have accepted; each probe group is
+        then due again after its back-off (doubled while it ranks below the rest, reset when it wins).
+        n, avail, active: the current step's prompt-lookup match and live rows, for the ranking."""
+        d = jnp.arange(1, pol.succ.shape[1] + 1)[None]
+
+        def add(pol, fam, limit, acc, rows):
+            trial = rows[:, None] & (d <= limit[:, None]) & (acc[:, None] >= d - 1)
+            return self._observe(pol, jnp.full(acc.shape, fam), trial, trial & (acc[:, None] >= d))
+
+        fams = self.families
+        new = add(pol, fams.index("ls-tree"), jnp.full(got.tree.shape, self.longspec.max_depth), got.tree, ready)
+        if "ls-chain" in fams:
+            new = add(new, fams.index("ls-chain"), got.chain_known, got.chain, ready)
+        if "hybrid" in fams:
+            new = add(new, fams.index("hybrid"), got.hybrid_limit, got.hybrid, ready & (got.hybrid_limit > 0))
+        for g in range(members_of(self).shape[0]):
+            new = self._backoff(new, g, costs, n, avail, active, steps)
+        return jax.tree.map(lambda a, b: jnp.where(jnp.any(ready), a, b), new, pol)
+
+    def _backoff(self, pol: PolicyState, group: int, costs, n, avail, active, steps) -> PolicyState:
+        """Group `group` was just observed: explore it again after probe_max at most if the estimates still
+        rank it below the rest, soon if it wins."""
+        score = self._scores(costs, pol, n, avail, active)
+        mine = np.asarray(members_of(self)[group])
+        worse = jnp.max(jnp.where(mine, score, -jnp.inf)) < jnp.max(jnp.where(mine, -jnp.inf, score))
+        iv = jnp.where(worse, jnp.minimum(2 * pol.interval[group], self.policy.probe_max), self.policy.probe_min)
+        return dataclasses.replace(pol, interval=pol.interval.at[group].set(iv), due=pol.due.at[group].set(steps + iv))
 
     def _learn_at(self, index: int, pol, costs, n, avail, accepted, active, steps) -> PolicyState:
         return self.learn(pol, index, costs, n, avail, accepted, active, steps)
@@ -333,7 +440,7 @@ class AutoDrafter(Drafter):
             trials=jnp.where(seen, g * pol.trials + add_t, pol.trials),
         )
 
-    def shadow(self, pol: PolicyState, n, avail, proposal, emitted, count) -> PolicyState:
+    def lookup_shadow(self, pol: PolicyState, n, avail, proposal, emitted, count) -> PolicyState:
         """Prompt lookup's rates from a step it did not run: its proposal [B, D] (the continuation of the match
         the step saw) against the emitted tokens [B, D] (the first count [B] valid). Whatever ran, the emitted
         tokens are the target's own (T = 0: its greedy choices; T > 0: draws from its distribution), and a
@@ -374,16 +481,9 @@ class AutoDrafter(Drafter):
         d = jnp.arange(1, pol.succ.shape[1] + 1)[None]  # [1, D]
         trial = valid[:, None] & (d <= limit[:, None]) & (accepted[:, None] >= d - 1)  # [B, D]
         pol = self._observe(pol, fam, trial, trial & (accepted[:, None] >= d))
-        if c.group < 0:
+        if c.group < 0 or self.shadows:  # shadows schedule exploration
             return pol
-        # Back off probing a group the new estimates still rank below the rest; probe it again soon if it wins.
-        score = self._scores(costs, pol, n, avail, active.astype(jnp.float32))
-        mine = np.asarray(members_of(self)[c.group])
-        worse = jnp.max(jnp.where(mine, score, -jnp.inf)) < jnp.max(jnp.where(mine, -jnp.inf, score))
-        iv = jnp.where(worse, jnp.minimum(2 * pol.interval[c.group], self.policy.probe_max), self.policy.probe_min)
-        return dataclasses.replace(
-            pol, interval=pol.interval.at[c.group].set(iv), due=pol.due.at[c.group].set(steps + iv)
-        )
+        return self._backoff(pol, c.group, costs, n, avail, active.astype(jnp.float32), steps)
 
 
 def auto_params(drafter: AutoDrafter, longspec_params=None, costs=None) -> dict:
@@ -403,7 +503,7 @@ def auto_params(drafter: AutoDrafter, longspec_params=None, costs=None) -> dict:
     "most expected tokens per second on this device",
     uses_draft=True,
 )
-def _build(model, *, pld_ngram: int = registry.PLD_NGRAM, budget=None, initial_slack=None, **opts):
+def _build(model, *, pld_ngram: int = registry.PLD_NGRAM, budget=None, initial_slack=None, shadow=None, **opts):
     from lsjax.errors import ModelNotFoundError
 
     try:
@@ -411,5 +511,7 @@ def _build(model, *, pld_ngram: int = registry.PLD_NGRAM, budget=None, initial_s
     except ModelNotFoundError:  # no draft for this target: AR and prompt lookup only
         ls, params = None, None
     policy = {k: v for k, v in (("budget", budget), ("initial_slack", initial_slack)) if v is not None}
+    if shadow is not None:  # bench variants pass 0 / 1
+        policy["shadow"] = bool(shadow)
     drafter = AutoDrafter(longspec=ls, pld_ngram=pld_ngram, policy=AutoPolicy(**policy))
     return drafter, auto_params(drafter, params)

@@ -101,7 +101,7 @@ def families_of(auto: AutoDrafter) -> tuple[str, ...]:
 def candidates_of(auto: AutoDrafter) -> tuple[Candidate, ...]:
     fams = families_of(auto)
     out = [Candidate("ar", "ar", ARDrafter(), -1, -1)]
-    # Prompt lookup learns from every step for free (`AutoDrafter.shadow`): never probed.
+    # Prompt lookup learns from every step for free (`AutoDrafter.lookup_shadow`): never probed.
     out += [Candidate(f"pld-{k}", "pld", auto._pld(k), 0, -1) for k in sorted(auto.pld_tokens)]
     ls = auto.longspec
     if ls is not None:

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-FORMAT = 2  # 2: T > 0 steps got cheaper (lsjax.sampling.draw), so profiles of format 1 overstate them
+# 2: T > 0 steps got cheaper (lsjax.sampling.draw), so profiles of format 1 overstate them. 3: + the shadow draft.
+FORMAT = 3
 STEPS = 4  # forced steps per timing
 REPEATS = 5
 # Verification cost vs nodes (log2 scale), in 1-token forwards; drafting in the same unit.
@@ -39,7 +40,8 @@ LS_LEVEL = 0.08
 
 
 def prior_costs(drafter) -> np.ndarray:
-    """[C] a guess at each candidate's step cost in AR steps, for a device never profiled."""
+    """A guess at each of `drafter.cost_names` (every candidate's step, then an AR step with a shadow draft) in
+    AR steps, for a device never profiled."""
     out = []
     for c in drafter.candidates:
         verify = float(np.interp(np.log2(c.drafter.num_nodes), np.log2(_NODES), _VERIFY))
@@ -47,6 +49,8 @@ def prior_costs(drafter) -> np.ndarray:
         if c.kind in ("ls", "hybrid"):
             draft += LS_LEVEL * drafter.longspec.max_depth if c.kind == "hybrid" else LS_LEVEL * c.drafter.max_depth
         out.append(verify + draft)
+    if drafter.longspec is not None:  # an AR step with a shadow draft of the draft's tree
+        out.append(1.0 + LS_LEVEL * drafter.longspec.max_depth)
     return np.asarray(out, np.float32)
 
 
@@ -158,7 +162,7 @@ def profile_costs(
     prior = prior_costs(drafter)
     if mode == "prior":
         return prior
-    names = tuple(c.name for c in drafter.candidates)
+    names = drafter.cost_names
     path = profile_path(jax.devices()[0].device_kind, model_name, backend, names)
     key = entry_key(bucket, gen.sampling.greedy or not gen.sampling.sample_drafts)
 

@@ -1,0 +1,129 @@
+"""`auto`'s shadow drafts: the walk of a put-aside proposal against the tokens that followed is what verification
+would have accepted; the chain read off the beam tree is the draft's greedy chain; the engine stays lossless
+with a shadow draft every step, in one compiled loop."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lsjax import speculative
+from lsjax.config import GenerateConfig, SamplingConfig
+from lsjax.drafters.auto_shadow import DraftShadow, accepts
+from lsjax.drafters.longspec import LongSpecDrafter
+from lsjax.tree import Tree, TreeConfig, ancestor_mask
+from lsjax.verify import accept
+from tests.test_auto import SMALL, _engine
+from tests.test_speculative import longspec_params
+from tests.tiny import tiny_model
+
+
+def random_tree(rng, widths: tuple[int, ...], batch: int, vocab: int) -> Tree:
+    """Beam-shaped trees: each level's parents on the level above, siblings' tokens distinct (as a top-k is)."""
+    cfg = TreeConfig(widths)
+    T, offsets = cfg.num_nodes, cfg.level_offsets()
+    tokens = np.zeros((batch, T), np.int32)
+    parents = np.full((batch, T), -1, np.int32)
+    for d, w in enumerate(widths, start=1):
+        lo, up = offsets[d], offsets[d - 1]
+        for b in range(batch):
+            parents[b, lo : lo + w] = np.sort(rng.randint(up, up + (1 if d == 1 else widths[d - 2]), w))
+            tokens[b, lo : lo + w] = rng.choice(vocab, w, replace=False)  # distinct across the level
+    valid = rng.rand(batch, T) < 0.9
+    valid[:, 0] = True
+    for i in range(1, T):  # an invalid node has no valid children
+        valid[:, i] &= valid[np.arange(batch), np.maximum(parents[:, i], 0)]
+    depth = np.broadcast_to(cfg.node_depths(), (batch, T))
+    p, v = jnp.asarray(parents), jnp.asarray(valid)
+    return Tree(jnp.asarray(tokens), p, jnp.asarray(depth), v, ancestor_mask(p, v, cfg.depth))
+
+
+@pytest.mark.parametrize("widths", [(2, 1, 1), (2, 2, 2), (3, 2)])
+def test_shadow_walk_is_what_greedy_verification_accepts(widths):
+    """Target logits whose argmax after a depth-d node is following[d]: greedy verification accepts exactly the
+    depth the shadow's walk reports."""
+    rng = np.random.RandomState(len(widths) + sum(widths))
+    B, V, D = 64, 6, len(widths)
+    tree = random_tree(rng, widths, B, V)
+    following = jnp.asarray(rng.randint(0, V, (B, D + 1)).astype(np.int32))
+    # Skew towards matches so deep paths occur: copy the tree's first path into half the rows' tokens.
+    first = np.asarray(tree.tokens)[:, list(TreeConfig(widths).level_offsets()[1:])]
+    following = following.at[: B // 2, :D].set(jnp.asarray(first[: B // 2]))
+    logits = jax.nn.one_hot(jnp.take_along_axis(following, tree.depth, axis=1), V) * 10.0
+    _, num_accepted, _ = accept(tree, logits, SamplingConfig(temperature=0.0), jax.random.key(0), D)
+    empty = jnp.zeros((B, 0), jnp.int32)
+    shadow = DraftShadow.record(tree, empty, jnp.zeros((B,), jnp.int32), jnp.zeros((B,), jnp.int32), None)
+    got = accepts(shadow, following, TreeConfig(widths).level_offsets())
+    np.testing.assert_array_equal(np.asarray(got.tree), np.asarray(num_accepted))
+    assert len(set(np.asarray(num_accepted).tolist())) >= 3  # the test sees shallow and deep acceptances
+    assert np.all(np.asarray(got.hybrid) == 0) and np.all(np.asarray(got.hybrid_limit) == 0)
+
+
+def test_hybrid_is_the_better_of_tree_and_lookup():
+    rng = np.random.RandomState(0)
+    tree = random_tree(rng, (2, 1, 1), 3, 50)
+    chain = jnp.asarray([[7, 8, 9, 10, 11, 12]] * 3, jnp.int32)
+    n, avail = jnp.asarray([3, 3, 0]), jnp.asarray([6, 2, 6])
+    following = jnp.asarray([[7, 8, 9, 10, 0, 0]] * 3, jnp.int32)
+    got = accepts(DraftShadow.record(tree, chain, n, avail, None), following, (0, 1, 3, 4))
+    # Row 0: the chain matches 4 deep; row 1: only 2 tokens were available after its match; row 2: no match.
+    assert np.asarray(got.hybrid).tolist() == [4, 2, 0]
+    assert np.asarray(got.hybrid_limit).tolist() == [6, 3, 0]
+
+
+@functools.cache
+def _draft_and_state():
+    config, params = tiny_model()
+    ls = SMALL.longspec
+    tree_ls = dataclasses.replace(ls, tree=TreeConfig((2, 1, 1)))
+    dp = longspec_params(params, config, tree_ls)
+    gen = GenerateConfig(max_new_tokens=8, sampling=SamplingConfig(temperature=0.0), ignore_eos=True)
+    rng = np.random.RandomState(3)
+    prompts = rng.randint(3, 97, (16, 24)).astype(np.int32)
+    cap = speculative.required_capacity(24, gen, tree_ls)
+    state = speculative.start(
+        params, dp, config, tree_ls, gen, jnp.asarray(prompts), jnp.full((16,), 24), jax.random.key(0), capacity=cap, chunk=24
+    )
+    ctx = speculative.context(params, dp, config, gen, cap)
+    return tree_ls, ctx, state
+
+
+def test_chain_read_off_the_beam_tree_is_the_greedy_chain():
+    """Where `accepts` says the chain is known, the tree's nodes it reads are the greedy chain's tokens: fed the
+    chain itself as the following tokens, the chain is accepted exactly as deep as it is known."""
+    tree_ls, ctx, state = _draft_and_state()
+    tree = tree_ls.propose(ctx, state, state.draft, jax.random.key(1))
+    chain_ls = dataclasses.replace(tree_ls, tree=TreeConfig((1, 1, 1)))
+    chain = chain_ls.propose(ctx, state, state.draft, jax.random.key(1)).tokens[:, 1:]
+    B = chain.shape[0]
+    z = jnp.zeros((B,), jnp.int32)
+    got = accepts(DraftShadow.record(tree, jnp.zeros((B, 0), jnp.int32), z, z, z), chain, (0, 1, 3, 4))
+    known = np.asarray(got.chain_known)
+    np.testing.assert_array_equal(np.asarray(got.chain), known)
+    assert known.min() >= 1 and known.max() == 3  # both cases occur among the 16 prompts
+    # A wrong chain token is caught: shift the chain's last token.
+    wrong = chain.at[:, 2].add(1)
+    got = accepts(DraftShadow.record(tree, jnp.zeros((B, 0), jnp.int32), z, z, z), wrong, (0, 1, 3, 4))
+    assert np.all(np.asarray(got.chain)[known == 3] == 2)
+
+
+def test_shadow_every_step_is_lossless_in_the_same_loop():
+    """Forced AR steps with a shadow draft after each (how the profile times a shadow) reuse auto's compiled
+    loop, equal AR, and count a shadow per step; the policy itself runs shadows too."""
+    dp, ref, decode = _engine()
+    costs = jnp.asarray([1.0, 1.05, 1.1, 1.15, 1.1])
+    decode({**dp, "costs": costs})
+    before = speculative.decode._cache_size()
+    out = decode({**dp, "costs": costs}, force=len(SMALL.candidates))
+    np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out))
+    # A shadow after every step but the last (no row is left to draft for).
+    assert int(out.draft.policy.shadows) == int(out.steps) - 1 and int(out.draft.policy.uses[0]) == int(out.steps)
+    assert speculative.decode._cache_size() == before
+    free = decode({**dp, "costs": costs})
+    np.testing.assert_array_equal(np.asarray(free.out), np.asarray(ref.out))
+    assert int(free.draft.policy.shadows) > 0
