@@ -15,7 +15,6 @@ import pytest
 from lsjax import speculative
 from lsjax.config import GenerateConfig, SamplingConfig
 from lsjax.drafters.auto_shadow import DraftShadow, accepts
-from lsjax.drafters.longspec import LongSpecDrafter
 from lsjax.tree import Tree, TreeConfig, ancestor_mask
 from lsjax.verify import accept
 from tests.test_auto import SMALL, _engine
@@ -87,7 +86,16 @@ def _draft_and_state():
     prompts = rng.randint(3, 97, (16, 24)).astype(np.int32)
     cap = speculative.required_capacity(24, gen, tree_ls)
     state = speculative.start(
-        params, dp, config, tree_ls, gen, jnp.asarray(prompts), jnp.full((16,), 24), jax.random.key(0), capacity=cap, chunk=24
+        params,
+        dp,
+        config,
+        tree_ls,
+        gen,
+        jnp.asarray(prompts),
+        jnp.full((16,), 24),
+        jax.random.key(0),
+        capacity=cap,
+        chunk=24,
     )
     ctx = speculative.context(params, dp, config, gen, cap)
     return tree_ls, ctx, state

@@ -55,8 +55,6 @@ import numpy as np
 
 from lsjax.config import ConfigError
 from lsjax.drafters import registry
-from lsjax.drafters.auto_shadow import DraftShadow, ShadowAccepts
-from lsjax.drafters.auto_shadow import accepts as shadow_accepts
 from lsjax.drafters.auto_candidates import (
     Candidate,
     CandidateStep,
@@ -66,6 +64,8 @@ from lsjax.drafters.auto_candidates import (
     prior_rates,
     sub_context,
 )
+from lsjax.drafters.auto_shadow import DraftShadow, ShadowAccepts
+from lsjax.drafters.auto_shadow import accepts as shadow_accepts
 from lsjax.drafters.base import DraftContext, Drafter, Verdict
 from lsjax.drafters.longspec import LongSpecDrafter
 from lsjax.drafters.pld import History, PLDDrafter, find_continuation
@@ -368,8 +368,8 @@ class AutoDrafter(Drafter):
         pol = self.observe_shadow(pol, costs, n, avail, live, ready, got, state.steps)
         shadow = dataclasses.replace(shadow, pending=shadow.pending & ~ready)
         waiting = jnp.any(shadow.pending & ~state.done)
-        run = (pol.force == len(self.candidates)) | ((pol.force < 0) & ~waiting & self.shadow_due(pol, costs, state.steps))
-        run = run & jnp.any(~state.done)
+        due = (pol.force < 0) & ~waiting & self.shadow_due(pol, costs, state.steps)
+        run = ((pol.force == len(self.candidates)) | due) & jnp.any(~state.done)
 
         def draft(args):
             pol, shadow = args
