@@ -250,6 +250,17 @@ def test_evidence_is_not_exploration():
     assert np.mean(is_pld[blind[50:]]) <= 0.1
 
 
+def test_cost_margin_prices_speculation_above_ar():
+    """Each cost's extra over AR's is scaled by 1 + cost_margin: a close call (prompt lookup ~20% ahead by the
+    profile) goes to AR once speculative steps are assumed to cost twice their profiled extra."""
+    careful = dataclasses.replace(FULL, policy=AutoPolicy(cost_margin=1.0))
+    priced = np.asarray(careful.priced(jnp.asarray(COSTS)))
+    np.testing.assert_allclose(priced, [1.0] + [1 + (c - 1) * 2.0 for c in COSTS[1:]], rtol=1e-6)
+    close = true_rates(FULL, {"pld3": 0.35, "ls-chain": 0.25})
+    assert np.mean(simulate(FULL, COSTS, [(300, close)])[150:] == 0) < 0.5
+    assert np.mean(simulate(careful, priced, [(300, close)])[150:] == 0) > 0.8
+
+
 def test_no_match_never_runs_prompt_lookup():
     chosen = simulate(FULL, COSTS, [(100, true_rates(FULL, {"pld3": 1.0}))], match=0)
     assert not any(FULL.candidates[c].kind in ("pld", "hybrid") for c in chosen)
@@ -260,7 +271,7 @@ def test_config_validation_names_the_field():
         AutoPolicy(decay=1.0)
     with pytest.raises(ConfigError, match="auto.probe_max"):
         AutoPolicy(probe_min=8, probe_max=4)
-    for field, bad in (("budget", 0.0), ("initial_slack", -1.0), ("confidence", "high")):
+    for field, bad in (("budget", 0.0), ("initial_slack", -1.0), ("confidence", "high"), ("cost_margin", -0.1)):
         with pytest.raises(ConfigError, match=f"auto.{field}"):
             AutoPolicy(**{field: bad})
     with pytest.raises(ConfigError, match="auto.pld_tokens"):

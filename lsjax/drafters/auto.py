@@ -33,18 +33,20 @@ its interval (8 .. 64 steps) and one that makes a group win resets it. This boun
 when AR is best and notices when the text changes (prose, then code). Everything is a deterministic
 function of the decode state: the same seed gives the same choices.
 
-Never slower: the run keeps a slack, in AR steps, of (1 + budget) x the tokens it has emitted
-minus what its steps cost (from the profile), starting at `initial_slack`. A candidate runs, greedy or as a
-probe (a shadow draft likewise), only if the slack covers its extra cost should it accept nothing, or if it beats AR even at the low end
-of its rates' confidence range (evidence, not exploration). Steps that pay earn slack for later exploration;
-where nothing pays, the run falls back to AR and explores only with the 3% it is allowed to lose.
+Never slower: the run keeps a slack, in AR steps, of (1 + budget) x the tokens it has emitted minus what
+its steps cost (from the profile, priced with `cost_margin`), starting at `initial_slack`. A candidate runs,
+greedy or as a probe (a shadow draft likewise), only if the slack covers its extra cost should it accept
+nothing, or if it beats AR even at the low end of its rates' confidence range (evidence, not exploration).
+Steps that pay earn slack for later exploration; where nothing pays, the run falls back to AR and explores
+only with the 3% it is allowed to lose.
 
 Lossless whatever it picks: every candidate is a valid tree drafted without the verification key, and the
 choice only looks at the committed history. Every sub-drafter's state (PLD's token history, LongSpec's ring)
 is updated once per step from the committed path, whichever candidate ran (`update`).
 
 Costs reach the jitted step as an array in the draft params (`draft_params["costs"]`, one entry per
-candidate, then an AR step with a shadow draft: `cost_names`), so a measured profile replaces the prior without recompiling (`lsjax.drafters.auto_profile`).
+candidate, then an AR step with a shadow draft: `cost_names`), so a measured profile replaces the prior
+without recompiling (`lsjax.drafters.auto_profile`).
 """
 
 from __future__ import annotations
@@ -147,12 +149,21 @@ class AutoDrafter(PolicyRules, Drafter):
         return max(self.longspec.max_depth, self.hybrid_pld)
 
     def _costs(self, ctx: DraftContext) -> jax.Array:
-        """The costs (`cost_names`) in the draft params; the built-in prior when none were given (`()`)."""
+        """The costs (`cost_names`) in the draft params (the built-in prior when none were given), with each
+        cost above AR's scaled by 1 + `cost_margin`."""
         if isinstance(ctx.draft_params, dict) and "costs" in ctx.draft_params:
-            return ctx.draft_params["costs"]
-        from lsjax.drafters.auto_profile import prior_costs
+            costs = ctx.draft_params["costs"]
+        else:
+            from lsjax.drafters.auto_profile import prior_costs
 
-        return jnp.asarray(prior_costs(self), jnp.float32)
+            costs = jnp.asarray(prior_costs(self), jnp.float32)
+        return self.priced(costs)
+
+    def priced(self, costs: jax.Array) -> jax.Array:
+        """Profiled costs as the policy prices them: AR's as measured, every other's extra over AR's scaled by
+        1 + `cost_margin`."""
+        m = self.policy.cost_margin
+        return costs if not m else costs[0] + (costs - costs[0]) * (1.0 + m)
 
     def _pld(self, num_tokens: int) -> PLDDrafter:
         return PLDDrafter(num_tokens=num_tokens, ngram_max=self.pld_ngram)
@@ -269,14 +280,24 @@ def auto_params(drafter: AutoDrafter, longspec_params=None, costs=None) -> dict:
     "most expected tokens per second on this device",
     uses_draft=True,
 )
-def _build(model, *, pld_ngram: int = registry.PLD_NGRAM, budget=None, initial_slack=None, shadow=None, **opts):
+def _build(
+    model,
+    *,
+    pld_ngram: int = registry.PLD_NGRAM,
+    budget=None,
+    initial_slack=None,
+    cost_margin=None,
+    shadow=None,
+    **opts,
+):
     from lsjax.errors import ModelNotFoundError
 
     try:
         ls, params = registry.get("longspec").build(model, **opts)
     except ModelNotFoundError:  # no draft for this target: AR and prompt lookup only
         ls, params = None, None
-    policy = {k: v for k, v in (("budget", budget), ("initial_slack", initial_slack)) if v is not None}
+    given = (("budget", budget), ("initial_slack", initial_slack), ("cost_margin", cost_margin))
+    policy = {k: float(v) for k, v in given if v is not None}
     if shadow is not None:  # bench variants pass 0 / 1
         policy["shadow"] = bool(shadow)
     drafter = AutoDrafter(longspec=ls, pld_ngram=pld_ngram, policy=AutoPolicy(**policy))

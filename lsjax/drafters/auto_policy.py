@@ -41,6 +41,10 @@ class AutoPolicy:
     # proposal against the tokens that follow; ~0.2 AR steps) instead of probes that run them (a failed probe
     # costs 1.3-2.3x an AR step for one token). Shadows are scheduled like probes (probe_min .. probe_max).
     shadow: bool = True
+    # The profile times each candidate forced, in isolation; mixed into a run, speculative steps cost more than
+    # that (`cost_margin` below is how much more they are assumed to cost: each step's cost above AR's is
+    # scaled by 1 + cost_margin, in choosing and in the budget alike).
+    cost_margin: float = 0.0
 
     def __post_init__(self):
         if not 0.0 < self.decay < 1.0:
@@ -59,6 +63,8 @@ class AutoPolicy:
             raise ConfigError(f"auto.confidence: must be a float >= 0 (std units), got {self.confidence!r}")
         if not (isinstance(self.initial_slack, (int, float)) and self.initial_slack >= 0):
             raise ConfigError(f"auto.initial_slack: must be a float >= 0 (AR steps), got {self.initial_slack!r}")
+        if not (isinstance(self.cost_margin, (int, float)) and 0.0 <= self.cost_margin <= 10.0):
+            raise ConfigError(f"auto.cost_margin: must be a float in [0, 10], got {self.cost_margin!r}")
         if not isinstance(self.shadow, bool):
             raise ConfigError(f"auto.shadow: must be a bool, got {self.shadow!r}")
 
