@@ -3,6 +3,7 @@ a fixed method vs AR, per step, interleaved and repeated in one run.
 
     python -m lsjax.bench.auto_step                       # a 1K-2K dev code prompt, T=0
     python -m lsjax.bench.auto_step --temperature 1 --task dialogue --bucket 2K-4K
+    python -m lsjax.bench.auto_step --variant probes=auto:shadow=0   # + the AR step of another policy
 
 Prints ms per step and the ratio to a plain AR step measured in the same round (median over rounds, min-max),
 and the compile time of every program. An auto step that runs `ar` should cost ~1.0x an AR step, and one that
@@ -29,7 +30,20 @@ def main(argv=None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--steps", type=int, default=8, help="steps per timing")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=auto:key=value,...",
+        help="another auto policy (as in lsjax.bench.repeat) whose AR step is timed too: its bookkeeping cost",
+    )
     args = p.parse_args(argv)
+    from lsjax.bench.methods import parse_variant
+
+    try:
+        variants = dict(parse_variant(v) for v in args.variant)
+    except ValueError as e:
+        p.error(f"--variant: {e}")
 
     import jax
     import jax.numpy as jnp
@@ -57,6 +71,8 @@ def main(argv=None) -> int:
     programs["auto"] = Generator(model.config, params, auto, auto_params)
     for c in auto.candidates[1:]:
         programs[c.name] = Generator(model.config, params, c.drafter, ls_params if c.kind != "pld" else None)
+    for name, (method, opts) in variants.items():
+        programs[name] = Generator(model.config, params, *registry.build(method, model, **opts))
 
     states, compile_s = {}, {}
     for name, g in programs.items():
@@ -82,6 +98,9 @@ def main(argv=None) -> int:
         runs.append((f"auto:{c.name}", "auto", i))
         if c.kind != "ar":
             runs.append((c.name, c.name, None))
+    if auto.shadows:  # an AR step with a shadow draft after it: what exploring the draft costs
+        runs.append(("auto:ar+shadow", "auto", len(auto.candidates)))
+    runs += [(f"{name}:ar", name, 0) for name in variants]
     for _, name, force in runs:  # warm-up: first calls allocate
         timed(name, force)
     times: dict[str, list[float]] = {label: [] for label, _, _ in runs}

@@ -84,6 +84,7 @@ class AutoState:
     ring: Any  # LongSpec's RingCache; () without a draft
     policy: PolicyState
     shadow: Any  # DraftShadow; () without a draft
+    match: tuple  # (n, start, avail) [B] each: `_match` of the history, kept so a step computes it once
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +176,8 @@ class AutoDrafter(PolicyRules, Drafter):
         ring = self.longspec.init(sub_context(ctx), state) if self.longspec is not None else ()
         B = state.root.shape[0]
         shadow = DraftShadow.empty(B, self.longspec.num_nodes, self.hybrid_pld) if self.longspec is not None else ()
-        return AutoState(pld, ring, self.init_policy(ctx.sampling.greedy or not ctx.sampling.sample_drafts), shadow)
+        pol = self.init_policy(ctx.sampling.greedy or not ctx.sampling.sample_drafts)
+        return AutoState(pld, ring, pol, shadow, self._match(pld))
 
     def summary(self, draft_state: AutoState) -> dict:
         """Steps each candidate ran (host side, after decoding)."""
@@ -203,7 +205,7 @@ class AutoDrafter(PolicyRules, Drafter):
 
     def choose(self, ctx: DraftContext, state) -> jax.Array:
         ds: AutoState = state.draft
-        n, _, avail = self._match(ds.pld)
+        n, _, avail = ds.match
         active = (~state.done).astype(jnp.float32)
         return self.decide(ds.policy, self._costs(ctx), n, avail, active, state.steps)
 
@@ -213,7 +215,7 @@ class AutoDrafter(PolicyRules, Drafter):
         candidate that ran updates its family's rates, and prompt lookup learns from the committed tokens."""
         pld = self._pld(max(self.pld_tokens)).update(ctx, state, ds.pld, verdict)
         ring = self.longspec.update(sub_context(ctx), state, ds.ring, verdict) if self.longspec is not None else ()
-        n, start, avail = self._match(ds.pld)  # the match the step was chosen and drafted with (old history)
+        n, start, avail = ds.match  # the match the step was chosen and drafted with (old history)
         costs = self._costs(ctx)
         active = verdict.count > 0
         # One small branch per candidate: the policy state is a few hundred floats, so this switch is cheap.
@@ -227,22 +229,28 @@ class AutoDrafter(PolicyRules, Drafter):
         shadowed = self.lookup_shadow(pol, n, avail, proposal, verdict.emitted()[:, :D], verdict.count)
         ran_pld = jnp.asarray([c.kind == "pld" for c in self.candidates])[verdict.extras]
         pol = jax.tree.map(lambda a, b: jnp.where(ran_pld, a, b), pol, shadowed)
+        match = self._match(pld)  # the next step's
         if not self.shadows:
-            return AutoState(pld, ring, pol, ds.shadow)
-        pol, shadow = self._shadow_step(ctx, state, pld, ring, ds.shadow, pol, costs)
-        return AutoState(pld, ring, pol, shadow)
+            return AutoState(pld, ring, pol, ds.shadow, match)
+        pol, shadow = self._shadow_step(ctx, state, pld, ring, ds.shadow, pol, costs, match)
+        return AutoState(pld, ring, pol, shadow, match)
 
-    def _shadow_step(self, ctx, state, pld: History, ring, shadow: DraftShadow, pol: PolicyState, costs):
+    def _shadow_step(self, ctx, state, pld: History, ring, shadow: DraftShadow, pol: PolicyState, costs, match):
         """After the commit: a shadow whose tokens are all committed teaches the draft's families; then, when
         one is due and affordable, the draft proposes at the new root and its proposal is put aside."""
         D = self._shadow_depth
-        idx = jnp.clip(shadow.base[:, None] + jnp.arange(D)[None], 0, pld.tokens.shape[1] - 1)
-        following = jnp.take_along_axis(pld.tokens, idx, axis=1)
+        n, start, avail = match
         ready = shadow.pending & (pld.length >= shadow.base + D)
-        got = shadow_accepts(shadow, following, self.longspec.tree.level_offsets())
-        n, start, avail = self._match(pld)
-        live = (~state.done).astype(jnp.float32)
-        pol = self.observe_shadow(pol, costs, n, avail, live, ready, got, state.steps)
+
+        def observe(pol):
+            idx = jnp.clip(shadow.base[:, None] + jnp.arange(D)[None], 0, pld.tokens.shape[1] - 1)
+            following = jnp.take_along_axis(pld.tokens, idx, axis=1)
+            got = shadow_accepts(shadow, following, self.longspec.tree.level_offsets())
+            live = (~state.done).astype(jnp.float32)
+            return self.observe_shadow(pol, costs, n, avail, live, ready, got, state.steps)
+
+        # Most steps resolve no shadow: skip the bookkeeping then (an AR step is ~70 ms; every op counts).
+        pol = jax.lax.cond(jnp.any(ready), observe, lambda pol: pol, pol)
         shadow = dataclasses.replace(shadow, pending=shadow.pending & ~ready)
         waiting = jnp.any(shadow.pending & ~state.done)
         due = (pol.force < 0) & ~waiting & self.shadow_due(pol, costs, state.steps)

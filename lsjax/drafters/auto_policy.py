@@ -190,14 +190,14 @@ class PolicyRules:
             new = add(new, fams.index("ls-chain"), got.chain_known, got.chain, ready)
         if "hybrid" in fams:
             new = add(new, fams.index("hybrid"), got.hybrid_limit, got.hybrid, ready & (got.hybrid_limit > 0))
+        score = self._scores(costs, new, n, avail, active)
         for g in range(members_of(self).shape[0]):
-            new = self._backoff(new, g, costs, n, avail, active, steps)
+            new = self._backoff(new, g, score, steps)
         return jax.tree.map(lambda a, b: jnp.where(jnp.any(ready), a, b), new, pol)
 
-    def _backoff(self, pol: PolicyState, group: int, costs, n, avail, active, steps) -> PolicyState:
-        """Group `group` was just observed: explore it again after probe_max at most if the estimates still
-        rank it below the rest, soon if it wins."""
-        score = self._scores(costs, pol, n, avail, active)
+    def _backoff(self, pol: PolicyState, group: int, score, steps) -> PolicyState:
+        """Group `group` was just observed (`score`: every candidate's after it): explore it again after
+        probe_max at most if the estimates still rank it below the rest, soon if it wins."""
         mine = np.asarray(members_of(self)[group])
         worse = jnp.max(jnp.where(mine, score, -jnp.inf)) < jnp.max(jnp.where(mine, -jnp.inf, score))
         iv = jnp.where(worse, jnp.minimum(2 * pol.interval[group], self.policy.probe_max), self.policy.probe_min)
@@ -262,4 +262,4 @@ class PolicyRules:
         pol = self._observe(pol, fam, trial, trial & (accepted[:, None] >= d))
         if c.group < 0 or self.shadows:  # shadows schedule exploration
             return pol
-        return self._backoff(pol, c.group, costs, n, avail, active.astype(jnp.float32), steps)
+        return self._backoff(pol, c.group, self._scores(costs, pol, n, avail, active.astype(jnp.float32)), steps)
