@@ -29,22 +29,28 @@ class AutoPolicy:
     optimism: float = 0.25  # confidence width (binomial std units) a probe's optimistic score adds
     # The never-slower budget (module doc): a run may spend at most `budget` of its AR-equivalent time, plus
     # `initial_slack` AR steps, on steps that accept less than they cost. Held-out prompts lost up to 18% to
-    # exploration without it (README, "Never slower").
-    budget: float = 0.03
-    initial_slack: float = 1.0
+    # exploration without it (README, "Never slower"). With shadow drafts (~0.2 AR steps each) 1% of a 64-token
+    # run and half a step still buy ~5 looks at the draft; with probes (3%, 1 step) it bought 2-3 probes.
+    budget: float = 0.01
+    initial_slack: float = 0.5
     # ... except a candidate that pays even at the low end of its rates' confidence range (binomial std units):
     # that is evidence, not exploration (prompt lookup, observed every step for free, gets there within a few
     # steps of copying text; without this exception the budget kept pld-8 off a held-out code prompt: 1.44x
-    # instead of 1.60x).
-    confidence: float = 1.0
+    # instead of 1.60x). 2 std: at 1, a 0.2 rate seen ~10 times cleared its low end by chance often enough to
+    # overdraw the 1% budget in the simulator.
+    confidence: float = 2.0
+    # ... once its family's depth-1 rate rests on this many observations beyond the prior (one lucky look at a
+    # family is not evidence).
+    evidence: float = 3.0
     # Explore the draft's candidates with shadow drafts (`lsjax.drafters.auto_shadow`: draft only, check the
     # proposal against the tokens that follow; ~0.2 AR steps) instead of probes that run them (a failed probe
     # costs 1.3-2.3x an AR step for one token). Shadows are scheduled like probes (probe_min .. probe_max).
     shadow: bool = True
     # The profile times each candidate forced, in isolation; mixed into a run, speculative steps cost more than
-    # that (`cost_margin` below is how much more they are assumed to cost: each step's cost above AR's is
-    # scaled by 1 + cost_margin, in choosing and in the budget alike).
-    cost_margin: float = 0.0
+    # that, so each step's cost above AR's is scaled by 1 + cost_margin, in choosing and in the budget alike.
+    # Fitted on dev runs (2026-11-26, 14 runs with >= 3 AR steps of speculative extra: the margin that makes
+    # the profile predict the measured speed): median 0.24, spread -0.1 .. 1.0.
+    cost_margin: float = 0.2
 
     def __post_init__(self):
         if not 0.0 < self.decay < 1.0:
@@ -65,6 +71,8 @@ class AutoPolicy:
             raise ConfigError(f"auto.initial_slack: must be a float >= 0 (AR steps), got {self.initial_slack!r}")
         if not (isinstance(self.cost_margin, (int, float)) and 0.0 <= self.cost_margin <= 10.0):
             raise ConfigError(f"auto.cost_margin: must be a float in [0, 10], got {self.cost_margin!r}")
+        if not (isinstance(self.evidence, (int, float)) and self.evidence >= 0):
+            raise ConfigError(f"auto.evidence: must be a float >= 0 (observations), got {self.evidence!r}")
         if not isinstance(self.shadow, bool):
             raise ConfigError(f"auto.shadow: must be a bool, got {self.shadow!r}")
 
@@ -90,8 +98,9 @@ class PolicyRules:
         prior = np.asarray([prior_rates(f, self.max_depth, greedy) for f in self.families], np.float32)
         w = self.policy.prior_weight
         G = 1 + max(c.group for c in self.candidates)
-        # Staggered first probes, so no two families are explored in the same stretch of steps.
-        due = self.policy.probe_min + 2 * np.arange(G)
+        # Probes: staggered, so no two families are explored in the same stretch of steps. Shadows: one look at
+        # every family after the first step (nothing of the draft runs before it has been looked at).
+        due = np.ones(G) if self.shadows else self.policy.probe_min + 2 * np.arange(G)
         return PolicyState(
             succ=jnp.asarray(prior * w),
             trials=jnp.full(prior.shape, w, jnp.float32),
@@ -141,8 +150,17 @@ class PolicyRules:
         """[C] bool: AR; candidates whose step keeps the run within its budget even if it accepts nothing;
         and those that beat AR even at the low end of their rates' confidence range."""
         C = len(self.candidates)
+        fam = np.asarray([max(c.family, 0) for c in self.candidates])
+        if any(c.kind == "pld" for c in self.candidates):  # prompt lookup: the family of the match's n-gram
+            pld = self.families.index("pld1") + jnp.max(jnp.maximum(n - 1, 0))
+            fam = jnp.where(jnp.asarray([c.kind == "pld" for c in self.candidates]), pld, fam)
+        seen = pol.trials[fam, 0] - self.policy.prior_weight  # observations beyond the prior (decayed)
         sure = self._scores(costs, pol, n, avail, active, -self.policy.confidence) > 1.0 / costs[0]
-        return ((pol.slack >= costs[:C] / costs[0] - 1.0) | sure).at[0].set(True)
+        ok = (pol.slack >= costs[:C] / costs[0] - 1.0) | (sure & (seen >= self.policy.evidence))
+        if self.shadows:
+            # Shadows look at the draft's families for ~0.2 AR steps: none of them runs on its prior alone.
+            ok = ok & ((seen > 1e-3) | jnp.asarray([c.kind in ("ar", "pld") for c in self.candidates]))
+        return ok.at[0].set(True)
 
     def decide(self, pol: PolicyState, costs, n, avail, active, steps) -> jax.Array:
         """The candidate to run: the best expected tokens per second, unless a probe is due (module doc); only
