@@ -288,25 +288,18 @@ def auto_params(drafter: AutoDrafter, longspec_params=None, costs=None) -> dict:
     "most expected tokens per second on this device",
     uses_draft=True,
 )
-def _build(
-    model,
-    *,
-    pld_ngram: int = registry.PLD_NGRAM,
-    budget=None,
-    initial_slack=None,
-    cost_margin=None,
-    shadow=None,
-    **opts,
-):
+def _build(model, *, pld_ngram: int = registry.PLD_NGRAM, **opts):
     from lsjax.errors import ModelNotFoundError
 
+    # Options naming an AutoPolicy field set the policy (bench variants: "auto:shadow=0,budget=0.03"); the rest
+    # go to the draft.
+    fields = {f.name: f.type for f in dataclasses.fields(AutoPolicy)}
+    policy = {k: opts.pop(k) for k in list(opts) if k in fields}
+    for k, v in policy.items():  # bench variants pass numbers as int or float, flags as 0 / 1
+        policy[k] = bool(v) if fields[k] == "bool" else int(v) if fields[k] == "int" else float(v)
     try:
         ls, params = registry.get("longspec").build(model, **opts)
     except ModelNotFoundError:  # no draft for this target: AR and prompt lookup only
         ls, params = None, None
-    given = (("budget", budget), ("initial_slack", initial_slack), ("cost_margin", cost_margin))
-    policy = {k: float(v) for k, v in given if v is not None}
-    if shadow is not None:  # bench variants pass 0 / 1
-        policy["shadow"] = bool(shadow)
     drafter = AutoDrafter(longspec=ls, pld_ngram=pld_ngram, policy=AutoPolicy(**policy))
     return drafter, auto_params(drafter, params)
