@@ -276,6 +276,8 @@ def test_config_validation_names_the_field():
             AutoPolicy(**{field: bad})
     with pytest.raises(ConfigError, match="auto.pld_tokens"):
         AutoDrafter(pld_tokens=(0,))
+    with pytest.raises(ConfigError, match="auto costs: need one per entry"):  # e.g. a profile without the shadow
+        auto_params(FULL, None, COSTS[:-1])
 
 
 # ------------------------------------------------------------------------------ the engine, tiny model

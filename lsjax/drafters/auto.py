@@ -276,6 +276,11 @@ def auto_params(drafter: AutoDrafter, longspec_params=None, costs=None) -> dict:
     unless given; `lsjax.drafters.auto_profile` measures them)."""
     from lsjax.drafters.auto_profile import prior_costs
 
+    if costs is not None and np.shape(costs) != (len(drafter.cost_names),):
+        raise ConfigError(
+            f"auto costs: need one per entry of {drafter.cost_names} (shape ({len(drafter.cost_names)},)), "
+            f"got shape {np.shape(costs)}"
+        )
     out = {"costs": jnp.asarray(prior_costs(drafter) if costs is None else costs, jnp.float32)}
     if longspec_params is not None:
         out["longspec"] = longspec_params
