@@ -135,3 +135,30 @@ def test_shadow_every_step_is_lossless_in_the_same_loop():
     free = decode({**dp, "costs": costs})
     np.testing.assert_array_equal(np.asarray(free.out), np.asarray(ref.out))
     assert int(free.draft.policy.shadows) > 0
+
+
+def test_a_put_aside_lookup_proposal_teaches_every_depth():
+    """AR steps emit one token, so prompt lookup's per-step check sees depth 1 only; a lookup proposal put aside
+    at a root is checked at every depth once the tokens after it are committed (depth 1 is not counted twice)."""
+    from types import SimpleNamespace
+
+    from lsjax.drafters.auto_shadow import LookupShadow
+    from lsjax.drafters.pld import History
+    from tests.test_auto import FULL
+
+    D = max(FULL.pld_tokens)
+    seq = [5, 6, 7, *range(10, 10 + D), 5, 6, 7]  # the last 3-gram matches; its continuation is 10 .. 17
+    hist = History(jnp.zeros((1, 64), jnp.int32).at[0, : len(seq)].set(jnp.asarray(seq)), jnp.array([len(seq)]))
+    state = SimpleNamespace(done=jnp.zeros((1,), bool))
+    pol0 = FULL.init_policy()
+    pol1, put = FULL._lookup_step(state, hist, LookupShadow.empty(1, D), pol0, FULL._match(hist))
+    assert bool(put.pending[0]) and np.asarray(put.tokens[0]).tolist() == list(range(10, 10 + D))
+    np.testing.assert_array_equal(np.asarray(pol1.trials), np.asarray(pol0.trials))  # nothing known yet
+    follow = [10, 11, 12, 13, 14, 99, 98, 97]  # the target continued 5 tokens as the lookup proposed
+    later = History(hist.tokens.at[0, len(seq) : len(seq) + D].set(jnp.asarray(follow)), jnp.array([len(seq) + D]))
+    pol2, after = FULL._lookup_step(state, later, put, pol1, FULL._match(later))
+    fam = FULL.families.index("pld3")
+    tried = np.flatnonzero(np.asarray(pol2.trials[fam]) != np.asarray(pol1.trials[fam])) + 1
+    assert tried.tolist() == [2, 3, 4, 5, 6]  # depth 1 is the per-step check's; depth 6 failed, 7-8 untried
+    gained = np.asarray(pol2.succ[fam]) - FULL.policy.decay * np.asarray(pol1.succ[fam])
+    np.testing.assert_allclose(gained[1:6], [1, 1, 1, 1, 0], atol=1e-6)

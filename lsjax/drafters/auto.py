@@ -69,7 +69,7 @@ from lsjax.drafters.auto_candidates import (
     sub_context,
 )
 from lsjax.drafters.auto_policy import AutoPolicy, PolicyRules, PolicyState
-from lsjax.drafters.auto_shadow import DraftShadow
+from lsjax.drafters.auto_shadow import DraftShadow, LookupShadow
 from lsjax.drafters.auto_shadow import accepts as shadow_accepts
 from lsjax.drafters.base import DraftContext, Drafter, Verdict
 from lsjax.drafters.longspec import LongSpecDrafter
@@ -85,6 +85,7 @@ class AutoState:
     policy: PolicyState
     shadow: Any  # DraftShadow; () without a draft
     match: tuple  # (n, start, avail) [B] each: `_match` of the history, kept so a step computes it once
+    lookup: LookupShadow  # a prompt-lookup proposal waiting for the tokens after its root
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,7 +178,8 @@ class AutoDrafter(PolicyRules, Drafter):
         B = state.root.shape[0]
         shadow = DraftShadow.empty(B, self.longspec.num_nodes, self.hybrid_pld) if self.longspec is not None else ()
         pol = self.init_policy(ctx.sampling.greedy or not ctx.sampling.sample_drafts)
-        return AutoState(pld, ring, pol, shadow, self._match(pld))
+        lookup = LookupShadow.empty(B, max(self.pld_tokens))
+        return AutoState(pld, ring, pol, shadow, self._match(pld), lookup)
 
     def summary(self, draft_state: AutoState) -> dict:
         """Steps each candidate ran (host side, after decoding)."""
@@ -230,10 +232,32 @@ class AutoDrafter(PolicyRules, Drafter):
         ran_pld = jnp.asarray([c.kind == "pld" for c in self.candidates])[verdict.extras]
         pol = jax.tree.map(lambda a, b: jnp.where(ran_pld, a, b), pol, shadowed)
         match = self._match(pld)  # the next step's
+        pol, lookup = self._lookup_step(state, pld, ds.lookup, pol, match)
         if not self.shadows:
-            return AutoState(pld, ring, pol, ds.shadow, match)
+            return AutoState(pld, ring, pol, ds.shadow, match, lookup)
         pol, shadow = self._shadow_step(ctx, state, pld, ring, ds.shadow, pol, costs, match)
-        return AutoState(pld, ring, pol, shadow, match)
+        return AutoState(pld, ring, pol, shadow, match, lookup)
+
+    def _lookup_step(self, state, pld: History, lookup: LookupShadow, pol: PolicyState, match):
+        """A put-aside prompt-lookup proposal whose tokens are all committed teaches its deeper depths; then one
+        is put aside from the new root's match, if there is one and none is waiting."""
+        D = lookup.tokens.shape[1]
+        C = pld.tokens.shape[1]
+        ready = lookup.pending & (pld.length >= lookup.base + D)
+
+        def observe(pol):
+            idx = jnp.clip(lookup.base[:, None] + jnp.arange(D)[None], 0, C - 1)
+            following = jnp.take_along_axis(pld.tokens, idx, axis=1)
+            n = jnp.where(ready, lookup.n, 0)
+            return self.lookup_shadow(pol, n, lookup.avail, lookup.tokens, following, jnp.full_like(n, D), 2)
+
+        pol = jax.lax.cond(jnp.any(ready), observe, lambda pol: pol, pol)
+        n, start, avail = match
+        fresh = ~(lookup.pending & ~ready) & (n > 0) & ~state.done
+        proposal = jnp.take_along_axis(pld.tokens, jnp.clip(start[:, None] + jnp.arange(D)[None], 0, C - 1), axis=1)
+        put = LookupShadow(proposal, n, avail, pld.length, jnp.ones_like(fresh))
+        kept = dataclasses.replace(lookup, pending=lookup.pending & ~ready)
+        return pol, jax.tree.map(lambda a, b: jnp.where(fresh.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), put, kept)
 
     def _shadow_step(self, ctx, state, pld: History, ring, shadow: DraftShadow, pol: PolicyState, costs, match):
         """After the commit: a shadow whose tokens are all committed teaches the draft's families; then, when

@@ -57,6 +57,25 @@ class DraftShadow:
         return DraftShadow(tree.tokens, tree.parents, tree.depth, tree.valid, chain, n, avail, base, pending)
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LookupShadow:
+    """A prompt-lookup proposal put aside until the tokens after its root are committed. Lookup is also checked
+    against every step's emitted tokens, but an AR step emits one token, so that sees depth 1 only; this one
+    sees every depth (free: nothing is drafted)."""
+
+    tokens: jax.Array  # [B, D] the proposal
+    n: jax.Array  # [B] the n-gram of its match (0: none)
+    avail: jax.Array  # [B] tokens available after the match
+    base: jax.Array  # [B] history index of the root's first child
+    pending: jax.Array  # [B] bool
+
+    @staticmethod
+    def empty(batch: int, depth: int) -> LookupShadow:
+        z = jnp.zeros((batch,), jnp.int32)
+        return LookupShadow(jnp.zeros((batch, depth), jnp.int32), z, z, z, jnp.zeros((batch,), bool))
+
+
 @dataclasses.dataclass(frozen=True)
 class ShadowAccepts:
     """What each candidate family would have accepted at the shadow's root ([B] int32 each)."""
