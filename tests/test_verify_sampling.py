@@ -27,7 +27,7 @@ from scipy import stats
 from lsjax import speculative
 from lsjax.cache import KVCache
 from lsjax.config import BlockConfig, DraftConfig, GenerateConfig, LocalHeadConfig, SamplingConfig
-from lsjax.drafters.auto import AutoDrafter, auto_params
+from lsjax.drafters.auto import AutoDrafter, AutoPolicy, auto_params
 from lsjax.drafters.base import Drafter
 from lsjax.drafters.block import BlockDrafter, prepare_dels_params
 from lsjax.drafters.hybrid import HybridDrafter
@@ -207,8 +207,15 @@ DRAFTERS = {
     "hybrid": HybridDrafter(LongSpecDrafter(TreeConfig((2, 2, 2)), LS), PLDDrafter(num_tokens=3, ngram_max=2)),
     # The adaptive policy over AR, a PLD chain, a draft chain, the draft's tree and the hybrid: each row's steps
     # switch between trees as the (batch-wide) estimates move.
+    # The probing policy: it may draft a tree at the first step, which is the step this test checks (the
+    # default, shadowing policy runs AR until it has looked at the draft; its shadows never touch verification).
     "auto": AutoDrafter(
-        LongSpecDrafter(TreeConfig((2, 2, 2)), LS), pld_tokens=(3,), pld_ngram=2, chains=(2,), hybrid_pld=3
+        LongSpecDrafter(TreeConfig((2, 2, 2)), LS),
+        pld_tokens=(3,),
+        pld_ngram=2,
+        chains=(2,),
+        hybrid_pld=3,
+        policy=AutoPolicy(shadow=False),
     ),
     # The model has one layer: its streams start from the embeddings (layer 0) and run through that layer.
     "streams": StreamsDrafter(SS, (3, 3, 2), layer=0),
