@@ -165,7 +165,8 @@ class AutoDrafter(PolicyRules, Drafter):
         """Profiled costs as the policy prices them: AR's as measured, every other's extra over AR's scaled by
         1 + `cost_margin`."""
         m = self.policy.cost_margin
-        return costs if not m else costs[0] + (costs - costs[0]) * (1.0 + m)
+        extra = costs - costs[0]  # a cost below AR's (a test pricing AR out) is taken as given, not scaled
+        return costs if not m else costs[0] + jnp.where(extra > 0, extra * (1.0 + m), extra)
 
     def _pld(self, num_tokens: int) -> PLDDrafter:
         return PLDDrafter(num_tokens=num_tokens, ngram_max=self.pld_ngram)
