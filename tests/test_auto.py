@@ -261,6 +261,8 @@ def test_cost_margin_prices_speculation_above_ar():
     careful = dataclasses.replace(FULL, policy=AutoPolicy(cost_margin=1.0))
     priced = np.asarray(careful.priced(jnp.asarray(COSTS)))
     np.testing.assert_allclose(priced, [1.0] + [1 + (c - 1) * 2.0 for c in COSTS[1:]], rtol=1e-6)
+    # A cost below AR's (a test pricing AR out) is left as it is: scaling it would push it towards 0 or below.
+    np.testing.assert_allclose(careful.priced(jnp.asarray([2.0, 1.0, 3.0])), [2.0, 1.0, 4.0])
     close = true_rates(FULL, {"pld3": 0.35, "ls-chain": 0.25})
     assert np.mean(simulate(FULL, COSTS, [(300, close)])[150:] == 0) < 0.5
     assert np.mean(simulate(careful, priced, [(300, close)])[150:] == 0) > 0.8
