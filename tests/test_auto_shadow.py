@@ -76,38 +76,33 @@ def test_hybrid_is_the_better_of_tree_and_lookup():
 
 
 @functools.cache
-def _draft_and_state():
+def _tree_and_chain():
+    """The tiny draft's (2, 1, 1) beam tree and its greedy 3-chain at the same 16 states (one compiled program)."""
     config, params = tiny_model()
-    ls = SMALL.longspec
-    tree_ls = dataclasses.replace(ls, tree=TreeConfig((2, 1, 1)))
+    tree_ls = dataclasses.replace(SMALL.longspec, tree=TreeConfig((2, 1, 1)))
+    chain_ls = dataclasses.replace(tree_ls, tree=TreeConfig((1, 1, 1)))
     dp = longspec_params(params, config, tree_ls)
     gen = GenerateConfig(max_new_tokens=8, sampling=SamplingConfig(temperature=0.0), ignore_eos=True)
-    rng = np.random.RandomState(3)
-    prompts = rng.randint(3, 97, (16, 24)).astype(np.int32)
     cap = speculative.required_capacity(24, gen, tree_ls)
-    state = speculative.start(
-        params,
-        dp,
-        config,
-        tree_ls,
-        gen,
-        jnp.asarray(prompts),
-        jnp.full((16,), 24),
-        jax.random.key(0),
-        capacity=cap,
-        chunk=24,
-    )
-    ctx = speculative.context(params, dp, config, gen, cap)
-    return tree_ls, ctx, state
+    prompts = jnp.asarray(np.random.RandomState(3).randint(3, 97, (16, 24)).astype(np.int32))
+
+    @jax.jit
+    def run(params, dp, prompts):
+        lengths = jnp.full((16,), 24)
+        state = speculative.start(
+            params, dp, config, tree_ls, gen, prompts, lengths, jax.random.key(0), capacity=cap, chunk=24
+        )
+        ctx = speculative.context(params, dp, config, gen, cap)
+        tree = tree_ls.propose(ctx, state, state.draft, jax.random.key(1))
+        return tree, chain_ls.propose(ctx, state, state.draft, jax.random.key(1)).tokens[:, 1:]
+
+    return run(params, dp, prompts)
 
 
 def test_chain_read_off_the_beam_tree_is_the_greedy_chain():
     """Where `accepts` says the chain is known, the tree's nodes it reads are the greedy chain's tokens: fed the
     chain itself as the following tokens, the chain is accepted exactly as deep as it is known."""
-    tree_ls, ctx, state = _draft_and_state()
-    tree = tree_ls.propose(ctx, state, state.draft, jax.random.key(1))
-    chain_ls = dataclasses.replace(tree_ls, tree=TreeConfig((1, 1, 1)))
-    chain = chain_ls.propose(ctx, state, state.draft, jax.random.key(1)).tokens[:, 1:]
+    tree, chain = _tree_and_chain()
     B = chain.shape[0]
     z = jnp.zeros((B,), jnp.int32)
     got = accepts(DraftShadow.record(tree, jnp.zeros((B, 0), jnp.int32), z, z, z), chain, (0, 1, 3, 4))
