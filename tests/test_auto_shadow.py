@@ -115,6 +115,7 @@ def test_chain_read_off_the_beam_tree_is_the_greedy_chain():
     assert np.all(np.asarray(got.chain)[known == 3] == 2)
 
 
+@pytest.mark.slow  # 14 s; test_auto.py::test_greedy_equals_ar_and_switches runs the default policy, shadows included
 def test_shadow_every_step_is_lossless_in_the_same_loop():
     """Forced AR steps with a shadow draft after each (how the profile times a shadow) reuse auto's compiled
     loop, equal AR, and count a shadow per step; the policy itself runs shadows too."""
