@@ -227,8 +227,7 @@ class AutoDrafter(PolicyRules, Drafter):
         pol = jax.lax.switch(verdict.extras, learners, *operands)
         # What prompt lookup would have proposed, against what was emitted (a prompt-lookup step taught itself).
         D = self.max_depth
-        idx = jnp.clip(start[:, None] + jnp.arange(D)[None], 0, ds.pld.tokens.shape[1] - 1)
-        proposal = jnp.take_along_axis(ds.pld.tokens, idx, axis=1)
+        proposal = _window(ds.pld, start, D)
         shadowed = self.lookup_shadow(pol, n, avail, proposal, verdict.emitted()[:, :D], verdict.count)
         ran_pld = jnp.asarray([c.kind == "pld" for c in self.candidates])[verdict.extras]
         pol = jax.tree.map(lambda a, b: jnp.where(ran_pld, a, b), pol, shadowed)
@@ -243,19 +242,17 @@ class AutoDrafter(PolicyRules, Drafter):
         """A put-aside prompt-lookup proposal whose tokens are all committed teaches its deeper depths; then one
         is put aside from the new root's match, if there is one and none is waiting."""
         D = lookup.tokens.shape[1]
-        C = pld.tokens.shape[1]
         ready = lookup.pending & (pld.length >= lookup.base + D)
 
         def observe(pol):
-            idx = jnp.clip(lookup.base[:, None] + jnp.arange(D)[None], 0, C - 1)
-            following = jnp.take_along_axis(pld.tokens, idx, axis=1)
+            following = _window(pld, lookup.base, D)
             n = jnp.where(ready, lookup.n, 0)
             return self.lookup_shadow(pol, n, lookup.avail, lookup.tokens, following, jnp.full_like(n, D), 2)
 
         pol = jax.lax.cond(jnp.any(ready), observe, lambda pol: pol, pol)
         n, start, avail = match
         fresh = ~(lookup.pending & ~ready) & (n > 0) & ~state.done
-        proposal = jnp.take_along_axis(pld.tokens, jnp.clip(start[:, None] + jnp.arange(D)[None], 0, C - 1), axis=1)
+        proposal = _window(pld, start, D)
         put = LookupShadow(proposal, n, avail, pld.length, jnp.ones_like(fresh))
         kept = dataclasses.replace(lookup, pending=lookup.pending & ~ready)
         return pol, jax.tree.map(lambda a, b: jnp.where(fresh.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), put, kept)
@@ -268,8 +265,7 @@ class AutoDrafter(PolicyRules, Drafter):
         ready = shadow.pending & (pld.length >= shadow.base + D)
 
         def observe(pol):
-            idx = jnp.clip(shadow.base[:, None] + jnp.arange(D)[None], 0, pld.tokens.shape[1] - 1)
-            following = jnp.take_along_axis(pld.tokens, idx, axis=1)
+            following = _window(pld, shadow.base, D)
             got = shadow_accepts(shadow, following, self.longspec.tree.level_offsets())
             live = (~state.done).astype(jnp.float32)
             return self.observe_shadow(pol, costs, n, avail, live, ready, got, state.steps)
@@ -289,11 +285,16 @@ class AutoDrafter(PolicyRules, Drafter):
             sub = dataclasses.replace(sub, sampling=dataclasses.replace(sub.sampling, draft_sampling="greedy"))
             tree = self.longspec.propose(sub, state, ring, state.key)
             H = self.hybrid_pld
-            cidx = jnp.clip(start[:, None] + jnp.arange(H)[None], 0, pld.tokens.shape[1] - 1)
-            chain = jnp.take_along_axis(pld.tokens, cidx, axis=1)
+            chain = _window(pld, start, H)
             return self.start_shadow(pol, costs), DraftShadow.record(tree, chain, n, avail, pld.length)
 
         return jax.lax.cond(run, draft, lambda args: args, (pol, shadow))
+
+
+def _window(hist: History, start: jax.Array, n: int) -> jax.Array:
+    """[B, n] history tokens from index start [B] on (clipped to the buffer; callers mask what is past it)."""
+    idx = jnp.clip(start[:, None] + jnp.arange(n)[None], 0, hist.tokens.shape[1] - 1)
+    return jnp.take_along_axis(hist.tokens, idx, axis=1)
 
 
 def auto_params(drafter: AutoDrafter, longspec_params=None, costs=None) -> dict:
