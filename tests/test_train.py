@@ -158,6 +158,41 @@ def test_distillation_losses(tiny_models):
     assert float(kl2["distill"]) > 1e-3
 
 
+def test_stage3_loss_is_on_assistant_tokens_only(ours, tiny_models):
+    """Dialogue SFT (stage 3): the chat-rendered mask covers each assistant turn (and its end marker) and
+    nothing the user or the template wrote; the loss then counts exactly the tokens under it."""
+    tok = ours.tokenizer
+    msgs = [
+        {"role": "user", "content": "What is two plus two?"},
+        {"role": "assistant", "content": "Four, of course."},
+        {"role": "user", "content": "And three plus three?"},
+        {"role": "assistant", "content": "Six."},
+    ]
+    ids, mask = (np.asarray(a) for a in data_lib.dialogue_tokens(tok, msgs))
+    said = tok.decode(ids[mask == 1].tolist())
+    rest = tok.decode(ids[mask == 0].tolist())
+    assert "Four, of course." in said and "Six." in said and said.count("<|im_end|>") == 2
+    for text in ("two plus two", "three plus three", "user", "assistant", "system"):
+        assert text not in said, text
+    assert "two plus two" in rest and "Four" not in rest and "Six" not in rest
+
+    # Position t predicts token t + 1 with weight mask[t + 1]: the weighted labels are the assistant tokens.
+    labels, weights = tr.next_token_targets(jnp.asarray(ids)[None], jnp.asarray(mask)[None])
+    np.testing.assert_array_equal(np.asarray(labels[0])[np.asarray(weights[0]) > 0], ids[1:][mask[1:] == 1])
+    tp, dp = tiny_models
+    hidden = jax.random.normal(jax.random.PRNGKey(0), (1, len(ids), TINY.hidden_size))
+    small = labels % TINY.vocab_size
+    s = tr.lm_losses(dp, tp, TINY, hidden, small, weights, chunk_size=16)
+    assert float(s["weight"]) == mask[1:].sum()
+    # A wrong label where the mask is 0 changes nothing; one under the mask does.
+    user_pos = int(np.flatnonzero(np.asarray(weights[0]) == 0)[0])
+    asst_pos = int(np.flatnonzero(np.asarray(weights[0]) > 0)[0])
+    for pos, changes in ((user_pos, False), (asst_pos, True)):
+        other = small.at[0, pos].set((small[0, pos] + 1) % TINY.vocab_size)
+        s2 = tr.lm_losses(dp, tp, TINY, hidden, other, weights, chunk_size=16)
+        assert (abs(float(s2["ce"]) - float(s["ce"])) > 1e-6) == changes
+
+
 # ----------------------------------------------------------------------------- the step
 
 
