@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lsjax import attention
 from lsjax.cache import KVCache
 from lsjax.config import ModelConfig
 from lsjax.models import target as target_lib
@@ -31,10 +32,11 @@ def _tokens(S, T, seed=1):
     return np.asarray(jax.random.randint(jax.random.PRNGKey(seed), (S, T), 0, CFG.vocab_size), np.int32)
 
 
-def test_fields_equal_the_target_forward(params):
-    toks = _tokens(2, 24)
+@pytest.mark.parametrize("T", [24, 520])  # 520: three 256-query blocks, the last one partial
+def test_fields_equal_the_target_forward(params, T):
+    toks = _tokens(2, T)
     out = jax.device_get(fcm.feature_pass(params, CFG, jnp.asarray(toks), SPEC))
-    pos = jnp.broadcast_to(jnp.arange(24), (2, 24))
+    pos = jnp.broadcast_to(jnp.arange(T), (2, T))
     hidden, new_k, new_v = target_lib.forward_hidden(params, CFG, jnp.asarray(toks), pos, KVCache.zeros(CFG, 2, 0))
     f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
     np.testing.assert_allclose(f32(out["hidden"]), hidden, rtol=2e-3, atol=2e-3)
@@ -53,7 +55,7 @@ def test_fields_equal_the_target_forward(params):
     for i in range(SPEC.mid_layer, CFG.num_layers):
         lay = jax.tree.map(lambda a, i=i: a[i], params["layers"])
         q, k, v = qkv_projection(lay, CFG, rms_norm(x, lay["attn_norm"], CFG.rms_norm_eps), cos, sin)
-        o, _ = fcm.attention.tree_attention_xla(q, k, v, causal=True)
+        o, _ = attention.tree_attention_xla(q, k, v, causal=True)
         x = x + jnp.einsum("btnh,nhd->btd", o, lay["wo"])
         x = x + mlp(lay, rms_norm(x, lay["mlp_norm"], CFG.rms_norm_eps))
     np.testing.assert_allclose(x, hidden, rtol=5e-3, atol=5e-3)
