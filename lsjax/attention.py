@@ -36,6 +36,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from lsjax.band_attention import band_attention
+
 NEG_INF = float("-inf")
 # Keys per iteration of `prefix_attention_xla`'s loop. On a 2-core EPYC each iteration costs ~60 us
 # besides its data (a dozen small thunks), so 256-key blocks spent 3/4 of the time on overhead;
@@ -167,6 +169,9 @@ def prefix_attention_xla(
     return out.astype(q.dtype), lse
 
 
+CAUSAL_BLOCK = 256  # query and key block of long causal chains (tree_attention_xla)
+
+
 def tree_attention_xla(q, k, v, mask=None, *, causal: bool = False, sm_scale=None, block_q: int = 512):
     """Masked attention of the T new queries over the T new keys.
 
@@ -182,6 +187,13 @@ def tree_attention_xla(q, k, v, mask=None, *, causal: bool = False, sm_scale=Non
     scale = sm_scale if sm_scale is not None else H**-0.5
     if mask is None and not causal:
         raise ValueError("tree_attention needs a mask or causal=True")
+    if causal and mask is None and sm_scale is None and T > CAUSAL_BLOCK * 2:
+        # A long causal chain (prefill, the target's features for training): 256x256 blocks that skip the keys a
+        # block cannot see, ~5x faster on CPU at T = 2048 than full-width query blocks.
+        out, lse = band_attention(
+            q, k.swapaxes(1, 2), v.swapaxes(1, 2), block_q=CAUSAL_BLOCK, block_k=CAUSAL_BLOCK, with_lse=True
+        )
+        return out, lse
     qg = _grouped(q, K).astype(jnp.float32) * scale  # [B, T, K, G, H]
     kf, vf = k.astype(jnp.float32), v.astype(jnp.float32)
 

@@ -13,14 +13,26 @@ import jax.numpy as jnp
 NEG_INF = float("-inf")
 
 
-def band_attention(q, k, v, *, shift=0, window: int | None = None, block_q: int = 512, block_k: int | None = None):
+def band_attention(
+    q,
+    k,
+    v,
+    *,
+    shift=0,
+    window: int | None = None,
+    block_q: int = 512,
+    block_k: int | None = None,
+    with_lse: bool = False,
+):
     """Causal attention with a lag and an optional window, by sequence index.
 
     q [B, T, N, H]; k, v [B, K, S, H] (heads-major, like the caches), key s for
     sequence index s. Query t sees keys s with `t - window <= s <= t - shift`
     (no lower bound when window is None). `shift` may be a traced int32 scalar.
     A query that sees no key gets exactly zero. Returns [B, T, N, H] in q.dtype
-    (fp32 inside).
+    (fp32 inside); with `with_lse` also the log-sum-exp of each row's scores
+    [B, T, N] (fp32, -inf where a row sees no key), for merging with another
+    part of the keys (`lsjax.attention.merge_attention`).
 
     A map over query blocks of `block_q`; each block is rematerialised under
     autodiff, so the backward pass never stores [T, S] probabilities. With a
@@ -66,9 +78,11 @@ def band_attention(q, k, v, *, shift=0, window: int | None = None, block_q: int 
             # The softmax does not depend on the max it subtracts: no gradient through it (and no NaN
             # from rows that see nothing, whose max is -inf).
             m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
-            p = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0))
+            m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+            p = jnp.exp(s - m_safe)
             l = jnp.sum(p, axis=-1, keepdims=True)
-            return jnp.einsum("bkgqs,bksh->bqkgh", p / jnp.where(l > 0, l, 1.0), vb)
+            out = jnp.einsum("bkgqs,bksh->bqkgh", p / jnp.where(l > 0, l, 1.0), vb)
+            return out, _lse(m_safe[..., 0], l[..., 0])
 
     else:
         bk = min(block_k or bq, S)
@@ -106,10 +120,17 @@ def band_attention(q, k, v, *, shift=0, window: int | None = None, block_q: int 
                 jnp.zeros((B, K, G, bq), jnp.float32),
                 jnp.zeros((B, K, G, bq, H), jnp.float32),
             )
-            (_, l, acc), _ = jax.lax.scan(step, init, (kb_all, vb_all, jnp.arange(nk)))
+            (m, l, acc), _ = jax.lax.scan(step, init, (kb_all, vb_all, jnp.arange(nk)))
             out = acc / jnp.where(l > 0, l, 1.0)[..., None]
-            return out.transpose(0, 3, 1, 2, 4)  # [B, bq, K, G, H]
+            return out.transpose(0, 3, 1, 2, 4), _lse(jnp.where(jnp.isfinite(m), m, 0.0), l)  # [B, bq, K, G, H]
 
-    out = jax.lax.map(lambda xs: attend(*xs), (qg, jnp.arange(nb)))  # [nb, B, bq, K, G, H]
-    out = out.swapaxes(0, 1).reshape(B, Tp, N, H)[:, :T]
-    return out.astype(q.dtype)
+    out, lse = jax.lax.map(lambda xs: attend(*xs), (qg, jnp.arange(nb)))  # [nb, B, bq, K, G, H], [nb, B, bq, K, G]
+    out = out.swapaxes(0, 1).reshape(B, Tp, N, H)[:, :T].astype(q.dtype)
+    if not with_lse:
+        return out
+    return out, lse.swapaxes(0, 1).reshape(B, Tp, N)[:, :T]
+
+
+def _lse(m, l):
+    """log sum exp of a row's scores from its max m and sum l of exp(s - m) [B, K, G, bq] -> [B, bq, K, G]."""
+    return jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), NEG_INF).transpose(0, 3, 1, 2)

@@ -438,3 +438,19 @@ def test_xla_prefix_blocks_that_do_not_divide_the_capacity(block):
         want_out, want_lse = pk.prefix_attention_reference(q, k, v, lengths, win)
         assert_close(out, want_out, 1e-5, f"block {block} window {win}")
         assert_lse_close(lse, want_lse, 1e-4, f"block {block} window {win}")
+
+
+@pytest.mark.parametrize("T", [513, 777])  # past 2 blocks: the blocked causal path; 777: a partial last block
+def test_long_causal_chain_equals_the_reference(T):
+    """A long causal chain (prefill, training features) runs in 256x256 blocks that skip the keys a block
+    cannot see: outputs and log-sum-exps equal dense attention's, alone and merged with a cache."""
+    case = Case(2, T, 9, 3, 32, 300, (300, 17), chain=True)
+    q, ck, cv, lengths, tk_, tv, _, _ = make_inputs(case, seed=T)
+    out, lse = _jit(attention.tree_attention_xla, causal=True)(q, tk_, tv)
+    empty = jnp.zeros((2,), jnp.int32)
+    want_out, want_lse = attention.hybrid_attention_reference(q, ck, cv, empty, tk_, tv, causal=True)
+    assert_close(out, want_out, 1e-5, f"T={T}")
+    assert_lse_close(lse, want_lse, 1e-4, f"T={T}")
+    got = _jit(attention.hybrid_tree_attention, causal=True, backend="xla")(q, ck, cv, lengths, tk_, tv, None)
+    want = attention.hybrid_attention_reference(q, ck, cv, lengths, tk_, tv, causal=True)
+    assert_close(got, want[0], 1e-5, f"T={T} with a cache")
