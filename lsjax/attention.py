@@ -177,9 +177,9 @@ def tree_attention_xla(q, k, v, mask=None, *, causal: bool = False, sm_scale=Non
 
     `mask` [B, T, T] bool, or `causal=True` for a chain without materialising a
     mask. A rectangular mask [B, T, Tk] over Tk keys works too (the draft's
-    frontier queries over every tree node so far). Long inputs (prefill
-    chunks) are processed in query blocks so the score tensor stays
-    [B, K, G*block_q, T].
+    frontier queries over every tree node so far). Long inputs are processed
+    in query blocks so the score tensor stays [B, K, G*block_q, T]; long
+    causal chains by `band_attention`.
     """
     B, T, N, H = q.shape
     K = k.shape[2]
@@ -188,8 +188,9 @@ def tree_attention_xla(q, k, v, mask=None, *, causal: bool = False, sm_scale=Non
     if mask is None and not causal:
         raise ValueError("tree_attention needs a mask or causal=True")
     if causal and mask is None and sm_scale is None and T > CAUSAL_BLOCK * 2:
-        # A long causal chain (prefill, the target's features for training): 256x256 blocks that skip the keys a
-        # block cannot see, ~5x faster on CPU at T = 2048 than full-width query blocks.
+        # A long causal chain (the target's features for training, the dev loss; prefill runs 256-token chunks):
+        # 256x256 blocks that skip the keys a block cannot see, ~5x faster on CPU at T = 2048 than full-width
+        # query blocks.
         out, lse = band_attention(
             q, k.swapaxes(1, 2), v.swapaxes(1, 2), block_q=CAUSAL_BLOCK, block_k=CAUSAL_BLOCK, with_lse=True
         )
