@@ -75,11 +75,11 @@ def _simulator(auto, match: int):
             emitted = jnp.where(jnp.arange(D) < m, 0, 1)[None]
             shadowed = auto.lookup_shadow(pol, n, avail, jnp.zeros((1, D), jnp.int32), emitted, (a + 1)[None])
             pol = jax.tree.map(lambda x, y: jnp.where(is_pld[c], x, y), pol, shadowed)
-            # Every D steps a put-aside lookup proposal is checked at every depth (`AutoDrafter._lookup_step`).
+            # Every step a put-aside lookup proposal is checked at every depth (`AutoDrafter._lookup_step`: one
+            # is put aside per step and checked once its tokens are committed; here at once).
             m = leading(jax.random.fold_in(k2, 1), rates[pld], D)
             deep = jnp.where(jnp.arange(D) < m, 0, 1)[None]
-            deeper = auto.lookup_shadow(pol, n, avail, jnp.zeros((1, D), jnp.int32), deep, jnp.full((1,), D), 2)
-            pol = jax.tree.map(lambda x, y: jnp.where(step % D == 0, x, y), deeper, pol)
+            pol = auto.lookup_shadow(pol, n, avail, jnp.zeros((1, D), jnp.int32), deep, jnp.full((1,), D), 2)
             if not auto.shadows:
                 return pol, (c, a, False)
             # A shadow draft: each draft family's would-be acceptance, drawn from its scripted rates (observed at

@@ -145,16 +145,51 @@ def test_a_put_aside_lookup_proposal_teaches_every_depth():
     D = max(FULL.pld_tokens)
     seq = [5, 6, 7, *range(10, 10 + D), 5, 6, 7]  # the last 3-gram matches; its continuation is 10 .. 17
     hist = History(jnp.zeros((1, 64), jnp.int32).at[0, : len(seq)].set(jnp.asarray(seq)), jnp.array([len(seq)]))
-    state = SimpleNamespace(done=jnp.zeros((1,), bool))
+    state = SimpleNamespace(done=jnp.zeros((1,), bool), steps=jnp.int32(0))
     pol0 = FULL.init_policy()
-    pol1, put = FULL._lookup_step(state, hist, LookupShadow.empty(1, D), pol0, FULL._match(hist))
-    assert bool(put.pending[0]) and np.asarray(put.tokens[0]).tolist() == list(range(10, 10 + D))
+    pol1, put = FULL._lookup_step(state, hist, LookupShadow.empty(1, D + 1, D), pol0, FULL._match(hist))
+    assert bool(put.pending[0, 0]) and np.asarray(put.tokens[0, 0]).tolist() == list(range(10, 10 + D))
     np.testing.assert_array_equal(np.asarray(pol1.trials), np.asarray(pol0.trials))  # nothing known yet
     follow = [10, 11, 12, 13, 14, 99, 98, 97]  # the target continued 5 tokens as the lookup proposed
     later = History(hist.tokens.at[0, len(seq) : len(seq) + D].set(jnp.asarray(follow)), jnp.array([len(seq) + D]))
-    pol2, after = FULL._lookup_step(state, later, put, pol1, FULL._match(later))
+    pol2, after = FULL._lookup_step(
+        SimpleNamespace(done=state.done, steps=jnp.int32(D)), later, put, pol1, FULL._match(later)
+    )
+    assert not bool(after.pending[0, 0])
     fam = FULL.families.index("pld3")
     tried = np.flatnonzero(np.asarray(pol2.trials[fam]) != np.asarray(pol1.trials[fam])) + 1
     assert tried.tolist() == [2, 3, 4, 5, 6]  # depth 1 is the per-step check's; depth 6 failed, 7-8 untried
     gained = np.asarray(pol2.succ[fam]) - FULL.policy.decay * np.asarray(pol1.succ[fam])
     np.testing.assert_allclose(gained[1:6], [1, 1, 1, 1, 0], atol=1e-6)
+
+
+def test_a_lookup_proposal_is_put_aside_every_step():
+    """While AR runs (one token per step) a proposal is put aside at every root and each is checked D steps
+    later: the deeper depths are observed about once per step, not once per D steps."""
+    from types import SimpleNamespace
+
+    from lsjax.drafters.auto_shadow import LookupShadow
+    from lsjax.drafters.pld import History
+    from tests.test_auto import FULL
+
+    D = max(FULL.pld_tokens)
+    text = list(range(100, 160))
+    seq = text[:40] + text[:3]  # the text repeats: every later 3-gram matches its first occurrence
+    tokens = jnp.zeros((1, 128), jnp.int32).at[0, : len(seq)].set(jnp.asarray(seq))
+    lookup, pol = LookupShadow.empty(1, D + 1, D), FULL.init_policy()
+    fam = FULL.families.index("pld3")
+    steps = 3 * D
+    resolved = 0
+    for step in range(steps):
+        hist = History(tokens, jnp.array([len(seq) + step]))
+        before = np.asarray(lookup.pending[0]).copy()
+        pol, lookup = FULL._lookup_step(
+            SimpleNamespace(done=jnp.zeros((1,), bool), steps=jnp.int32(step)), hist, lookup, pol, FULL._match(hist)
+        )
+        resolved += int(np.sum(before & ~np.asarray(lookup.pending[0])))
+        tokens = tokens.at[0, len(seq) + step].set(text[3 + step])  # the target copies: AR commits one token
+    assert resolved == steps - D  # every proposal whose D tokens were committed before the loop ended
+    # Every resolved proposal matched all the way: depth D's rate moved from its prior towards 1.
+    rate = np.asarray(pol.succ[fam]) / np.asarray(pol.trials[fam])
+    prior = np.asarray(FULL.init_policy().succ[fam]) / np.asarray(FULL.init_policy().trials[fam])
+    assert np.all(rate[1:] > prior[1:]) and rate[D - 1] > 0.9

@@ -179,7 +179,8 @@ class AutoDrafter(PolicyRules, Drafter):
         B = state.root.shape[0]
         shadow = DraftShadow.empty(B, self.longspec.num_nodes, self.hybrid_pld) if self.longspec is not None else ()
         pol = self.init_policy(ctx.sampling.greedy or not ctx.sampling.sample_drafts)
-        lookup = LookupShadow.empty(B, max(self.pld_tokens))
+        D = max(self.pld_tokens)
+        lookup = LookupShadow.empty(B, D + 1, D)  # an AR step frees a slot every step: D + 1 never collide
         return AutoState(pld, ring, pol, shadow, self._match(pld), lookup)
 
     def summary(self, draft_state: AutoState) -> dict:
@@ -239,23 +240,36 @@ class AutoDrafter(PolicyRules, Drafter):
         return AutoState(pld, ring, pol, shadow, match, lookup)
 
     def _lookup_step(self, state, pld: History, lookup: LookupShadow, pol: PolicyState, match):
-        """A put-aside prompt-lookup proposal whose tokens are all committed teaches its deeper depths; then one
-        is put aside from the new root's match, if there is one and none is waiting."""
-        D = lookup.tokens.shape[1]
-        ready = lookup.pending & (pld.length >= lookup.base + D)
+        """Put-aside prompt-lookup proposals whose tokens are all committed teach their deeper depths; then the
+        new root's match, if there is one, is put aside in this step's slot of the ring (if that slot is free)."""
+        B, R, D = lookup.tokens.shape
+        ready = lookup.pending & (pld.length[:, None] >= lookup.base + D)  # [B, R]
 
         def observe(pol):
-            following = _window(pld, lookup.base, D)
-            n = jnp.where(ready, lookup.n, 0)
-            return self.lookup_shadow(pol, n, lookup.avail, lookup.tokens, following, jnp.full_like(n, D), 2)
+            following = _window(pld, lookup.base, D).reshape(B * R, D)
+            n = jnp.where(ready, lookup.n, 0).reshape(-1)
+            tokens, avail = lookup.tokens.reshape(B * R, D), lookup.avail.reshape(-1)
+            return self.lookup_shadow(pol, n, avail, tokens, following, jnp.full_like(n, D), 2)
 
         pol = jax.lax.cond(jnp.any(ready), observe, lambda pol: pol, pol)
+        pending = lookup.pending & ~ready
         n, start, avail = match
-        fresh = ~(lookup.pending & ~ready) & (n > 0) & ~state.done
+        slot = state.steps % R
+        fresh = ~pending[:, slot] & (n > 0) & ~state.done  # [B]
         proposal = _window(pld, start, D)
-        put = LookupShadow(proposal, n, avail, pld.length, jnp.ones_like(fresh))
-        kept = dataclasses.replace(lookup, pending=lookup.pending & ~ready)
-        return pol, jax.tree.map(lambda a, b: jnp.where(fresh.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), put, kept)
+
+        def put(old, new):  # old [B, R, ...], new [B, ...]: row b's slot gets new where fresh
+            keep = fresh.reshape((-1,) + (1,) * (new.ndim - 1))
+            return old.at[:, slot].set(jnp.where(keep, new, old[:, slot]))
+
+        lookup = LookupShadow(
+            put(lookup.tokens, proposal),
+            put(lookup.n, n),
+            put(lookup.avail, avail),
+            put(lookup.base, pld.length),
+            put(pending, jnp.ones_like(fresh)),
+        )
+        return pol, lookup
 
     def _shadow_step(self, ctx, state, pld: History, ring, shadow: DraftShadow, pol: PolicyState, costs, match):
         """After the commit: a shadow whose tokens are all committed teaches the draft's families; then, when
@@ -292,9 +306,11 @@ class AutoDrafter(PolicyRules, Drafter):
 
 
 def _window(hist: History, start: jax.Array, n: int) -> jax.Array:
-    """[B, n] history tokens from index start [B] on (clipped to the buffer; callers mask what is past it)."""
-    idx = jnp.clip(start[:, None] + jnp.arange(n)[None], 0, hist.tokens.shape[1] - 1)
-    return jnp.take_along_axis(hist.tokens, idx, axis=1)
+    """[B, ..., n] history tokens from index start [B, ...] on (clipped to the buffer; callers mask what is past
+    it)."""
+    idx = jnp.clip(start[..., None] + jnp.arange(n), 0, hist.tokens.shape[1] - 1)
+    flat = jnp.take_along_axis(hist.tokens, idx.reshape(idx.shape[0], -1), axis=1)
+    return flat.reshape(idx.shape)
 
 
 def auto_params(drafter: AutoDrafter, longspec_params=None, costs=None) -> dict:
