@@ -136,3 +136,20 @@ def test_config_and_positions(tmp_path, feature_set):
     mask = jnp.zeros((2, 40), jnp.uint8).at[:, 10:20].set(1)
     q = np.asarray(sample_positions(jax.random.key(0), mask, 6))
     assert q.shape == (2, 6) and len(set(q[0])) == 6 and np.all((q + 2 >= 10) & (q + 2 < 20))
+
+
+def test_init_from_continues_a_previous_run(trained, tmp_path, feature_set):
+    """A continuation starts from the exported params (its first loss is the trained run's level, not the
+    random start's), and a checkpoint trained with other streams settings is refused by field."""
+    cfg, out = trained
+    cont = _cfg(
+        tmp_path,
+        feature_set,
+        optim={"total_steps": 2, "lr": 1e-9, "warmup_steps": 1},
+        checkpoint={"init_from": out["export"]},
+    )
+    again = fit_streams(cont, log=lambda *_: None, target=tiny_target())
+    assert np.mean(again["losses"]) < 0.9 * np.mean(out["losses"][:5]), (again["losses"], out["losses"][:5])
+    other = _cfg(tmp_path, feature_set, streams={"rank": 4}, checkpoint={"init_from": out["export"]})
+    with pytest.raises(ConfigError, match="checkpoint.init_from"):
+        fit_streams(other, log=lambda *_: None, target=tiny_target())

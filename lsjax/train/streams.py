@@ -320,6 +320,9 @@ def fit_streams(
     data = Batches(cfg, config)
     log(f"data: {data.n} sequences x {cfg.data.seq_len} tokens from {data.describe()}")
     params = ss.init_params(config, cfg.streams, jax.random.PRNGKey(cfg.seed))
+    if cfg.checkpoint.init_from:
+        params = initial_streams(cfg, config)
+        log(f"streams: initialised from {cfg.checkpoint.init_from}")
     log(f"streams: {ss.num_params(config, cfg.streams)} trained parameters (the target's {config.num_params()})")
     optimizer = make_optimizer(cfg.optim)
     d = cfg.data
@@ -343,6 +346,21 @@ def fit_streams(
         meta = {"target": config.name, "trained_steps": out["steps"], **({"tree": cfg.tree} if cfg.tree else {})}
         out["export"] = str(save_streams(run_dir / "export", jax.device_get(out["state"].params), cfg.streams, meta))
     return out
+
+
+def initial_streams(cfg: StreamsTrainConfig, config: ModelConfig) -> dict:
+    """The stream params of `checkpoint.init_from` (a stream checkpoint directory: a previous run's export or
+    the shipped one), which must have been trained with this run's `streams` config: a continuation on new
+    data starts where that run ended instead of from random stream embeddings."""
+    from lsjax.drafters.streams import check_streams_fit, load_streams
+
+    params, scfg, _ = load_streams(cfg.checkpoint.init_from)
+    if scfg != cfg.streams:
+        raise ConfigError(
+            f"checkpoint.init_from: its streams config {scfg} differs from this run's streams {cfg.streams}"
+        )
+    check_streams_fit(params, config, scfg, f"checkpoint {cfg.checkpoint.init_from}")
+    return {k: jnp.asarray(v) for k, v in params.items()}
 
 
 def export_streams(cfg: StreamsTrainConfig, out_dir, config: ModelConfig | None = None) -> Path:
