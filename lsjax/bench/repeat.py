@@ -43,6 +43,11 @@ def main(argv=None) -> int:
     )
     p.add_argument("--out", help="write every measurement here (JSON)")
     p.add_argument(
+        "--flops",
+        action="store_true",
+        help="also print each method's extra parameters and FLOPs per step and per token (lsjax.bench.flops)",
+    )
+    p.add_argument(
         "--variant",
         action="append",
         default=[],
@@ -162,6 +167,14 @@ def main(argv=None) -> int:
         with open(args.out, "w") as f:
             json.dump({"command": sys.argv, "rows": rows}, f, indent=1)
     report(rows, methods, args.temperatures)
+    if args.flops:
+        from lsjax.bench import flops
+
+        costs = flops.method_costs(model, params, specs, cache=cache)
+        for t in args.temperatures:
+            taus = {m: float(np.mean([r["tau"] for r in rows if r["T"] == t and r["method"] == m])) for m in methods}
+            print(f"\nT={t:g}, extra work per emitted token (mean tau of this run):")
+            print(flops.table(costs, taus, config.num_params()))
     return 0
 
 
@@ -189,6 +202,11 @@ def report(rows: list[dict], methods: list[str], temperatures) -> None:
             cells.append(f"{np.median(s):.2f}x ({min(s):.2f}-{max(s):.2f})")
         print(f"| {pid} | {t:g} | {' | '.join(cells)} |")
     for t in temperatures:
+        print(f"\nT={t:g}: | method | mean tau | mean tok/s | mean x AR |")
+        for m in methods:
+            got = [r for r in rows if r["T"] == t and r["method"] == m]
+            tau, tok_s, x = (np.mean([r[k] for r in got]) for k in ("tau", "tok_s", "speedup"))
+            print(f"| {m} | {tau:.2f} | {tok_s:.1f} | {x:.2f}x |")
         for key, label in (("speedup", "wall"), ("cpu_speedup", "cpu")):
             means = {m: np.mean([r[key] for r in rows if r["T"] == t and r["method"] == m]) for m in methods[1:]}
             print(f"mean speedup ({label}) T={t:g}: " + ", ".join(f"{m} {v:.3f}x" for m, v in means.items()))

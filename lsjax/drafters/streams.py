@@ -288,11 +288,13 @@ def parse_stream_tree(spec) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
 
     if isinstance(spec, TreeConfig):
         return spec.widths, None
+    if isinstance(spec, (tuple, list)):
+        return parse_tree(spec).widths, None
     full, _, kept = str(spec).partition(":")
     return parse_tree(full).widths, (parse_tree(kept).widths if kept else None)
 
 
-def load_streams_drafter(model, draft=None, num_streams=None, msa_layers=None, tree=None):
+def load_streams_drafter(model, draft=None, num_streams=None, msa_layers=None, tree=None, streams_at="accepted"):
     """(drafter, stream params) for a loaded model: `draft` a checkpoint directory, "random" (untrained:
     lossless, accepts little) or None (the shipped checkpoint for this target)."""
     config = model.config
@@ -328,7 +330,7 @@ def load_streams_drafter(model, draft=None, num_streams=None, msa_layers=None, t
     widths, kept = parse_stream_tree(tree or meta.get("tree") or default_tree(scfg))
     widths = widths[: scfg.num_streams]
     kept = kept[: len(widths)] if kept else None
-    return StreamsDrafter.for_target(config, scfg, widths, kept), params
+    return StreamsDrafter.for_target(config, scfg, widths, kept, streams_at), params
 
 
 def default_tree(scfg: ss.StreamsConfig) -> str:
@@ -338,11 +340,11 @@ def default_tree(scfg: ss.StreamsConfig) -> str:
 
 
 @register("streams", help="Speculative Streaming: the verify forward's speculative streams draft the next tree")
-def _build(model, *, draft=None, streams=None, msa_layers=None, tree=None, cache: dict | None = None, **_):
-    key = ("streams", draft, streams, msa_layers, str(tree))
+def _build(model, *, draft=None, streams=None, msa_layers=None, tree=None, streams_at="accepted", cache=None, **_):
+    key = ("streams", draft, streams, msa_layers, str(tree), streams_at)
     if cache is not None and key in cache:
         return cache[key]
-    out = load_streams_drafter(model, draft, streams, msa_layers, tree)
+    out = load_streams_drafter(model, draft, streams, msa_layers, tree, streams_at)
     if cache is not None:
         cache[key] = out
     return out
