@@ -66,6 +66,8 @@ TREE_PRESETS = {
 
 def parse_tree(spec: str) -> TreeConfig:
     """A preset name, comma-separated widths ("4,8,8") or the widths already split (a bench variant's 4/8/8)."""
+    if isinstance(spec, int):  # one level (a bench variant's tree=3)
+        spec = (spec,)
     if isinstance(spec, (tuple, list)):
         return TreeConfig(tuple(int(w) for w in spec))
     if spec in TREE_PRESETS:

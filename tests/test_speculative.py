@@ -114,7 +114,7 @@ def test_ancestor_mask_matches_brute_force():
 def test_tree_presets_and_parsing():
     assert parse_tree("paper").num_nodes == 69
     assert parse_tree("4,8").widths == (4, 8)
-    assert parse_tree((1, 1)).widths == (1, 1)  # a bench variant's tree=1/1
+    assert parse_tree((1, 1)).widths == (1, 1) and parse_tree(3).widths == (3,)  # bench variants: tree=1/1, tree=3
     with pytest.raises(ValueError, match="tree.widths"):
         parse_tree((2, 0))
     with pytest.raises(ValueError, match="tree"):

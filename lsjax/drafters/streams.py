@@ -288,7 +288,7 @@ def parse_stream_tree(spec) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
 
     if isinstance(spec, TreeConfig):
         return spec.widths, None
-    if isinstance(spec, (tuple, list)):
+    if isinstance(spec, (tuple, list, int)):
         return parse_tree(spec).widths, None
     full, _, kept = str(spec).partition(":")
     return parse_tree(full).widths, (parse_tree(kept).widths if kept else None)
