@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     drafters = {m: d for m, (d, _) in built.items()}
     base_params = {m: jax.tree.map(jnp.asarray, dp) if dp is not None else () for m, (_, dp) in built.items()}
     begin = jax.jit(speculative.begin, static_argnames=("config", "drafter", "gen", "backend"))
-    auto_costs: dict = {}  # (bucket, T) -> auto's measured costs
+    auto_costs: dict = {}  # (method, bucket, T) -> that auto's measured costs (variants differ in candidates)
     warmed: set = set()
 
     def run(m, gen, state, draft_params):
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
                     begun = (params, base_params[m], config, drafters[m], gen, tokens, lengths, key)
                     dp = base_params[m]
                     if isinstance(dp, dict) and "costs" in dp:  # auto: this bucket's cost profile, measured once
-                        if (bucket, t) not in auto_costs:
+                        if (m, bucket, t) not in auto_costs:
                             decode = functools.partial(_decode, config, drafters[m], gen)
                             state = _begin(begin, begun, kv, logits)
                             found = profile_costs(
@@ -136,8 +136,8 @@ def main(argv=None) -> int:
                                 decode,
                                 args.cost_profile,
                             )
-                            auto_costs[(bucket, t)] = jnp.asarray(found, jnp.float32)
-                        dp = {**dp, "costs": auto_costs[(bucket, t)]}
+                            auto_costs[(m, bucket, t)] = jnp.asarray(found, jnp.float32)
+                        dp = {**dp, "costs": auto_costs[(m, bucket, t)]}
                     outs[m] = run(m, gen, _begin(begin, begun, kv, logits), dp)
                 if r < 0:
                     continue
