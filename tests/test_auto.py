@@ -346,6 +346,22 @@ def test_registry_and_bench_offer_auto():
     assert "lsjax-auto" in available_methods()
 
 
+def test_bench_variants_set_the_candidates(tmp_path):
+    """`auto:chains=1/2/4,pld_tokens=8` builds that candidate set (a lone number is one chain); policy fields
+    still go to the policy."""
+    from lsjax.bench.methods import parse_variant
+
+    config, params = tiny_model()
+    model = type("M", (), {"config": config, "params": params, "path": tmp_path / "tiny.gguf"})()
+    _, (method, opts) = parse_variant("a=auto:draft=random,chains=1/2/4,pld_tokens=8,budget=0.02")
+    drafter, _ = registry.build(method, model, **opts)
+    names = [c.name for c in drafter.candidates]
+    assert names[:2] == ["ar", "pld-8"] and ["ls-chain1", "ls-chain2", "ls-chain4"] == names[2:5], names
+    assert drafter.policy.budget == 0.02
+    _, (method, opts) = parse_variant("a=auto:draft=random,chains=3")
+    assert [c.name for c in registry.build(method, model, **opts)[0].candidates if "chain" in c.name] == ["ls-chain3"]
+
+
 # ------------------------------------------------------------------------------ the cost profile
 
 

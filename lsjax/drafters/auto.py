@@ -344,9 +344,12 @@ def _build(model, *, pld_ngram: int = registry.PLD_NGRAM, **opts):
     policy = {k: opts.pop(k) for k in list(opts) if k in fields}
     for k, v in policy.items():  # bench variants pass numbers as int or float, flags as 0 / 1
         policy[k] = bool(v) if fields[k] == "bool" else int(v) if fields[k] == "int" else float(v)
+    # The candidate set ("auto:chains=1/2/4", "auto:pld_tokens=8"): a lone number is a one-element tuple.
+    shape = {k: opts.pop(k) for k in list(opts) if k in ("pld_tokens", "chains", "hybrid_pld")}
+    shape = {k: (v,) if isinstance(v, int) and k != "hybrid_pld" else v for k, v in shape.items()}
     try:
         ls, params = registry.get("longspec").build(model, **opts)
     except ModelNotFoundError:  # no draft for this target: AR and prompt lookup only
         ls, params = None, None
-    drafter = AutoDrafter(longspec=ls, pld_ngram=pld_ngram, policy=AutoPolicy(**policy))
+    drafter = AutoDrafter(longspec=ls, pld_ngram=pld_ngram, policy=AutoPolicy(**policy), **shape)
     return drafter, auto_params(drafter, params)
