@@ -83,8 +83,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--tree",
         default=None,
         help="speculation tree for longspec: a preset (paper, gpu, cpu, cpu-small, chain4, chain8) or "
-        "comma-separated widths per depth, e.g. 2,2,2; streams: widths, or proposed:kept widths for early-exit "
-        "pruning, e.g. 3,4,4:2,2,2",
+        "comma-separated widths per depth, e.g. 2,2,2 (default: the draft's tree for this device, one node on a "
+        "CPU; hybrid and auto: 2,1,1); streams: widths, or proposed:kept widths for early-exit pruning, "
+        "e.g. 3,4,4:2,2,2",
     )
     p.add_argument("--streams", type=int, default=None, help="streams: speculative streams gamma (<= the checkpoint's)")
     p.add_argument("--msa-layers", type=int, default=None, help="streams: MSA layers N_s (the checkpoint's)")

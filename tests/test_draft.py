@@ -438,7 +438,6 @@ def test_rectangular_tree_attention_backends():
 def test_shipped_smollm2_draft_is_complete():
     """The draft in lsjax/drafts/ loads, fits SmolLM2-135M's shapes and records how it was trained."""
     from lsjax.drafters.checkpoints import DRAFTS_DIR, load_draft
-    from lsjax.tree import TreeConfig
 
     path = DRAFTS_DIR / "SmolLM2-135M-Instruct"
     params, dcfg, meta = load_draft(path)
@@ -447,5 +446,9 @@ def test_shipped_smollm2_draft_is_complete():
     ids = params["vocab_ids"]
     assert len(ids) == dcfg.draft_vocab_size == 8192 and len(np.unique(ids)) == len(ids) and ids.max() < V
     assert all(np.isfinite(v).all() for v in params.values())
-    TreeConfig(tuple(meta["tree"]))
+    from lsjax.drafters.checkpoints import shipped_tree
+
+    assert shipped_tree(meta, "cpu").widths == (1,)  # measured fastest on dev, every task kind (README)
+    assert shipped_tree(meta, "gpu").num_nodes > 10  # other devices: the device preset
+    assert shipped_tree({"tree": [2, 1]}, "tpu").widths == (2, 1) and shipped_tree({}, "cpu").widths
     assert meta["training"]["steps"] > 0 and (path / "MODEL_CARD.md").is_file()

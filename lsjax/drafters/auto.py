@@ -7,7 +7,7 @@ verification, and candidates with equal node counts share one compiled forward):
     ar                   one token per forward
     pld-4, pld-8         prompt-lookup chains
     ls-chain2, ls-chain4 the LongSpec draft's greedy (T > 0: sampled) chains
-    ls-tree              the draft's own tree (the shipped draft's (2, 1, 1))
+    ls-tree              a tree of the draft ((2, 1, 1) unless --tree says otherwise)
     hybrid               that tree plus a 6-token prompt-lookup chain, verified together
 
 Each step runs the candidate with the highest expected tokens per second,
@@ -347,6 +347,8 @@ def _build(model, *, pld_ngram: int = registry.PLD_NGRAM, **opts):
     # The candidate set ("auto:chains=1/2/4", "auto:pld_tokens=8"): a lone number is a one-element tuple.
     shape = {k: opts.pop(k) for k in list(opts) if k in ("pld_tokens", "chains", "hybrid_pld")}
     shape = {k: (v,) if isinstance(v, int) and k != "hybrid_pld" else v for k, v in shape.items()}
+    # The tree candidate (and the shadow the chains are read from): not the draft's shipped tree (see there).
+    opts["tree"] = opts.get("tree") or registry.COMBINED_TREE
     try:
         ls, params = registry.get("longspec").build(model, **opts)
     except ModelNotFoundError:  # no draft for this target: AR and prompt lookup only

@@ -111,13 +111,22 @@ def load_longspec(model, draft: str | None, tree_spec: str | TreeConfig | None):
         arrays, dcfg, meta = load_draft(path)
         check_draft_fits(arrays, dcfg, model.config, str(path), meta.get("target", ""))
         params = DraftParams.from_arrays(arrays).with_vocab_head(model.params, model.config)
-    tree = (
-        tree_spec
-        if isinstance(tree_spec, TreeConfig)
-        else parse_tree(tree_spec)
-        if tree_spec
-        else TreeConfig(tuple(meta["tree"]))
-        if meta.get("tree")
-        else parse_tree("cpu" if jax.default_backend() == "cpu" else "paper")
-    )
+    if isinstance(tree_spec, TreeConfig):
+        tree = tree_spec
+    elif tree_spec:
+        tree = parse_tree(tree_spec)
+    else:
+        tree = shipped_tree(meta, jax.default_backend())
     return LongSpecDrafter(tree=tree, draft=dcfg), params
+
+
+def shipped_tree(meta: dict, backend: str) -> TreeConfig:
+    """The tree a draft's metadata names for `backend`: `"tree"` is widths for every device or a mapping
+    backend -> widths or preset (the tree was measured on that device: `lsjax.bench.trees`); without one,
+    the device's preset."""
+    tree = meta.get("tree")
+    if isinstance(tree, dict):
+        tree = tree.get(backend)
+    if tree:
+        return parse_tree(tree if isinstance(tree, str) else tuple(tree))
+    return parse_tree("cpu" if backend == "cpu" else "paper")

@@ -126,12 +126,17 @@ def _longspec(model, *, draft: str | None = None, tree=None, cache: dict | None 
     return out
 
 
+# The draft's tree inside `hybrid` and `auto` unless --tree says otherwise: both were tuned with it, and it is
+# not the shipped draft's own tree, which is picked for `--method longspec` alone (a single node on a CPU).
+COMBINED_TREE = "2,1,1"
+
+
 @register("hybrid", help="the draft's tree plus a prompt-lookup chain, verified together", uses_draft=True)
 def _hybrid(model, *, pld_tokens: int = HYBRID_PLD_TOKENS, pld_ngram: int = PLD_NGRAM, **opts):
     from lsjax.drafters.hybrid import HybridDrafter
     from lsjax.drafters.pld import PLDDrafter
 
-    drafter, draft_params = _longspec(model, **opts)
+    drafter, draft_params = _longspec(model, **{**opts, "tree": opts.get("tree") or COMBINED_TREE})
     return HybridDrafter(drafter, PLDDrafter(num_tokens=pld_tokens, ngram_max=pld_ngram)), draft_params
 
 
