@@ -158,7 +158,7 @@ def test_checkpoints_and_registry(tmp_path):
     drafter, loaded = registry.build("streams", model, draft=str(tmp_path / "s"))
     assert isinstance(drafter, StreamsDrafter) and drafter.widths == (3, 3) and drafter.prune_to == (2, 2)
     assert drafter.layer == config.num_layers - 1
-    np.testing.assert_array_equal(loaded["stream_embed"], sp["stream_embed"])
+    np.testing.assert_array_equal(loaded["stream_embed"], sp["stream_embed"][:2])  # a 2-level tree: 2 streams
     fewer, p2 = load_streams_drafter(model, str(tmp_path / "s"), num_streams=2, tree="2,2")
     assert fewer.streams.num_streams == 2 and p2["stream_embed"].shape[0] == 2
     with pytest.raises(ConfigError, match="streams"):
@@ -173,6 +173,10 @@ def test_checkpoints_and_registry(tmp_path):
         load_streams(tmp_path / "s")
     random, _ = registry.build("streams", model, draft="random", streams=2, msa_layers=1, tree="2,1")
     assert random.widths == (2, 1) and random.streams.num_streams == 2
+    # A tree per device in the checkpoint; a tree shallower than the streams runs only the streams it reads.
+    save_streams(tmp_path / "dev", sp, SCFG, {"tree": {"cpu": "1", "gpu": "4,4"}})
+    one, p1 = registry.build("streams", model, draft=str(tmp_path / "dev"))
+    assert one.widths == (1,) and one.streams.num_streams == 1 and p1["stream_embed"].shape[0] == 1
     with pytest.raises(ConfigError):
         StreamsDrafter.for_target(config, SCFG, (2, 2, 2, 2))  # deeper than the streams
 

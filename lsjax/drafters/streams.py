@@ -327,16 +327,26 @@ def load_streams_drafter(model, draft=None, num_streams=None, msa_layers=None, t
                 )
             params = dict(params, stream_embed=params["stream_embed"][:num_streams])
             scfg = dataclasses.replace(scfg, num_streams=num_streams)
-    widths, kept = parse_stream_tree(tree or meta.get("tree") or default_tree(scfg))
+    shipped = meta.get("tree")
+    if isinstance(shipped, dict):  # a tree per device, measured there
+        shipped = shipped.get(jax.default_backend())
+    widths, kept = parse_stream_tree(tree or shipped or default_tree(scfg))
     widths = widths[: scfg.num_streams]
     kept = kept[: len(widths)] if kept else None
+    if len(widths) < scfg.num_streams:
+        # A shallower tree reads only the first streams, and stream j attends to streams <= j only: running
+        # just those is exact and spares the rest's rows through the top layers.
+        params = dict(params, stream_embed=params["stream_embed"][: len(widths)])
+        scfg = dataclasses.replace(scfg, num_streams=len(widths))
     return StreamsDrafter.for_target(config, scfg, widths, kept, streams_at), params
 
 
 def default_tree(scfg: ss.StreamsConfig) -> str:
-    # Small on a CPU, where every verified node costs (lsjax.bench.tree_cost); wider elsewhere.
-    w = 2 if jax.default_backend() == "cpu" else 4
-    return ",".join([str(w)] * scfg.num_streams)
+    # On a CPU one stream node: each verified node costs (lsjax.bench.tree_cost) more than the streams'
+    # acceptance returns (README, Speculative Streaming); wider elsewhere.
+    if jax.default_backend() == "cpu":
+        return "1"
+    return ",".join(["4"] * scfg.num_streams)
 
 
 @register("streams", help="Speculative Streaming: the verify forward's speculative streams draft the next tree")
