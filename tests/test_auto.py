@@ -27,7 +27,7 @@ from tests.test_speculative import longspec_params, run
 from tests.tiny import tiny_model
 
 LS = LongSpecDrafter(TreeConfig((2, 1, 1)), DraftConfig(window=16))
-FULL = AutoDrafter(longspec=LS)  # the shipped layout: ar, pld-4, pld-8, ls-chain2, ls-chain4, ls-tree, hybrid
+FULL = AutoDrafter(longspec=LS)  # the shipped layout: ar, pld-4, pld-8, ls-chain1/2/4, ls-tree, hybrid
 # A small candidate set keeps the tiny model's compile short: ar, pld-3, ls-tree (2, 1), hybrid. pld-3 and the
 # tree have 4 nodes each: they share one verification forward (the engine's inner switch).
 SMALL = AutoDrafter(longspec=LongSpecDrafter(TreeConfig((2, 1)), LS.draft), pld_tokens=(3,), chains=(), hybrid_pld=2)
@@ -130,9 +130,10 @@ def best(auto, costs, rates, match=3) -> int:
     return int(np.argmax(out))
 
 
-# Measured ratios on the 2-core CPU (1.2K-token prompt): ar, pld-4, pld-8, ls-chain2, ls-chain4, ls-tree, hybrid,
-# then an AR step with a shadow draft.
-COSTS = (1.0, 1.28, 1.55, 1.25, 1.28, 1.24, 1.5, 1.2)
+# Measured ratios on the 2-core CPU (1.2K-token prompt): ar, pld-4, pld-8, ls-chain1, ls-chain2, ls-chain4, ls-tree,
+# hybrid, then an AR step with a shadow draft (ls-chain1: its extra cost over AR in proportion to ls-chain2's, as in a
+# 2K-bucket profile: 0.27 vs 0.46).
+COSTS = (1.0, 1.28, 1.55, 1.15, 1.25, 1.28, 1.24, 1.5, 1.2)
 
 
 def names(auto, idx):
@@ -176,7 +177,7 @@ def test_policy_converges_to_the_best_candidate(spec, clear):
 
 def test_policy_follows_a_change_of_text():
     """Prose (nothing pays: AR), then code (prompt lookup copies): the policy notices within a bounded delay."""
-    prose, code = true_rates(FULL, {"pld3": 0.2, "ls-chain": 0.15}), true_rates(FULL, {"pld3": 0.95})
+    prose, code = true_rates(FULL, {"pld3": 0.2, "ls-chain": 0.1}), true_rates(FULL, {"pld3": 0.95})
     chosen = simulate(FULL, COSTS, [(200, prose), (200, code)])
     assert best(FULL, COSTS, prose) == 0 and FULL.candidates[best(FULL, COSTS, code)].name == "pld-8"
     # A close call (prompt lookup at 0.98x AR): what matters is the speed of what was chosen.
@@ -205,7 +206,7 @@ PROBES = dataclasses.replace(FULL, policy=AutoPolicy(shadow=False))  # explores 
 
 @pytest.mark.parametrize(
     "spec",
-    [{}, {"pld3": 0.2, "ls-chain": 0.15}, {"ls-tree": 0.15, "ls-chain": 0.1}, {"hybrid": 0.25}],
+    [{}, {"pld3": 0.2, "ls-chain": 0.1}, {"ls-tree": 0.15, "ls-chain": 0.1}, {"hybrid": 0.25}],
     ids=["nothing", "prose", "weak-draft", "weak-hybrid"],
 )
 @pytest.mark.parametrize("auto", [FULL, PROBES, NO_BUDGET], ids=["shadows", "probes", "no-budget"])
@@ -238,7 +239,9 @@ def test_shadows_lose_less_than_probes_where_nothing_pays():
             out += spent / np.sum(accepted + 1) - 1
         return out
 
-    assert lost(FULL) < 0.6 * lost(PROBES), (lost(FULL), lost(PROBES))
+    # With a 1-node chain among the candidates a probe is cheap (1.15 AR steps), so the gap is narrower than the
+    # 0.54x it was without one (simulated: 0.011 vs 0.021 AR steps lost per token; now 0.015 vs 0.020).
+    assert lost(FULL) < 0.8 * lost(PROBES), (lost(FULL), lost(PROBES))
 
 
 def test_evidence_is_not_exploration():
@@ -356,8 +359,12 @@ def test_bench_variants_set_the_candidates(tmp_path):
     _, (method, opts) = parse_variant("a=auto:draft=random,chains=1/2/4,pld_tokens=8,budget=0.02")
     drafter, _ = registry.build(method, model, **opts)
     names = [c.name for c in drafter.candidates]
-    assert names[:2] == ["ar", "pld-8"] and ["ls-chain1", "ls-chain2", "ls-chain4"] == names[2:5], names
+    assert names[:2] == ["ar", "pld-8"] and names[2:5] == ["ls-chain1", "ls-chain2", "ls-chain4"], names
     assert drafter.policy.budget == 0.02
+    assert parse_variant("s=streams:draft=runs/x/export,tree=1/1")[1] == (
+        "streams",
+        {"draft": "runs/x/export", "tree": (1, 1)},
+    )
     _, (method, opts) = parse_variant("a=auto:draft=random,chains=3")
     assert [c.name for c in registry.build(method, model, **opts)[0].candidates if "chain" in c.name] == ["ls-chain3"]
 

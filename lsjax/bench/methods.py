@@ -139,8 +139,9 @@ def parse_variant(spec: str) -> tuple[str, tuple[str, dict]]:
         raise ValueError("expected NAME=METHOD[:key=value,...]")
 
     def value(text: str):
-        if "/" in text:
-            return tuple(int(x) for x in text.split("/"))
+        parts = text.split("/")
+        if len(parts) > 1 and all(x.strip().isdigit() for x in parts):  # widths 1/2/4; a path stays text
+            return tuple(int(x) for x in parts)
         for kind in (int, float):
             try:
                 return kind(text)
