@@ -8,12 +8,21 @@ from lsjax.bench import repeat
 
 
 def _rows():
-    speed = {"auto": (1.10, 0.95), "auto-free": (1.20, 0.80), "pld": (1.05, 0.60)}
+    speed = {"ar": (1.0, 1.0), "auto": (1.10, 0.95), "auto-free": (1.20, 0.80), "pld": (1.05, 0.60)}
     rows = []
     for i, pid in enumerate(("a", "b")):
         for m, s in speed.items():
             rows.append(
-                {"prompt": pid, "T": 0.0, "method": m, "speedup": s[i], "cpu_speedup": s[i], "equal_to_ar": True}
+                {
+                    "prompt": pid,
+                    "T": 0.0,
+                    "method": m,
+                    "speedup": s[i],
+                    "cpu_speedup": s[i],
+                    "tau": 1.0 if m == "ar" else 1.5,
+                    "tok_s": 10.0 * s[i],
+                    "equal_to_ar": True,
+                }
             )
     return rows
 
@@ -24,6 +33,8 @@ def test_report_compares_auto_variants_with_fixed_methods_only(capsys):
     # pld is the only fixed method (mean 0.825x): auto's variant must not be taken as the "best fixed".
     assert "auto = 124.2% of the best fixed method (pld); worst prompt b 0.95x" in out
     assert "auto-free = 121.2% of the best fixed method (pld); worst prompt b 0.80x" in out
+    # Each method's means (the paper's Table 2 columns): tau, tok/s, speed over AR.
+    assert "| ar | 1.00 | 10.0 | 1.00x |" in out and "| pld | 1.50 | 8.2 | 0.82x |" in out
 
 
 def test_bad_variant_is_one_line_exit_2(capsys):
