@@ -446,3 +446,15 @@ def test_api_auto_without_a_draft_or_profile_equals_ar():
     cfg = lsjax.SpecConfig(model=config, gen=gen, drafter=lsjax.AutoDrafter(pld_tokens=(3,)), chunk=64)
     out = jax.jit(lsjax.generate, static_argnames="config")(params, (), tokens, cfg, jax.random.key(0), lengths)
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.out))
+
+
+def test_hybrid_and_auto_keep_their_tree_on_a_cpu(tmp_path):
+    """On a CPU the combined methods run the 2,1,1 they were tuned with, whatever tree the draft ships for
+    `--method longspec`; an explicit tree wins."""
+    config, params = tiny_model()
+    model = type("M", (), {"config": config, "params": params, "path": tmp_path / "tiny.gguf"})()
+    alone, _ = registry.build("longspec", model, draft="random")
+    assert alone.tree.widths == (2, 2, 2, 2, 2)  # no tree in the draft: the device preset
+    assert registry.build("hybrid", model, draft="random")[0].longspec.tree.widths == (2, 1, 1)
+    assert registry.build("auto", model, draft="random")[0].longspec.tree.widths == (2, 1, 1)
+    assert registry.build("hybrid", model, draft="random", tree="1,1")[0].longspec.tree.widths == (1, 1)

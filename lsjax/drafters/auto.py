@@ -350,7 +350,7 @@ def _build(model, *, pld_ngram: int = registry.PLD_NGRAM, **opts):
     shape = {k: opts.pop(k) for k in list(opts) if k in ("pld_tokens", "chains", "hybrid_pld")}
     shape = {k: (v,) if isinstance(v, int) and k != "hybrid_pld" else v for k, v in shape.items()}
     # The tree candidate (and the shadow the chains are read from): not the draft's shipped tree (see there).
-    opts["tree"] = opts.get("tree") or registry.COMBINED_TREE
+    opts["tree"] = registry.combined_tree(opts.get("tree"))
     try:
         ls, params = registry.get("longspec").build(model, **opts)
     except ModelNotFoundError:  # no draft for this target: AR and prompt lookup only

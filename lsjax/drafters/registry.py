@@ -126,9 +126,16 @@ def _longspec(model, *, draft: str | None = None, tree=None, cache: dict | None 
     return out
 
 
-# The draft's tree inside `hybrid` and `auto` unless --tree says otherwise: both were tuned with it, and it is
-# not the shipped draft's own tree, which is picked for `--method longspec` alone (a single node on a CPU).
+# The draft's tree inside `hybrid` and `auto` on a CPU unless --tree says otherwise: both were tuned with it
+# there, and it is not the shipped draft's CPU tree, which is picked for `--method longspec` alone (one node).
+# Elsewhere they take the draft's tree for the device, as `longspec` does.
 COMBINED_TREE = "2,1,1"
+
+
+def combined_tree(tree):
+    import jax
+
+    return tree or (COMBINED_TREE if jax.default_backend() == "cpu" else None)
 
 
 @register("hybrid", help="the draft's tree plus a prompt-lookup chain, verified together", uses_draft=True)
@@ -136,7 +143,7 @@ def _hybrid(model, *, pld_tokens: int = HYBRID_PLD_TOKENS, pld_ngram: int = PLD_
     from lsjax.drafters.hybrid import HybridDrafter
     from lsjax.drafters.pld import PLDDrafter
 
-    drafter, draft_params = _longspec(model, **{**opts, "tree": opts.get("tree") or COMBINED_TREE})
+    drafter, draft_params = _longspec(model, **{**opts, "tree": combined_tree(opts.get("tree"))})
     return HybridDrafter(drafter, PLDDrafter(num_tokens=pld_tokens, ngram_max=pld_ngram)), draft_params
 
 
