@@ -64,6 +64,12 @@ TREE_PRESETS = {
 }
 
 
+def for_device(spec, backend: str):
+    """A checkpoint's tree entry for `backend`: the entry itself, or its value for `backend` when the entry
+    maps devices to trees (each measured on its device); None when it names none for this one."""
+    return spec.get(backend) if isinstance(spec, dict) else spec
+
+
 def parse_tree(spec: str) -> TreeConfig:
     """A preset name, comma-separated widths ("4,8,8") or the widths already split (a bench variant's 4/8/8)."""
     if isinstance(spec, int):  # one level (a bench variant's tree=3)

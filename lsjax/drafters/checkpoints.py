@@ -26,7 +26,7 @@ from lsjax.drafters.longspec import LongSpecDrafter
 from lsjax.errors import CorruptFileError, MissingTensorError, ModelNotFoundError, ShapeMismatchError
 from lsjax.models.draft import init_draft_params, param_specs
 from lsjax.models.draft_params import VOCAB_IDS, DraftParams
-from lsjax.tree import TreeConfig, parse_tree
+from lsjax.tree import TreeConfig, for_device, parse_tree
 
 DRAFTS_DIR = Path(__file__).resolve().parents[1] / "drafts"
 # What np.load / NpzFile raise on a truncated or damaged archive (zip directory, deflate stream, npy header).
@@ -124,9 +124,7 @@ def shipped_tree(meta: dict, backend: str) -> TreeConfig:
     """The tree a draft's metadata names for `backend`: `"tree"` is widths for every device or a mapping
     backend -> widths or preset (the tree was measured on that device: `lsjax.bench.trees`); without one,
     the device's preset."""
-    tree = meta.get("tree")
-    if isinstance(tree, dict):
-        tree = tree.get(backend)
+    tree = for_device(meta.get("tree"), backend)
     if tree:
         return parse_tree(tree if isinstance(tree, str) else tuple(tree))
     return parse_tree("cpu" if backend == "cpu" else "paper")

@@ -42,7 +42,7 @@ from lsjax.drafters.registry import register
 from lsjax.errors import CorruptFileError, ModelNotFoundError, ShapeMismatchError
 from lsjax.models import streams as ss
 from lsjax.models import target
-from lsjax.tree import Tree, TreeConfig, make_tree
+from lsjax.tree import Tree, TreeConfig, for_device, make_tree
 
 STREAMS_AT = ("accepted", "nodes")
 
@@ -327,9 +327,7 @@ def load_streams_drafter(model, draft=None, num_streams=None, msa_layers=None, t
                 )
             params = dict(params, stream_embed=params["stream_embed"][:num_streams])
             scfg = dataclasses.replace(scfg, num_streams=num_streams)
-    shipped = meta.get("tree")
-    if isinstance(shipped, dict):  # a tree per device, measured there
-        shipped = shipped.get(jax.default_backend())
+    shipped = for_device(meta.get("tree"), jax.default_backend())
     widths, kept = parse_stream_tree(tree or shipped or default_tree(scfg))
     widths = widths[: scfg.num_streams]
     kept = kept[: len(widths)] if kept else None

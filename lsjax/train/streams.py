@@ -319,10 +319,11 @@ def fit_streams(
     config, target_params, _ = target if target is not None else load_target(cfg)
     data = Batches(cfg, config)
     log(f"data: {data.n} sequences x {cfg.data.seq_len} tokens from {data.describe()}")
-    params = ss.init_params(config, cfg.streams, jax.random.PRNGKey(cfg.seed))
     if cfg.checkpoint.init_from:
         params = initial_streams(cfg, config)
         log(f"streams: initialised from {cfg.checkpoint.init_from}")
+    else:
+        params = ss.init_params(config, cfg.streams, jax.random.PRNGKey(cfg.seed))
     log(f"streams: {ss.num_params(config, cfg.streams)} trained parameters (the target's {config.num_params()})")
     optimizer = make_optimizer(cfg.optim)
     d = cfg.data
