@@ -43,9 +43,9 @@ from lsjax import decoding
 from lsjax.cache import KVCache, commit
 from lsjax.config import GenerateConfig
 from lsjax.decoding import DecodeState
-from lsjax.drafters.base import ARDrafter, DraftContext, Drafter, Verdict
+from lsjax.drafters.base import ARDrafter, DraftContext, Drafter, SwitchExtras, Verdict
 from lsjax.errors import LsjaxError
-from lsjax.sampling import tree_penalty_mask
+from lsjax.sampling import processed_logprobs, tree_penalty_mask
 from lsjax.tree import Tree, chain_parents
 from lsjax.verify import accept, gather_path_kv, tapped_tree_forward, tree_forward
 
@@ -86,6 +86,15 @@ def penalty_windows(ctx: DraftContext, max_depth: int, gen: GenerateConfig, stat
     )
 
 
+def _root_logp(logits, sampling, penalized, verdict: Verdict) -> jax.Array:
+    """[B] the target's processed log-probability at the root of the first token the step emitted (0 at
+    T = 0, where nothing needs it)."""
+    if sampling.greedy:
+        return jnp.zeros(logits.shape[:1], jnp.float32)
+    lp = processed_logprobs(logits[:, 0], sampling, None if penalized is None else penalized[:, 0])
+    return jnp.take_along_axis(lp, verdict.emitted()[:, :1], axis=1)[:, 0]
+
+
 def verify_phase(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState, tree: Tree):
     """Target forward over the tree + acceptance. Returns (verdict, path_k, path_v) with the path's K/V
     [L, B, max_depth + 1, K, H] for the commit."""
@@ -120,6 +129,8 @@ def _verify(ctx: DraftContext, gen: GenerateConfig, state: DecodeState, tree: Tr
         count=jnp.where(active, num_accepted + 1, 0),
         extras=extras,
     )
+    if drafter is None:  # a switched variant: the switching drafter may score the root's first token
+        verdict = dataclasses.replace(verdict, extras=_root_logp(logits, gen.sampling, penalized, verdict))
     path_k, path_v = gather_path_kv(new_k, new_v, path)
     # The commit must wait for the walk. An AR path (the root) is known before the forward ends, so XLA
     # scheduled the cache write ahead of the last layers' attention reads of that cache and then copied the
@@ -175,6 +186,7 @@ class PathResult:
     count: jax.Array  # [B] tokens to commit (0 for finished rows)
     k: jax.Array  # [L, B, A, K, H] the path's K/V
     v: jax.Array
+    root_logp: jax.Array  # [B] (`SwitchExtras.root_logp`)
 
 
 def _stochastic(tree: Tree, vocab_size: int) -> Tree:
@@ -211,6 +223,7 @@ def _group_path(ctx, gen, variants, depth: int, operand) -> PathResult:
         verdict.count,
         jnp.pad(path_k, kv_pad),
         jnp.pad(path_v, kv_pad),
+        verdict.extras,
     )
 
 
@@ -233,7 +246,7 @@ def chain_verdict(path: PathResult, extras=()) -> Verdict:
 def switched_step(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState) -> DecodeState:
     """One step of a drafter with `step_variants`: the chosen variant drafts and verifies inside a `lax.switch`
     (its own static tree: a small tree pays only its own verification; variants with equal node counts share
-    one compiled forward); the commit and `drafter.update` (with `chain_verdict(path, extras=index)`) run once
+    one compiled forward); the commit and `drafter.update` (with `chain_verdict(path, SwitchExtras(...))`) run once
     after it (module doc: why the cache stays out)."""
     variants = drafter.step_variants()
     for v in variants:
@@ -250,7 +263,8 @@ def switched_step(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, stat
     at = jnp.asarray(where)[index]
     branches = [functools.partial(_group_path, ctx, gen, [variants[i] for i in members], depth) for members in groups]
     path = jax.lax.switch(at[0], branches, (state, at[1]))
-    return commit_phase(ctx, drafter, gen, state, (chain_verdict(path, index), path.k, path.v))
+    verdict = chain_verdict(path, SwitchExtras(index, path.root_logp))
+    return commit_phase(ctx, drafter, gen, state, (verdict, path.k, path.v))
 
 
 def spec_step(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState) -> DecodeState:

@@ -193,3 +193,79 @@ def test_a_lookup_proposal_is_put_aside_every_step():
     rate = np.asarray(pol.succ[fam]) / np.asarray(pol.trials[fam])
     prior = np.asarray(FULL.init_policy().succ[fam]) / np.asarray(FULL.init_policy().trials[fam])
     assert np.all(rate[1:] > prior[1:]) and rate[D - 1] > 0.9
+
+
+# ------------------------------------------------------------------------------ T > 0: a sampled chain's first depth
+
+
+def test_first_accept_is_unbiased_for_a_sampled_1_node_chain():
+    """min(1, q(x) / p(x)) with x ~ p averages sum_x min(p, q): how often verification's rejection sampling
+    accepts a child drawn from q (measured here with `accept` itself). The greedy token's match, what the shadow
+    observed before, averages p(argmax q): far below on these flat distributions (so this test can fail)."""
+    rng = np.random.RandomState(0)
+    B, V = 20000, 7
+    p = rng.dirichlet(np.ones(V) * 2.0)
+    q = rng.dirichlet(np.ones(V) * 2.0)
+    q[int(np.argmin(q))] = 0.0  # a token the draft cannot propose (pruned vocabulary)
+    q /= q.sum()
+    want = float(np.minimum(p, q).sum())
+    x = rng.choice(V, B, p=p)
+    logq = np.log(np.maximum(q, 1e-45)).astype(np.float32)
+    logq[q == 0] = -np.inf
+    tree = Tree(
+        jnp.zeros((B, 2), jnp.int32),
+        jnp.zeros((B, 2), jnp.int32),
+        jnp.zeros((B, 2), jnp.int32),
+        jnp.ones((B, 2), bool),
+        None,
+    )
+    shadow = DraftShadow.record(
+        tree,
+        jnp.zeros((B, 0), jnp.int32),
+        *(jnp.zeros((B,), jnp.int32),) * 3,
+        jnp.broadcast_to(jnp.asarray(logq), (B, V)),
+    )
+    root_logp = jnp.log(jnp.asarray(p, jnp.float32))[x]
+    scored = shadow.score_first(jnp.asarray(x, jnp.int32), root_logp, jnp.ones((B,), bool))
+    est = np.asarray(scored.first_accept)
+    assert not np.asarray(scored.fresh).any()
+    assert abs(est.mean() - want) < 4 * est.std() / np.sqrt(B)
+    # Verification of a sampled 1-node chain with this q accepts as often.
+    child = rng.choice(V, B, p=q).astype(np.int32)
+    chain = Tree(
+        jnp.asarray(np.stack([np.zeros(B, np.int32), child], 1)),
+        jnp.asarray(np.tile([-1, 0], (B, 1)).astype(np.int32)),
+        jnp.asarray(np.tile([0, 1], (B, 1)).astype(np.int32)),
+        jnp.ones((B, 2), bool),
+        jnp.ones((B, 2, 2), bool),
+        jnp.broadcast_to(jnp.asarray(logq), (B, 2, V)),
+        jnp.asarray(np.tile([False, True], (B, 1))),
+    )
+    logits = jnp.broadcast_to(jnp.log(jnp.asarray(p, jnp.float32)), (B, 2, V))
+    _, num_accepted, _ = accept(chain, logits, SamplingConfig(temperature=1.0), jax.random.key(1), 1)
+    rate = float(np.asarray(num_accepted).mean())
+    assert abs(rate - want) < 4 * np.sqrt(want * (1 - want) / B)
+    greedy_match = p[int(np.argmax(q))]
+    assert want - greedy_match > 0.1  # the old observation's bias on flat distributions
+
+
+def test_observing_a_shadow_adds_the_first_depth_as_a_probability():
+    """The ls-chain family's depth-1 count grows by first_accept, not by the greedy token's match."""
+    from lsjax.drafters.auto import AutoDrafter
+    from lsjax.drafters.auto_shadow import ShadowAccepts
+    from tests.test_auto import LS
+
+    auto = AutoDrafter(longspec=LS)
+    pol = auto.init_policy(greedy=False)
+    B = 2
+    costs = jnp.ones((len(auto.cost_names),))
+    one = jnp.ones((B,), jnp.int32)
+    got = ShadowAccepts(one, 0 * one, 3 * one, one, 0 * one, jnp.asarray([0.25, 0.5]))
+    z = jnp.zeros((B,), jnp.int32)
+    new = auto.observe_shadow(pol, costs, z, z, jnp.ones((B,)), jnp.ones((B,), bool), got, jnp.int32(1))
+    f = auto.families.index("ls-chain")
+    g = auto.policy.decay
+    np.testing.assert_allclose(float(new.succ[f, 0]), g * float(pol.succ[f, 0]) + 0.75, rtol=1e-6)
+    np.testing.assert_allclose(float(new.trials[f, 0]), g * float(pol.trials[f, 0]) + 2, rtol=1e-6)
+    # Depth 2 is tried only where the greedy token matched (nowhere here).
+    np.testing.assert_allclose(float(new.trials[f, 1]), float(pol.trials[f, 1]), rtol=1e-6)

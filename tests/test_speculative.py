@@ -434,3 +434,79 @@ def test_trained_draft_greedy_equals_ar(tmp_path):
     ar = run(target_params, config, prompts, gen, ARDrafter())
     sp = run(target_params, config, prompts, gen, drafter, draft_params=out["state"].params)
     np.testing.assert_array_equal(np.asarray(sp.out), np.asarray(ar.out))
+
+
+# ------------------------------------------------------------------------------ switched steps: SwitchExtras
+
+
+@dataclasses.dataclass(frozen=True)
+class _Guess(Drafter):
+    """A fixed 2-token chain (root + 1, root + 2): a variant with nodes beyond the root."""
+
+    tree: TreeConfig = TreeConfig((1, 1))
+    name = "guess"
+
+    def propose(self, ctx, state, draft_state, key):
+        B, V = state.root.shape[0], ctx.config.vocab_size
+        toks = jnp.stack([state.root, (state.root + 1) % V, (state.root + 2) % V], axis=1)
+        parents = jnp.broadcast_to(jnp.asarray([-1, 0, 1], jnp.int32), (B, 3))
+        return make_tree(toks, parents, jnp.ones((B, 3), bool), self.tree)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Recorder(Drafter):
+    """Alternates AR and `_Guess`; keeps each step's SwitchExtras.root_logp, root position and first token."""
+
+    tree: TreeConfig = TreeConfig((1, 1))
+    name = "recorder"
+
+    def step_variants(self):
+        return (ARDrafter(), _Guess())
+
+    def choose(self, ctx, state):
+        return (state.steps % 2).astype(jnp.int32)
+
+    def init(self, ctx, state):
+        B = state.root.shape[0]
+        return jnp.zeros((B, 32), jnp.float32), jnp.full((B, 32), -1, jnp.int32), jnp.zeros((B, 32), jnp.int32)
+
+    def update(self, ctx, state, ds, verdict):
+        lp, pos, tok = ds
+        s = state.steps - 1
+        root_at = jnp.where(verdict.count > 0, state.cache.lengths - verdict.count, -1)
+        return (
+            lp.at[:, s].set(verdict.extras.root_logp),
+            pos.at[:, s].set(root_at),
+            tok.at[:, s].set(verdict.emitted()[:, 0]),
+        )
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0.7), SamplingConfig(temperature=1.3, top_k=20)])
+def test_switched_step_reports_the_targets_logprob_of_the_first_token(sampling):
+    """`SwitchExtras.root_logp` is the target's processed log-probability of the token emitted after the root,
+    as a full forward over the finished sequence computes it (whichever variant ran)."""
+    from lsjax.cache import KVCache
+    from lsjax.models import target
+    from lsjax.sampling import processed_logprobs
+
+    config, params = tiny_model()
+
+    prompts = [list(range(5, 25)), list(range(40, 52))]
+    gen = GenerateConfig(max_new_tokens=14, sampling=sampling)
+    out = run(params, config, prompts, gen, _Recorder(), key=3)
+    lp, pos, tok = (np.asarray(a) for a in out.draft)
+    checked = 0
+    for b, prompt in enumerate(prompts):
+        seq = prompt + np.asarray(out.out[b, : int(out.num_out[b])]).tolist()
+        t = jnp.asarray([seq])
+        h, _, _ = target.forward_hidden(params, config, t, jnp.arange(len(seq))[None], KVCache.zeros(config, 1, 0))
+        ref = np.asarray(processed_logprobs(target.lm_head(params, config, h)[0], sampling))
+        for s in range(int(out.steps)):
+            if pos[b, s] < 0:
+                continue
+            assert seq[pos[b, s] + 1] == tok[b, s]
+            np.testing.assert_allclose(lp[b, s], ref[pos[b, s], tok[b, s]], atol=2e-4)
+            checked += 1
+    assert checked >= 10
+    greedy = run(params, config, prompts, dataclasses.replace(gen, sampling=SamplingConfig()), _Recorder())
+    assert not np.asarray(greedy.draft[0]).any()  # nothing needs it at T = 0

@@ -26,7 +26,9 @@ is observed exactly and for free. The draft's families are explored by shadow dr
 (`lsjax.drafters.auto_shadow`, the default): when exploration is due, the draft alone proposes its tree at the
 new root (~0.2 AR steps on a 2-core CPU), the proposal waits until the tokens after that root are committed,
 and is then walked against them as verification would walk it, teaching ls-tree, ls-chain (read off the beam
-tree) and hybrid at once. With `AutoPolicy.shadow=False` they are probed instead: a group's most hopeful
+tree) and hybrid at once (at T > 0 with sampled drafts, the chain's first depth is scored as the probability
+that rejection sampling accepts a child drawn from the draft's q, from q and the target's p of the emitted
+token: `DraftShadow.first_accept`). With `AutoPolicy.shadow=False` they are probed instead: a group's most hopeful
 candidate (rates + a binomial confidence width) runs once, a full verification that costs 1.3-2.3x an AR
 step when it accepts nothing. Either way, exploration that leaves every group ranked below the rest doubles
 its interval (8 .. 64 steps) and one that makes a group win resets it. This bounds what exploration costs
@@ -179,7 +181,9 @@ class AutoDrafter(PolicyRules, Drafter):
         pld = self._pld(max(self.pld_tokens)).init(ctx, state)
         ring = self.longspec.init(sub_context(ctx), state) if self.longspec is not None else ()
         B = state.root.shape[0]
-        shadow = DraftShadow.empty(B, self.longspec.num_nodes, self.hybrid_pld) if self.longspec is not None else ()
+        scored = ctx.sampling.sample_drafts and self.policy.sampled_first
+        V = ctx.config.vocab_size if scored else 0  # the shadow keeps q at its root
+        shadow = DraftShadow.empty(B, self.longspec.num_nodes, self.hybrid_pld, V) if self.longspec is not None else ()
         pol = self.init_policy(ctx.sampling.greedy or not ctx.sampling.sample_drafts)
         D = max(self.pld_tokens)
         lookup = LookupShadow.empty(B, D + 1, D)  # an AR step frees a slot every step: D + 1 never collide
@@ -217,8 +221,9 @@ class AutoDrafter(PolicyRules, Drafter):
 
     def update(self, ctx: DraftContext, state, ds: AutoState, verdict: Verdict) -> AutoState:
         """After the engine's commit (once per step, whichever candidate ran; `verdict` is the accepted path as
-        a chain, `verdict.extras` the candidate's index): every sub-drafter sees the committed tokens, the
-        candidate that ran updates its family's rates, and prompt lookup learns from the committed tokens."""
+        a chain, `verdict.extras` a `SwitchExtras`: the candidate's index): every sub-drafter sees the committed
+        tokens, the candidate that ran updates its family's rates, and prompt lookup learns from the committed
+        tokens."""
         pld = self._pld(max(self.pld_tokens)).update(ctx, state, ds.pld, verdict)
         ring = self.longspec.update(sub_context(ctx), state, ds.ring, verdict) if self.longspec is not None else ()
         n, start, avail = ds.match  # the match the step was chosen and drafted with (old history)
@@ -227,18 +232,20 @@ class AutoDrafter(PolicyRules, Drafter):
         # One small branch per candidate: the policy state is a few hundred floats, so this switch is cheap.
         learners = [functools.partial(self._learn_at, i) for i in range(len(self.candidates))]
         operands = (ds.policy, costs, n, avail, verdict.num_accepted, active, state.steps)
-        pol = jax.lax.switch(verdict.extras, learners, *operands)
+        ran = verdict.extras.index
+        pol = jax.lax.switch(ran, learners, *operands)
         # What prompt lookup would have proposed, against what was emitted (a prompt-lookup step taught itself).
         D = self.max_depth
         proposal = _window(ds.pld, start, D)
         shadowed = self.lookup_shadow(pol, n, avail, proposal, verdict.emitted()[:, :D], verdict.count)
-        ran_pld = jnp.asarray([c.kind == "pld" for c in self.candidates])[verdict.extras]
+        ran_pld = jnp.asarray([c.kind == "pld" for c in self.candidates])[ran]
         pol = jax.tree.map(lambda a, b: jnp.where(ran_pld, a, b), pol, shadowed)
         match = self._match(pld)  # the next step's
         pol, lookup = self._lookup_step(state, pld, ds.lookup, pol, match)
         if not self.shadows:
             return AutoState(pld, ring, pol, ds.shadow, match, lookup)
-        pol, shadow = self._shadow_step(ctx, state, pld, ring, ds.shadow, pol, costs, match)
+        shadow = ds.shadow.score_first(verdict.emitted()[:, 0], verdict.extras.root_logp, active)
+        pol, shadow = self._shadow_step(ctx, state, pld, ring, shadow, pol, costs, match)
         return AutoState(pld, ring, pol, shadow, match, lookup)
 
     def _lookup_step(self, state, pld: History, lookup: LookupShadow, pol: PolicyState, match):
@@ -299,10 +306,13 @@ class AutoDrafter(PolicyRules, Drafter):
             # verification accepts at T = 0 (and what sample-and-match accepts at T > 0).
             sub = sub_context(ctx)
             sub = dataclasses.replace(sub, sampling=dataclasses.replace(sub.sampling, draft_sampling="greedy"))
-            tree = self.longspec.propose(sub, state, ring, state.key)
+            if shadow.logq.shape[1]:  # sampled drafts: also q at the root (`DraftShadow.first_accept`)
+                tree, logq = self.longspec.propose_with_root_q(sub, state, ring, state.key)
+            else:
+                tree, logq = self.longspec.propose(sub, state, ring, state.key), shadow.logq
             H = self.hybrid_pld
             chain = _window(pld, start, H)
-            return self.start_shadow(pol, costs), DraftShadow.record(tree, chain, n, avail, pld.length)
+            return self.start_shadow(pol, costs), DraftShadow.record(tree, chain, n, avail, pld.length, logq)
 
         return jax.lax.cond(run, draft, lambda args: args, (pol, shadow))
 

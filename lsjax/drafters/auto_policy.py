@@ -51,6 +51,9 @@ class AutoPolicy:
     # Fitted on dev runs (2026-11-26, 14 runs with >= 3 AR steps of speculative extra: the margin that makes
     # the profile predict the measured speed): median 0.24, spread -0.1 .. 1.0.
     cost_margin: float = 0.2
+    # At T > 0 with sampled drafts, shadows score the draft chain's first depth as the probability that
+    # rejection sampling accepts it (`DraftShadow.first_accept`); False: as the greedy token's match (biased low).
+    sampled_first: bool = True
 
     def __post_init__(self):
         if not 0.0 < self.decay < 1.0:
@@ -73,8 +76,9 @@ class AutoPolicy:
             raise ConfigError(f"auto.cost_margin: must be a float in [0, 10], got {self.cost_margin!r}")
         if not (isinstance(self.evidence, (int, float)) and self.evidence >= 0):
             raise ConfigError(f"auto.evidence: must be a float >= 0 (observations), got {self.evidence!r}")
-        if not isinstance(self.shadow, bool):
-            raise ConfigError(f"auto.shadow: must be a bool, got {self.shadow!r}")
+        for name in ("shadow", "sampled_first"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"auto.{name}: must be a bool, got {getattr(self, name)!r}")
 
 
 @jax.tree_util.register_dataclass
@@ -198,14 +202,17 @@ class PolicyRules:
         n, avail, active: the current step's prompt-lookup match and live rows, for the ranking."""
         d = jnp.arange(1, pol.succ.shape[1] + 1)[None]
 
-        def add(pol, fam, limit, acc, rows):
+        def add(pol, fam, limit, acc, rows, first=None):
             trial = rows[:, None] & (d <= limit[:, None]) & (acc[:, None] >= d - 1)
-            return self._observe(pol, jnp.full(acc.shape, fam), trial, trial & (acc[:, None] >= d))
+            hit = (trial & (acc[:, None] >= d)).astype(jnp.float32)
+            if first is not None:  # depth 1 as a probability (sampled drafts; `DraftShadow.first_accept`)
+                hit = hit.at[:, 0].set(jnp.where(trial[:, 0], first, 0.0))
+            return self._observe(pol, jnp.full(acc.shape, fam), trial, hit)
 
         fams = self.families
         new = add(pol, fams.index("ls-tree"), jnp.full(got.tree.shape, self.longspec.max_depth), got.tree, ready)
         if "ls-chain" in fams:
-            new = add(new, fams.index("ls-chain"), got.chain_known, got.chain, ready)
+            new = add(new, fams.index("ls-chain"), got.chain_known, got.chain, ready, got.chain_first)
         if "hybrid" in fams:
             new = add(new, fams.index("hybrid"), got.hybrid_limit, got.hybrid, ready & (got.hybrid_limit > 0))
         score = self._scores(costs, new, n, avail, active)

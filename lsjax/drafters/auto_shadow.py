@@ -17,7 +17,9 @@ draft pass (~0.2 AR steps) and observes, for free afterwards:
 At T = 0 these are exactly what verification would accept. At T > 0 the shadow tree is the deterministic
 (top-k) tree and a match with the emitted token (a draw from the target) is what sample-and-match accepts;
 recursive rejection sampling of a sampled tree accepts at least as often on average, so the shadow errs
-towards AR there.
+towards AR there, except at the chain's first depth: with sampled drafts the shadow keeps the draft's q at
+its root, and the next step reports the target's p of the token it emitted there (`SwitchExtras`), so
+min(1, q(x) / p(x)) is an unbiased, low-variance estimate of how often a sampled 1-node chain is accepted.
 """
 
 from __future__ import annotations
@@ -42,19 +44,52 @@ class DraftShadow:
     avail: jax.Array  # [B] tokens available after the match
     base: jax.Array  # [B] history index of the root's first child
     pending: jax.Array  # [B] bool: a shadow is waiting for its tokens
+    # Sampled drafts (T > 0) only, else [B, 0] / unused: the draft's log q at the root [B, V]; once the next
+    # step has emitted the root's first token x ~ p, first_accept [B] = min(1, q(x) / p(x)), whose mean over
+    # x ~ p is sum_x min(p(x), q(x)): exactly how often a sampled 1-node chain is accepted there (rejection
+    # sampling), where the match of the greedy token says only p(argmax q), far less on a flat q.
+    logq: jax.Array
+    first_accept: jax.Array  # [B] f32
+    fresh: jax.Array  # [B] bool: recorded, first_accept not yet known
 
     @staticmethod
-    def empty(batch: int, num_nodes: int, chain: int) -> DraftShadow:
+    def empty(batch: int, num_nodes: int, chain: int, vocab: int = 0) -> DraftShadow:
         zi = jnp.zeros((batch, num_nodes), jnp.int32)
         zb = jnp.zeros((batch,), jnp.int32)
+        no = jnp.zeros((batch,), bool)
         return DraftShadow(
-            zi, zi, zi, zi > 0, jnp.zeros((batch, chain), jnp.int32), zb, zb, zb, jnp.zeros((batch,), bool)
+            zi,
+            zi,
+            zi,
+            zi > 0,
+            jnp.zeros((batch, chain), jnp.int32),
+            zb,
+            zb,
+            zb,
+            no,
+            jnp.zeros((batch, vocab), jnp.float32),
+            jnp.zeros((batch,), jnp.float32),
+            no,
         )
 
     @staticmethod
-    def record(tree: Tree, chain, n, avail, base) -> DraftShadow:
+    def record(tree: Tree, chain, n, avail, base, logq=None) -> DraftShadow:
+        """`logq` [B, V] the draft's log q at the root (sampled drafts), else None or [B, 0]."""
         pending = jnp.ones(tree.tokens.shape[:1], bool)
-        return DraftShadow(tree.tokens, tree.parents, tree.depth, tree.valid, chain, n, avail, base, pending)
+        logq = jnp.zeros(pending.shape + (0,), jnp.float32) if logq is None else logq
+        first = jnp.zeros(pending.shape, jnp.float32)
+        args = (tree.tokens, tree.parents, tree.depth, tree.valid, chain, n, avail, base, pending)
+        return DraftShadow(*args, logq, first, pending & (logq.shape[1] > 0))
+
+    def score_first(self, first: jax.Array, root_logp: jax.Array, live: jax.Array) -> DraftShadow:
+        """The step after `record` emitted `first` [B] at the shadow's root with target log-probability
+        `root_logp` [B] (`SwitchExtras`): first_accept of the rows `live` [B] that were waiting for it."""
+        if self.logq.shape[1] == 0:
+            return self
+        lq = jnp.take_along_axis(self.logq, first[:, None], axis=1)[:, 0]
+        ratio = jnp.where(jnp.isfinite(lq), jnp.exp(jnp.minimum(lq - root_logp, 0.0)), 0.0)  # q(x) = 0: 0
+        now = self.fresh & live
+        return dataclasses.replace(self, first_accept=jnp.where(now, ratio, self.first_accept), fresh=self.fresh & ~now)
 
 
 @jax.tree_util.register_dataclass
@@ -87,6 +122,7 @@ class ShadowAccepts:
     chain_known: jax.Array  # ... within the depths where the chain's token is known
     hybrid: jax.Array  # accepted depth of the tree + prompt-lookup union ...
     hybrid_limit: jax.Array  # ... and its depth (0 where there was no match: that row's hybrid was the tree)
+    chain_first: jax.Array | None = None  # [B] f32 a sampled 1-node chain's acceptance probability (T > 0)
 
 
 def accepts(shadow: DraftShadow, following: jax.Array, level_offsets: tuple[int, ...]) -> ShadowAccepts:
@@ -122,4 +158,7 @@ def accepts(shadow: DraftShadow, following: jax.Array, level_offsets: tuple[int,
     matched = (shadow.n > 0) & (H > 0)
     hybrid = jnp.where(matched, jnp.maximum(tree, lookup), 0)
     limit = jnp.where(matched, jnp.maximum(depth_max, jnp.minimum(H, shadow.avail)), 0)
-    return ShadowAccepts(tree.astype(jnp.int32), chain, chain_known, hybrid.astype(jnp.int32), limit.astype(jnp.int32))
+    first = shadow.first_accept if shadow.logq.shape[1] else None
+    return ShadowAccepts(
+        tree.astype(jnp.int32), chain, chain_known, hybrid.astype(jnp.int32), limit.astype(jnp.int32), first
+    )

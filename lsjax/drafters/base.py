@@ -30,7 +30,8 @@ explicit state `S` (any pytree; `()` for stateless drafters):
   the same node count share one compiled forward. The variants' `propose` read the drafter's state; their
   `init`/`update` are never called. The commit and the drafter's own `update` run once after the switch, with
   `lsjax.speculative.chain_verdict`: the accepted path as a chain (`verdict.tree` holds the path's tokens,
-  `verdict.path` = 0, 1, ..., padded to the deepest variant) and `verdict.extras` = the variant's index.
+  `verdict.path` = 0, 1, ..., padded to the deepest variant) and `verdict.extras` = `SwitchExtras` (the
+  variant's index; at T > 0 the target's log-probability of the first emitted token at the root).
   Variants cannot ask for `verify_extras`. Empty (the default): a fixed-shape step.
 
 `ctx` is a `DraftContext` bundling params, configs and static sizes, so signatures stay short and every
@@ -62,6 +63,18 @@ class DraftContext:
     # Set for `init` only: the prompt as prefilled (tokens [B, P], lengths [B]).
     prompt_tokens: jax.Array | None = None
     prompt_lengths: jax.Array | None = None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SwitchExtras:
+    """`verdict.extras` of a step chosen among `step_variants` (`lsjax.speculative.switched_step`)."""
+
+    index: jax.Array  # [] int32 the variant that ran
+    # [B] the target's processed log-probability, at the root, of the first token the step emitted (0 at
+    # T = 0). That token is a draw from exactly that distribution whatever the variant (verification is
+    # lossless), so a drafter can score what it *would* have proposed there without bias (`auto`'s shadows).
+    root_logp: jax.Array
 
 
 @jax.tree_util.register_dataclass

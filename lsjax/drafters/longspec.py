@@ -64,6 +64,15 @@ class LongSpecDrafter(Drafter):
         return ring_write(ring, k, v, start, jnp.minimum(lengths, W))
 
     def propose(self, ctx: DraftContext, state, draft_state: RingCache, key: jax.Array) -> Tree:
+        return self._propose(ctx, state, draft_state, key, root_q=False)[0]
+
+    def propose_with_root_q(self, ctx: DraftContext, state, draft_state: RingCache, key: jax.Array):
+        """(the tree `propose` builds, the draft's processed log q [B, V] at the root under `ctx.sampling`'s
+        temperature and filters): what a sampled child at depth 1 is drawn from, whether or not this tree
+        samples (`auto`'s shadow drafts price a sampled 1-node chain with it at T > 0)."""
+        return self._propose(ctx, state, draft_state, key, root_q=True)
+
+    def _propose(self, ctx: DraftContext, state, draft_state: RingCache, key: jax.Array, root_q: bool):
         dp = DraftParams.of(ctx.draft_params)
         params, vocab_ids = dp.weights, dp.vocab_ids
         cfg, tp = ctx.config, ctx.target_params
@@ -85,6 +94,7 @@ class LongSpecDrafter(Drafter):
         tree_k = jnp.zeros((B, T) + k0.shape[2:], k0.dtype).at[:, :1].set(k0)  # [B, T, K, H]
         tree_v = jnp.zeros_like(tree_k).at[:, :1].set(v0)
         logq = jnp.full((B, T, cfg.vocab_size), -jnp.inf, jnp.float32) if stochastic else None
+        q_root = None
 
         for d in range(self.tree.depth):
             lo, w = offsets[d], widths[d]
@@ -108,7 +118,7 @@ class LongSpecDrafter(Drafter):
             )
             logits = draft_logits(dp, tp, cfg, hidden)  # [B, w, Vd]
             w_next = widths[d + 1]
-            if stochastic:
+            if stochastic or (root_q and d == 0):
                 # q is the draft's distribution after the target's own penalty/temperature/top-k/top-p/min-p.
                 logp = processed_logprobs(logits, ctx.sampling, self._penalized(ctx, state, tokens, anc, lo, w, d))
                 full = (
@@ -116,6 +126,9 @@ class LongSpecDrafter(Drafter):
                     if vocab_ids is None
                     else jnp.full((B, w, cfg.vocab_size), -jnp.inf).at[..., vocab_ids].set(logp)
                 )
+                if d == 0:
+                    q_root = full[:, 0]
+            if stochastic:
                 logq = logq.at[:, lo : lo + w].set(full)
                 child_parent, child_tok, best, ok = _sample_level(logp, scores[:, lo : lo + w], w_next, key, d)
                 child_parent = lo + child_parent
@@ -146,10 +159,10 @@ class LongSpecDrafter(Drafter):
 
         depth = jnp.broadcast_to(jnp.asarray(self.tree.node_depths()), (B, T))
         if not stochastic:
-            return Tree(tokens, parents, depth, valid, anc)
+            return Tree(tokens, parents, depth, valid, anc), q_root
         anc = anc & valid[:, :, None] & valid[:, None, :]
         sampled = jnp.ones((B, T), bool).at[:, 0].set(False)
-        return Tree(tokens, parents, depth, valid, anc, logq, sampled)
+        return Tree(tokens, parents, depth, valid, anc, logq, sampled), q_root
 
     def _penalized(self, ctx: DraftContext, state, tokens, anc, lo: int, w: int, d: int):
         """The frontier's contextual-penalty windows (over the draft's vocabulary), or None when it is off."""
