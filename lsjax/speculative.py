@@ -86,13 +86,19 @@ def penalty_windows(ctx: DraftContext, max_depth: int, gen: GenerateConfig, stat
     )
 
 
-def _root_logp(logits, sampling, penalized, verdict: Verdict) -> jax.Array:
-    """[B] the target's processed log-probability at the root of the first token the step emitted (0 at
-    T = 0, where nothing needs it)."""
+def _root_logp(logits, sampling, penalized, verdict: Verdict, wanted) -> jax.Array:
+    """[B] the target's processed log-probability at the root of the first token the step emitted; 0 at
+    T = 0 and where the drafter did not want it (`Drafter.root_logp_wanted`: with top-k/top-p it costs a sort
+    of the vocabulary, a few % of a decode step)."""
+    zeros = jnp.zeros(logits.shape[:1], jnp.float32)
     if sampling.greedy:
-        return jnp.zeros(logits.shape[:1], jnp.float32)
-    lp = processed_logprobs(logits[:, 0], sampling, None if penalized is None else penalized[:, 0])
-    return jnp.take_along_axis(lp, verdict.emitted()[:, :1], axis=1)[:, 0]
+        return zeros
+
+    def compute(_):
+        lp = processed_logprobs(logits[:, 0], sampling, None if penalized is None else penalized[:, 0])
+        return jnp.take_along_axis(lp, verdict.emitted()[:, :1], axis=1)[:, 0]
+
+    return jax.lax.cond(wanted, compute, lambda _: zeros, None)
 
 
 def verify_phase(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState, tree: Tree):
@@ -101,8 +107,18 @@ def verify_phase(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state
     return _verify(ctx, gen, state, tree, drafter.max_depth, _levels(drafter), drafter)
 
 
-def _verify(ctx: DraftContext, gen: GenerateConfig, state: DecodeState, tree: Tree, max_depth: int, levels, drafter):
-    """`drafter` None: no extras (a switched variant, whose drafter updates from the chain verdict)."""
+def _verify(
+    ctx: DraftContext,
+    gen: GenerateConfig,
+    state: DecodeState,
+    tree: Tree,
+    max_depth: int,
+    levels,
+    drafter,
+    wanted=False,
+):
+    """`drafter` None: a switched variant, whose drafter updates from the chain verdict; its extras are the
+    root's log-probability of the first emitted token where `wanted` ([] bool) says so."""
     if drafter is None or drafter.extra_hidden_layer is None:
         hidden, logits, new_k, new_v = tree_forward(
             ctx.target_params, ctx.config, tree, state.cache, backend=ctx.backend
@@ -130,7 +146,7 @@ def _verify(ctx: DraftContext, gen: GenerateConfig, state: DecodeState, tree: Tr
         extras=extras,
     )
     if drafter is None:  # a switched variant: the switching drafter may score the root's first token
-        verdict = dataclasses.replace(verdict, extras=_root_logp(logits, gen.sampling, penalized, verdict))
+        verdict = dataclasses.replace(verdict, extras=_root_logp(logits, gen.sampling, penalized, verdict, wanted))
     path_k, path_v = gather_path_kv(new_k, new_v, path)
     # The commit must wait for the walk. An AR path (the root) is known before the forward ends, so XLA
     # scheduled the cache write ahead of the last layers' attention reads of that cache and then copied the
@@ -200,7 +216,7 @@ def _stochastic(tree: Tree, vocab_size: int) -> Tree:
 def _group_path(ctx, gen, variants, depth: int, operand) -> PathResult:
     """Variants with the same node count share one verification forward: an inner switch drafts the chosen
     one's tree, one target forward over T nodes verifies it (tokens, depths and the mask are arrays)."""
-    state, member = operand
+    state, member, wanted = operand
     trees = [jax.eval_shape(functools.partial(draft_phase, ctx, v), state) for v in variants]
     stochastic = any(t.stochastic for t in trees)
 
@@ -213,7 +229,7 @@ def _group_path(ctx, gen, variants, depth: int, operand) -> PathResult:
     else:
         tree = jax.lax.switch(member, [functools.partial(draft, v) for v in variants], state)
         max_depth, levels = max(v.max_depth for v in variants), None  # the walk checks every node's depth
-    verdict, path_k, path_v = _verify(ctx, gen, state, tree, max_depth, levels, None)
+    verdict, path_k, path_v = _verify(ctx, gen, state, tree, max_depth, levels, None, wanted)
     pad = depth - max_depth
     kv_pad = ((0, 0), (0, 0), (0, pad), (0, 0), (0, 0))
     return PathResult(
@@ -262,7 +278,8 @@ def switched_step(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, stat
     index = drafter.choose(ctx, state)
     at = jnp.asarray(where)[index]
     branches = [functools.partial(_group_path, ctx, gen, [variants[i] for i in members], depth) for members in groups]
-    path = jax.lax.switch(at[0], branches, (state, at[1]))
+    wanted = jnp.asarray(drafter.root_logp_wanted(ctx, state), bool)
+    path = jax.lax.switch(at[0], branches, (state, at[1], wanted))
     verdict = chain_verdict(path, SwitchExtras(index, path.root_logp))
     return commit_phase(ctx, drafter, gen, state, (verdict, path.k, path.v))
 

@@ -466,6 +466,9 @@ class _Recorder(Drafter):
     def choose(self, ctx, state):
         return (state.steps % 2).astype(jnp.int32)
 
+    def root_logp_wanted(self, ctx, state):
+        return state.steps % 4 < 3  # one step in four goes without
+
     def init(self, ctx, state):
         B = state.root.shape[0]
         return jnp.zeros((B, 32), jnp.float32), jnp.full((B, 32), -1, jnp.int32), jnp.zeros((B, 32), jnp.int32)
@@ -504,9 +507,12 @@ def test_switched_step_reports_the_targets_logprob_of_the_first_token(sampling):
         for s in range(int(out.steps)):
             if pos[b, s] < 0:
                 continue
+            if s % 4 == 3:
+                assert lp[b, s] == 0.0
+                continue
             assert seq[pos[b, s] + 1] == tok[b, s]
             np.testing.assert_allclose(lp[b, s], ref[pos[b, s], tok[b, s]], atol=2e-4)
             checked += 1
-    assert checked >= 10
+    assert checked >= 8
     greedy = run(params, config, prompts, dataclasses.replace(gen, sampling=SamplingConfig()), _Recorder())
     assert not np.asarray(greedy.draft[0]).any()  # nothing needs it at T = 0

@@ -219,6 +219,11 @@ class AutoDrafter(PolicyRules, Drafter):
         active = (~state.done).astype(jnp.float32)
         return self.decide(ds.policy, self._costs(ctx), n, avail, active, state.steps)
 
+    def root_logp_wanted(self, ctx: DraftContext, state) -> jax.Array | bool:
+        """Only the step right after a shadow was drafted at T > 0 (`DraftShadow.first_accept`)."""
+        shadow = state.draft.shadow
+        return self.shadows and shadow.logq.shape[1] > 0 and jnp.any(shadow.fresh)
+
     def update(self, ctx: DraftContext, state, ds: AutoState, verdict: Verdict) -> AutoState:
         """After the engine's commit (once per step, whichever candidate ran; `verdict` is the accepted path as
         a chain, `verdict.extras` a `SwitchExtras`: the candidate's index): every sub-drafter sees the committed

@@ -9,6 +9,8 @@ explicit state `S` (any pytree; `()` for stateless drafters):
     update(ctx, state, draft_state: S, verdict: Verdict[E]) -> S
     step_variants() -> tuple[Drafter, ...]          optional: whole-step alternatives chosen per step
     choose(ctx, state) -> int32 []                  (with step_variants) which variant runs this step
+    root_logp_wanted(ctx, state) -> bool []         (with step_variants) whether this step reports
+                                                    SwitchExtras.root_logp (T > 0; default: never)
 
 * `propose` builds a tree rooted at `state.root` (the last emitted token, not yet in the cache). `key` is the
   drafting key: independent of the verification key by construction, so a tree sampled with it keeps
@@ -138,6 +140,9 @@ class Drafter:
 
     def choose(self, ctx: DraftContext, state) -> jax.Array:
         raise NotImplementedError
+
+    def root_logp_wanted(self, ctx: DraftContext, state) -> jax.Array | bool:
+        return False
 
 
 @dataclasses.dataclass(frozen=True)
