@@ -17,7 +17,7 @@ import pytest
 
 from lsjax import speculative
 from lsjax.config import ConfigError, DraftConfig, GenerateConfig, SamplingConfig
-from lsjax.drafters import auto_profile, registry
+from lsjax.drafters import auto_candidates, auto_profile, registry
 from lsjax.drafters.auto import AutoDrafter, AutoPolicy, auto_params
 from lsjax.drafters.auto_shadow import ShadowAccepts
 from lsjax.drafters.base import ARDrafter
@@ -328,6 +328,12 @@ def test_greedy_equals_ar_and_switches():
     np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out))
     uses = np.asarray(out.draft.policy.uses)
     assert (uses > 0).sum() >= 2 and uses[1:].sum() > 0, uses
+    stats = SMALL.summary(out.draft)
+    assert sum(stats["steps_by_candidate"].values()) == int(out.steps)
+    rates = stats["first_depth_rates"]
+    assert set(rates) == set(SMALL.families) and all(0.0 <= r <= 1.0 for r in rates.values())
+    prior = {f: round(auto_candidates.prior_rates(f, 1, True)[0], 3) for f in rates}
+    assert rates != prior  # learnt from the run
 
 
 def test_every_candidate_forced_equals_ar_without_recompiling():

@@ -195,6 +195,10 @@ class AutoDrafter(PolicyRules, Drafter):
         out = {"steps_by_candidate": {c.name: int(u) for c, u in zip(self.candidates, uses) if u}}
         if self.shadows:
             out["shadow_drafts"] = int(draft_state.policy.shadows)
+        pol = draft_state.policy
+        rates = np.asarray(pol.succ[:, 0]) / np.maximum(np.asarray(pol.trials[:, 0]), 1e-6)
+        # What the policy believed at the end: each family's first-depth rate (prior included).
+        out["first_depth_rates"] = {f: round(float(r), 3) for f, r in zip(self.families, rates)}
         return out
 
     def propose(self, ctx, state, draft_state, key) -> Tree:
