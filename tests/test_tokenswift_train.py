@@ -75,7 +75,7 @@ def tiny_cfg(tmp_path, **over) -> HeadsTrainConfig:
 
 def test_the_config_file_parses():
     cfg = load_yaml(HeadsTrainConfig, "configs/train/smollm2-tokenswift.yaml")
-    assert cfg.heads.num_heads == 3 and cfg.data.sets == ("chat-2048",) and cfg.loss.distill_weight > 0
+    assert cfg.heads.num_heads == 3 and cfg.data.sets == ("chat-1500",) and cfg.loss.distill_weight > 0
 
 
 def _trained(tmp_path):
