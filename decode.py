@@ -295,6 +295,9 @@ def main(argv=None) -> int:
             identical_to_ar=baseline.tokens == result.tokens,
         )
     summary["text"] = out_text
+    if result.stop_reason == "eos" and not out_text.strip() and not chat:
+        # An instruct model given bare text often ends at once (e.g. SmolLM2-Instruct after a full sentence).
+        print("[lsjax] the model ended without writing anything; for an instruct model add --chat", file=sys.stderr)
     if args.json:
         print(json.dumps(summary))
     else:

@@ -87,3 +87,16 @@ def test_json_run_matches_ar(method):
     ):
         assert key in out
     assert out["new_tokens"] == 8 and out["identical_to_ar"] is True
+
+
+@pytest.mark.slow
+def test_an_instruct_model_ending_at_once_suggests_chat():
+    """SmolLM2-Instruct answers a bare sentence with EOS: the run says why nothing was written."""
+    args = ("--prompt", "Write a short poem about the sea.", "--method", "ar", "--max-new-tokens", "8", "--json")
+    proc = decode(*args)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["stop_reason"] == "eos" and out["text"].strip() == ""
+    assert "add --chat" in proc.stderr
+    chat = decode(*args, "--chat")
+    assert json.loads(chat.stdout.strip().splitlines()[-1])["text"].strip() and "add --chat" not in chat.stderr
