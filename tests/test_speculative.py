@@ -484,7 +484,13 @@ class _Recorder(Drafter):
         )
 
 
-@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0.7), SamplingConfig(temperature=1.3, top_k=20)])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingConfig(temperature=0.7),
+        pytest.param(SamplingConfig(temperature=1.3, top_k=20), marks=pytest.mark.slow),  # 10 s
+    ],
+)
 def test_switched_step_reports_the_targets_logprob_of_the_first_token(sampling):
     """`SwitchExtras.root_logp` is the target's processed log-probability of the token emitted after the root,
     as a full forward over the finished sequence computes it (whichever variant ran)."""
