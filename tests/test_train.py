@@ -516,5 +516,15 @@ def test_shared_feature_set_trains_like_live_features(tmp_path):
     got = both.read(np.array([30, 2]), ("tokens", "topk_ids"))
     np.testing.assert_array_equal(got["tokens"][1], fc.tokens[2])
     np.testing.assert_array_equal(got["topk_ids"][0], fcm.FeatureCache.open(tmp_path / "set2").read([6])["topk_ids"][0])
+    capped = fcm.FeatureSets.open(f"{fc.directory}:10,{tmp_path / 'set2'}")
+    assert capped.num_sequences == 26 and capped.describe() == "set 10/24, set2 16/16"
+    np.testing.assert_array_equal(capped.read(np.array([12]), ("tokens",))["tokens"][0], both.tokens[26])
+    for bad, msg in ((":0", "N must be in"), (":25", "N must be in")):
+        with pytest.raises(fcm.FeatureCacheError, match=msg):
+            fcm.FeatureSets.open(f"{fc.directory}{bad}")
+    last = fc.directory / "shard-00002"
+    last.rename(tmp_path / "aside")  # as if the build were still writing its third shard
+    with pytest.raises(fcm.FeatureCacheError, match="asks for 20 sequences, 16 are built"):
+        fcm.FeatureSets.open(f"{fc.directory}:20")
     with pytest.raises(ConfigError, match="data.seq_len"):
         tr.fit(tiny_cfg(tmp_path / "bad", data__seq_len=32, features__set=str(fc.directory)), log=lambda *_: None)

@@ -185,7 +185,8 @@ class FeatureCacheConfig:
     dir: str = ""  # "" = <run_dir>/features
     # Sets of the shared target-feature cache (lsjax.train.feature_cache), comma-separated: names under the
     # cache root or paths. Training data and target features then come from them (data.sources is not read;
-    # data.seq_len must match); their complete shards at start are used (data.max_sequences caps the total).
+    # data.seq_len must match); their complete shards at start are used (data.max_sequences caps the total),
+    # or `name:N` takes a set's first N sequences.
     set: str = ""
     batch_size: int = 4  # sequences per target forward while building
 

@@ -120,7 +120,10 @@ class FeatureSets:
 
     @classmethod
     def open(cls, names: str, limit: int = 0) -> FeatureSets:
-        return cls([FeatureCache.open(resolve_set(n.strip()), allow_partial=True) for n in names.split(",")], limit)
+        """`names`: comma-separated sets, each optionally `name:N`, its first N sequences (sets are stored in a
+        seeded shuffled order, so that is a uniform sample, and a run that read a set while it was being built
+        is reproducible from the finished set)."""
+        return cls([_open_capped(n.strip()) for n in names.split(",")], limit)
 
     def describe(self) -> str:
         return ", ".join(f"{c.directory.name} {c.num_sequences}/{c.total_sequences}" for c in self.caches)
@@ -144,6 +147,23 @@ class FieldView:
     def __getitem__(self, i) -> np.ndarray:
         row = self.cache.read(np.array([i]), (self.field,))[self.field][0]
         return row[..., 0] if self.first_only else row
+
+
+def _open_capped(spec: str) -> FeatureCache:
+    name, sep, cap = spec.rpartition(":")
+    if not (sep and cap.isdigit()):
+        return FeatureCache.open(resolve_set(spec), allow_partial=True)
+    fc = FeatureCache.open(resolve_set(name), allow_partial=True)
+    n = int(cap)
+    if not 1 <= n <= fc.total_sequences:
+        raise FeatureCacheError(f"feature cache: {spec}: N must be in [1, {fc.total_sequences}] (the set's size)")
+    if n > fc.num_sequences:
+        raise FeatureCacheError(
+            f"feature cache: {spec} asks for {n} sequences, {fc.num_sequences} are built; resume its build"
+        )
+    fc.num_sequences = n
+    fc.tokens, fc.loss_mask = fc.tokens[:n], fc.loss_mask[:n]
+    return fc
 
 
 def resolve_set(name: str) -> Path:
