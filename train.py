@@ -24,7 +24,9 @@ def main(argv: list[str] | None = None) -> int:
         help="do not train: write the run's latest checkpoint as the directory decode.py loads",
     )
     p.add_argument(
-        "--tree", help="kind longspec, with --export: the tree preset or widths decode.py uses for this draft"
+        "--tree",
+        help="kind longspec, with --export: the tree preset or widths decode.py uses for this draft, for every "
+        "device or per device ('cpu=1;gpu=paper': a device not named uses its preset)",
     )
     args = p.parse_args(argv)
 
@@ -63,10 +65,10 @@ def _inapplicable_flag(args, kind) -> str | None:
     if not args.export:
         return "--tree: only with --export (the tree stored with the exported draft)"
     from lsjax.config import ConfigError
-    from lsjax.tree import parse_tree
+    from lsjax.tree import parse_device_trees
 
     try:
-        parse_tree(args.tree)
+        parse_device_trees(args.tree)
     except ConfigError as e:
         return f"--tree: {str(e).splitlines()[0]}"
     return None

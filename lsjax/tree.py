@@ -87,6 +87,24 @@ def parse_tree(spec: str) -> TreeConfig:
     return TreeConfig(widths)
 
 
+DEVICES = ("cpu", "gpu", "tpu")
+
+
+def parse_device_trees(spec: str) -> TreeConfig | dict[str, TreeConfig]:
+    """A draft's stored default tree: one tree for every device ("2,1,1", a preset), or trees per device
+    ("cpu=1" or "cpu=1;gpu=paper": each measured there; a device not named gets its preset)."""
+    if "=" not in spec:
+        return parse_tree(spec)
+    trees = {}
+    for part in spec.split(";"):
+        device, sep, tree = part.partition("=")
+        device = device.strip()
+        if not sep or device not in DEVICES or device in trees:
+            raise ConfigError(f"tree: {part!r} in {spec!r}: expected DEVICE=TREE, DEVICE one of {DEVICES}, each once")
+        trees[device] = parse_tree(tree.strip())
+    return trees
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Tree:

@@ -90,6 +90,20 @@ def test_json_run_matches_ar(method):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("tree", [[], ["--tree", "2,1,1"]], ids=["cpu-default", "2,1,1"])
+def test_shipped_draft_on_the_real_model_matches_ar_and_accepts(tree):
+    """The default draft (lsjax/drafts/) with the real target: greedy output equal to AR's, and it is a trained
+    draft (a random one accepts ~nothing: mean_accepted ~1.0)."""
+    prompt = "Explain what a Python dictionary is and show how to count words in a sentence with one."
+    args = ("--prompt", prompt, "--chat", "--method", "longspec", "--max-new-tokens", "48", "--ignore-eos")
+    proc = decode(*args, *tree, "--compare", "ar", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["identical_to_ar"] is True and out["new_tokens"] == 48
+    assert out["mean_accepted"] > 1.15, out["mean_accepted"]
+
+
+@pytest.mark.slow
 def test_an_instruct_model_ending_at_once_suggests_chat():
     """SmolLM2-Instruct answers a bare sentence with EOS: the run says why nothing was written."""
     args = ("--prompt", "Write a short poem about the sea.", "--method", "ar", "--max-new-tokens", "8", "--json")

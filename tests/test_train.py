@@ -454,6 +454,22 @@ def test_cli_end_to_end_tiny(tmp_path):
     params, dcfg, meta = load_draft(tmp_path / "draft")
     assert meta["tree"] == [2, 1] and meta["training"]["steps"] == 4 and meta["training"]["final_loss"] > 0
     assert set(params) >= {"cross_wq", "self_wq", "final_norm"} and dcfg == tiny_cfg().draft
+    # per device: the CPU's measured tree stored under its name, other devices fall back to their preset
+    out = _cli(["--config", str(cfg), "--export", str(tmp_path / "d2"), "--tree", "cpu=1;tpu=2,1"], tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    from lsjax.drafters.checkpoints import shipped_tree
+
+    meta = load_draft(tmp_path / "d2")[2]
+    assert meta["tree"] == {"cpu": [1], "tpu": [2, 1]} and shipped_tree(meta, "cpu").widths == (1,)
+    assert shipped_tree(meta, "tpu").widths == (2, 1) and shipped_tree(meta, "gpu").num_nodes > 10
+    # a run continuing that draft records the configs that made it, first stage first
+    d["checkpoint"]["init_from"] = str(tmp_path / "d2")
+    d["run_dir"] = str(tmp_path / "run2")
+    cfg2 = tmp_path / "stage2.yaml"
+    cfg2.write_text(yaml.safe_dump(d))
+    assert _cli(["--config", str(cfg2), "--set", "steps=1"], tmp_path).returncode == 0
+    assert _cli(["--config", str(cfg2), "--export", str(tmp_path / "d3")], tmp_path).returncode == 0
+    assert load_draft(tmp_path / "d3")[2]["lineage"] == [str(cfg), str(cfg2)]
 
 
 @pytest.mark.slow

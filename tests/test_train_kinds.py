@@ -76,8 +76,9 @@ def test_an_option_that_does_not_apply_is_one_line_and_exit_2(tmp_path, capsys):
     smoke = str(ROOT / "configs/train/smollm2-smoke.yaml")
     code, _, err = _run(capsys, "--config", smoke, "--tree", "2,1")  # longspec, but not exporting
     assert code == 2 and err.count("\n") == 1 and "only with --export" in err
-    code, _, err = _run(capsys, "--config", smoke, "--export", str(tmp_path / "d"), "--tree", "0,x")
-    assert code == 2 and err.count("\n") == 1 and err.startswith("error: --tree:")
+    for bad in ("0,x", "cpu=1;xpu=2", "cpu=1;cpu=2", "cpu=0"):
+        code, _, err = _run(capsys, "--config", smoke, "--export", str(tmp_path / "d"), "--tree", bad)
+        assert code == 2 and err.count("\n") == 1 and err.startswith("error: --tree:"), (bad, err)
     assert not (tmp_path / "d").exists()
 
 

@@ -27,7 +27,7 @@ def save_draft(
     draft_params,
     draft_config: DraftConfig,
     target_name: str,
-    tree: TreeConfig | None = None,
+    tree: TreeConfig | dict[str, TreeConfig] | None = None,
     extra: dict | None = None,
 ) -> None:
     """Writes a draft directory; `draft_params` is a DraftParams or a dict in the file layout (weights, plus
@@ -35,10 +35,14 @@ def save_draft(
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     np.savez(path / "params.npz", **{k: np.asarray(v) for k, v in DraftParams.of(draft_params).arrays().items()})
+    if isinstance(tree, dict):  # per device: one measured there (`shipped_tree` reads either form)
+        stored = {device: list(t.widths) for device, t in tree.items()}
+    else:
+        stored = list(tree.widths) if tree else None
     meta = {
         "target": target_name,
         "draft_config": to_dict(draft_config),
-        "tree": list(tree.widths) if tree else None,
+        "tree": stored,
         **(extra or {}),
     }
     (path / "draft.json").write_text(json.dumps(meta, indent=2))
@@ -54,7 +58,9 @@ def check_tree_lags(cfg, tree: TreeConfig) -> None:
         )
 
 
-def export_run(cfg, out_dir: str | Path, extra: dict | None = None, tree: TreeConfig | None = None) -> dict:
+def export_run(
+    cfg, out_dir: str | Path, extra: dict | None = None, tree: TreeConfig | dict[str, TreeConfig] | None = None
+) -> dict:
     """A training run's latest checkpoint (TrainConfig `cfg`) -> a draft directory; returns the arrays written
     (the file layout). The run's pruned vocabulary (vocab_ids.npy) travels with them; draft.json records the
     run's training summary and the default `tree` decode.py should use with this draft."""
@@ -62,14 +68,26 @@ def export_run(cfg, out_dir: str | Path, extra: dict | None = None, tree: TreeCo
         from lsjax.train.dels_export import export_dels
 
         return export_dels(cfg, out_dir, extra)
-    if tree is not None:
-        check_tree_lags(cfg, tree)
+    for t in tree.values() if isinstance(tree, dict) else [tree] if tree is not None else []:
+        check_tree_lags(cfg, t)
     params = run_draft_params(cfg)
     run_dir = Path(cfg.resolved_run_dir)
     target = target_key(cfg.target.path) if cfg.target.path else DEFAULT_TARGET
     extra = {"run_dir": str(run_dir), "training": training_summary(run_dir), **(extra or {})}
+    if cfg.checkpoint.init_from and extra.get("train_config"):
+        extra["lineage"] = lineage(cfg.checkpoint.init_from) + [extra["train_config"]]
     save_draft(out_dir, params, cfg.draft, target, tree=tree, extra=extra)
     return params.arrays()
+
+
+def lineage(draft_dir: str | Path) -> list[str]:
+    """The training configs that made the draft in `draft_dir`, first stage first (from its draft.json; a run
+    directory without one, or an unrecorded config, contributes nothing): what a continued draft records."""
+    meta_file = Path(draft_dir) / "draft.json"
+    if not meta_file.is_file():
+        return []
+    meta = json.loads(meta_file.read_text())
+    return list(meta.get("lineage") or ([meta["train_config"]] if meta.get("train_config") else []))
 
 
 def run_draft_params(cfg) -> DraftParams:

@@ -83,9 +83,10 @@ def export_train_config(cfg, out_dir, *, config_path: str | None = None, tree: s
     """A TrainConfig run (longspec, block, local_head) -> its draft directory (`lsjax.train.export.export_run`);
     `tree` (longspec only): the default tree stored with the draft."""
     from lsjax.train.export import export_run
-    from lsjax.tree import parse_tree
+    from lsjax.tree import parse_device_trees
 
-    params = export_run(cfg, out_dir, extra={"train_config": config_path}, tree=parse_tree(tree) if tree else None)
+    trees = parse_device_trees(tree) if tree else None
+    params = export_run(cfg, out_dir, extra={"train_config": config_path}, tree=trees)
     return {"tensors": len(params)}
 
 
