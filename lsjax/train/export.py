@@ -68,8 +68,9 @@ def export_run(
         from lsjax.train.dels_export import export_dels
 
         return export_dels(cfg, out_dir, extra)
-    for t in tree.values() if isinstance(tree, dict) else [tree] if tree is not None else []:
-        check_tree_lags(cfg, t)
+    if tree is not None:
+        for t in tree.values() if isinstance(tree, dict) else (tree,):
+            check_tree_lags(cfg, t)
     params = run_draft_params(cfg)
     run_dir = Path(cfg.resolved_run_dir)
     target = target_key(cfg.target.path) if cfg.target.path else DEFAULT_TARGET

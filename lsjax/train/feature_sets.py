@@ -36,7 +36,8 @@ def _shard_name(i: int) -> str:
 class FeatureCache:
     """Random access to a built (or partly built) set; memory-maps shards on demand."""
 
-    def __init__(self, directory: Path, manifest: dict, complete_shards: int):
+    def __init__(self, directory: Path, manifest: dict, complete_shards: int, first: int | None = None):
+        """`first`: only the set's first sequences (a uniform sample: sets are stored shuffled)."""
         self.directory = directory
         self.manifest = manifest
         self.seq_len = manifest["seq_len"]
@@ -44,14 +45,24 @@ class FeatureCache:
         self.topk = manifest["topk"]
         self.shard_size = manifest["shard_size"]
         self.total_sequences = manifest["sequences"]
-        self.num_sequences = min(self.total_sequences, complete_shards * self.shard_size)
-        self.complete = self.num_sequences == self.total_sequences
+        built = min(self.total_sequences, complete_shards * self.shard_size)
+        self.complete = built == self.total_sequences
+        if first is not None and not 1 <= first <= self.total_sequences:
+            raise FeatureCacheError(
+                f"feature cache: {directory.name}:{first}: N must be in [1, {self.total_sequences}] (the set's size)"
+            )
+        if first is not None and first > built:
+            raise FeatureCacheError(
+                f"feature cache: {directory.name}:{first} asks for {first} sequences, {built} are built; "
+                "resume its build"
+            )
+        self.num_sequences = built if first is None else first
         self.tokens = np.load(directory / "tokens.npy", mmap_mode="r")[: self.num_sequences]
         self.loss_mask = np.load(directory / "loss_mask.npy", mmap_mode="r")[: self.num_sequences]
         self._open: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
 
     @classmethod
-    def open(cls, directory: str | Path, *, allow_partial: bool = False) -> FeatureCache:
+    def open(cls, directory: str | Path, *, allow_partial: bool = False, first: int | None = None) -> FeatureCache:
         directory = Path(directory).expanduser()
         mfile = directory / "manifest.json"
         if not mfile.exists():
@@ -67,7 +78,7 @@ class FeatureCache:
         shards = 0
         while (directory / _shard_name(shards)).is_dir():
             shards += 1
-        fc = cls(directory, manifest, shards)
+        fc = cls(directory, manifest, shards, first)
         if not fc.complete and not allow_partial:
             raise FeatureCacheError(
                 f"feature cache: {directory} is incomplete ({fc.num_sequences}/{fc.total_sequences} sequences); "
@@ -123,7 +134,13 @@ class FeatureSets:
         """`names`: comma-separated sets, each optionally `name:N`, its first N sequences (sets are stored in a
         seeded shuffled order, so that is a uniform sample, and a run that read a set while it was being built
         is reproducible from the finished set)."""
-        return cls([_open_capped(n.strip()) for n in names.split(",")], limit)
+        caches = []
+        for spec in names.split(","):
+            name, sep, first = spec.strip().rpartition(":")
+            if not (sep and first.isdigit()):
+                name, first = spec.strip(), None
+            caches.append(FeatureCache.open(resolve_set(name), allow_partial=True, first=first and int(first)))
+        return cls(caches, limit)
 
     def describe(self) -> str:
         return ", ".join(f"{c.directory.name} {c.num_sequences}/{c.total_sequences}" for c in self.caches)
@@ -147,23 +164,6 @@ class FieldView:
     def __getitem__(self, i) -> np.ndarray:
         row = self.cache.read(np.array([i]), (self.field,))[self.field][0]
         return row[..., 0] if self.first_only else row
-
-
-def _open_capped(spec: str) -> FeatureCache:
-    name, sep, cap = spec.rpartition(":")
-    if not (sep and cap.isdigit()):
-        return FeatureCache.open(resolve_set(spec), allow_partial=True)
-    fc = FeatureCache.open(resolve_set(name), allow_partial=True)
-    n = int(cap)
-    if not 1 <= n <= fc.total_sequences:
-        raise FeatureCacheError(f"feature cache: {spec}: N must be in [1, {fc.total_sequences}] (the set's size)")
-    if n > fc.num_sequences:
-        raise FeatureCacheError(
-            f"feature cache: {spec} asks for {n} sequences, {fc.num_sequences} are built; resume its build"
-        )
-    fc.num_sequences = n
-    fc.tokens, fc.loss_mask = fc.tokens[:n], fc.loss_mask[:n]
-    return fc
 
 
 def resolve_set(name: str) -> Path:
