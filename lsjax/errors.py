@@ -27,4 +27,4 @@ class MissingTensorError(LsjaxError, KeyError):
 
 
 class CorruptFileError(LsjaxError):
-    """A file is truncated or not in the format its name promises (GGUF, safetensors, a draft's params.npz)."""
+    """A file is truncated or not in the format its name promises (GGUF, safetensors, a draft's weights or config)."""

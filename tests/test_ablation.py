@@ -67,7 +67,7 @@ def test_ablation_end_to_end(tmp_path, capsys):
         t = r["tau"]
         assert t["tau"] >= 1 and t["tokens_per_s"] > 0 and len(t["prompts"]) == 1
         assert t["prompts"][0]["prompt_tokens"] == 40 and t["prompts"][0]["new_tokens"] == 8
-        assert (tmp_path / "runs" / name / "draft" / "params.npz").is_file()
+        assert (tmp_path / "runs" / name / "draft" / "model.safetensors").is_file()
 
     md = (out / "ablation.md").read_text()
     assert md in capsys.readouterr().out

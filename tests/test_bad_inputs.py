@@ -1,5 +1,5 @@
 """Damaged or mismatched inputs give a named error with a one-line message, and exit status 2 from the CLIs:
-a truncated GGUF file, a corrupt safetensors file, a draft made for another target, a truncated params.npz,
+a truncated GGUF file, a corrupt safetensors file, a draft made for another target, a truncated draft,
 and a `--set` override of the wrong type. The bad files are made here, small, in tmp_path."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import sys
 import types
 
 import jax
-import numpy as np
 import pytest
 
+from lsjax import artifacts
 from lsjax.config import ConfigError, DraftConfig, from_dict, to_dict
 from lsjax.drafters import registry
 from lsjax.drafters.checkpoints import load_draft
@@ -77,9 +77,8 @@ def tiny_draft(tmp_path_factory):
     path = tmp_path_factory.mktemp("draft") / "tiny-draft"
     path.mkdir()
     params = draft_lib.random_draft_params(config, jax.random.key(1))
-    np.savez(path / "params.npz", **{k: np.asarray(v) for k, v in params.items()})
     meta = {"target": "tiny", "draft_config": to_dict(DraftConfig(window=16)), "tree": None}
-    (path / "draft.json").write_text(json.dumps(meta))
+    artifacts.save_weights(path, params, meta, kind="longspec")
     return config, path
 
 
@@ -98,20 +97,23 @@ def test_draft_for_another_target(tiny_draft):
     assert "does not fit target" in line
 
 
-def test_truncated_params_npz(tiny_draft, tmp_path):
+def test_truncated_draft_weights(tiny_draft, tmp_path):
     _, good = tiny_draft
     bad = tmp_path / "bad-draft"
     bad.mkdir()
-    (bad / "draft.json").write_bytes((good / "draft.json").read_bytes())
-    raw = (good / "params.npz").read_bytes()
+    (bad / "config.json").write_bytes((good / "config.json").read_bytes())
+    raw = (good / "model.safetensors").read_bytes()
     for n in (0, 100, len(raw) // 2, len(raw) - 10):
-        (bad / "params.npz").write_bytes(raw[:n])
+        (bad / "model.safetensors").write_bytes(raw[:n])
         with pytest.raises(CorruptFileError) as e:
             load_draft(bad)
-        assert "params.npz: truncated or corrupt draft checkpoint" in _one_line(e), n
-    (bad / "params.npz").write_bytes(raw)
-    (bad / "draft.json").write_text("{not json")
-    with pytest.raises(CorruptFileError, match="draft.json: not a LongSpec draft description"):
+        assert "model.safetensors: truncated or corrupt LongSpec draft" in _one_line(e), n
+    (bad / "model.safetensors").write_bytes(raw)
+    (bad / "config.json").write_text("{not json")
+    with pytest.raises(CorruptFileError, match="config.json: not a LongSpec draft description"):
+        load_draft(bad)
+    (bad / "config.json").write_text(json.dumps({"format": artifacts.FORMAT, "kind": "longspec", "target": "tiny"}))
+    with pytest.raises(CorruptFileError, match=r"config.json: not a LongSpec draft description \(missing"):
         load_draft(bad)
 
 

@@ -50,6 +50,8 @@ def test_local_head_trains_exports_and_loads(tmp_path, kind):
     """The synthetic stream is mostly t -> 5t + 3 (mod V): one token of context predicts the next. Through a
     48-wide random embedding the rank-16 Markov head learns that map slowly, the GRU quickly. The export holds
     float16 params and the prior, and loads back."""
+    from safetensors import safe_open
+
     from lsjax.drafters.block_checkpoints import load_local_head
     from lsjax.train import fit
     from lsjax.train.export import export_run
@@ -64,8 +66,8 @@ def test_local_head_trains_exports_and_loads(tmp_path, kind):
     params, hcfg, prior, vocab_ids, meta = load_local_head(tmp_path / "head", tiny)
     assert hcfg == cfg.local_head and vocab_ids is None
     assert prior.shape == (tiny.vocab_size,) and abs(np.exp(prior).sum() - 1) < 1e-4
-    with np.load(tmp_path / "head" / "local_head.npz") as z:
-        assert z["w_out"].dtype == np.float16
+    with safe_open(tmp_path / "head" / "model.safetensors", framework="np") as f:
+        assert f.get_tensor("w_out").dtype == np.float16 and f.get_tensor("unigram_logprior").dtype == np.float32
     np.testing.assert_allclose(params["w_out"], np.asarray(out["state"].params["w_out"]), rtol=1e-2, atol=1e-3)
     assert meta["training"]["steps"] == cfg.num_steps
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from lsjax import speculative
+from lsjax.artifacts import BF16
 from lsjax.cache import KVCache
 from lsjax.config import ConfigError, GenerateConfig
 from lsjax.drafters import registry
@@ -158,7 +159,8 @@ def test_checkpoints_and_registry(tmp_path):
     drafter, loaded = registry.build("streams", model, draft=str(tmp_path / "s"))
     assert isinstance(drafter, StreamsDrafter) and drafter.widths == (3, 3) and drafter.prune_to == (2, 2)
     assert drafter.layer == config.num_layers - 1
-    np.testing.assert_array_equal(loaded["stream_embed"], sp["stream_embed"][:2])  # a 2-level tree: 2 streams
+    stored = np.asarray(sp["stream_embed"][:2], BF16).astype(np.float32)  # a 2-level tree: 2 streams, in bf16
+    np.testing.assert_array_equal(loaded["stream_embed"], stored)
     fewer, p2 = load_streams_drafter(model, str(tmp_path / "s"), num_streams=2, tree="2,2")
     assert fewer.streams.num_streams == 2 and p2["stream_embed"].shape[0] == 2
     with pytest.raises(ConfigError, match="streams"):
@@ -168,8 +170,8 @@ def test_checkpoints_and_registry(tmp_path):
     save_streams(tmp_path / "bad", {**sp, "adapter_down": sp["adapter_down"][:, :5]}, SCFG)
     with pytest.raises(ShapeMismatchError, match="adapter_down"):
         registry.build("streams", model, draft=str(tmp_path / "bad"))
-    (tmp_path / "s" / "params.npz").write_bytes(b"PK\x03\x04 truncated")
-    with pytest.raises(CorruptFileError):
+    (tmp_path / "s" / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{truncated")
+    with pytest.raises(CorruptFileError, match="model.safetensors"):
         load_streams(tmp_path / "s")
     random, _ = registry.build("streams", model, draft="random", streams=2, msa_layers=1, tree="2,1")
     assert random.widths == (2, 1) and random.streams.num_streams == 2

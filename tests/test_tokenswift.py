@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from lsjax import speculative
+from lsjax.artifacts import BF16
 from lsjax.config import GenerateConfig, SamplingConfig
 from lsjax.drafters.base import ARDrafter
 from lsjax.drafters.tokenswift import TokenSwiftConfig, TokenSwiftDrafter
@@ -86,7 +87,7 @@ def test_heads_checkpoint_roundtrip_and_named_errors(tmp_path):
     save_heads(tmp_path / "h", hp, th.HeadsConfig(3), "tiny")
     got, hcfg, meta = load_heads(tmp_path / "h", config)
     assert hcfg == th.HeadsConfig(3) and meta["target"] == "tiny"
-    np.testing.assert_array_equal(got["w"], np.asarray(hp["w"]))
+    np.testing.assert_array_equal(got["w"], np.asarray(hp["w"], BF16).astype(np.float32))  # stored in bf16
     model = type("Model", (), {"config": config, "params": params, "path": tmp_path / "tiny.gguf"})
     drafter, _ = load_tokenswift(model, str(tmp_path / "h"), TokenSwiftConfig())
     assert drafter.name == "tokenswift" and drafter.tree.depth == 4
@@ -94,8 +95,8 @@ def test_heads_checkpoint_roundtrip_and_named_errors(tmp_path):
         load_tokenswift(model, str(tmp_path / "nothing"), TokenSwiftConfig())
     _, zero = load_tokenswift(model, None, TokenSwiftConfig())  # nothing shipped for "tiny": zero heads
     assert float(jnp.abs(zero["w"]).max()) == 0
-    (tmp_path / "h" / "params.npz").write_bytes(b"PK\x03\x04 truncated")
-    with pytest.raises(CorruptFileError, match="params.npz"):
+    (tmp_path / "h" / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{truncated")
+    with pytest.raises(CorruptFileError, match="model.safetensors"):
         load_heads(tmp_path / "h", config)
     save_heads(tmp_path / "w", hp, th.HeadsConfig(3), "tiny")
     with pytest.raises(ShapeMismatchError, match="do not fit"):

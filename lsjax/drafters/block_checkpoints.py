@@ -1,43 +1,44 @@
 """DeLS-Spec checkpoints on the decode side: the local head (with its unigram prior) and the block drafter.
 
-    <drafts>/<target>/local-<kind>/    local_head.npz (params in float16, `unigram_logprior` [V] float32,
+    <drafts>/<target>/local-<kind>/    model.safetensors (params in float16, `unigram_logprior` [V] float32,
                                        `vocab_ids` when the head's loss covered a pruned vocabulary)
-                                       + local_head.json (LocalHeadConfig, the prior's counts, training summary)
-    <drafts>/<target>/block-s<s>/      params.npz (the draft layer + `mask_embed`, `vocab_ids` when pruned)
-                                       + block.json (DraftConfig, BlockConfig, training summary)
+                                       + config.json (LocalHeadConfig, the prior's counts, training summary)
+    <drafts>/<target>/block-s<s>/      model.safetensors (bfloat16: the draft layer + `mask_embed`, `vocab_ids`
+                                       when pruned) + config.json (DraftConfig, BlockConfig, training summary)
 
-Training writes them (`lsjax.train.local_head`, `lsjax.train.block`); nothing here imports the trainer. A bad
-file is a named one-line error (CorruptFileError, ShapeMismatchError, ModelNotFoundError).
+Both are `lsjax.artifacts` directories (kinds "local_head" and "block"); the layout before 2026-11-26
+(local_head.npz + local_head.json, params.npz + block.json) still loads. Training writes them
+(`lsjax.train.local_head`, `lsjax.train.block`); nothing here imports the trainer. A bad file is a named
+one-line error (CorruptFileError, ShapeMismatchError, ModelNotFoundError).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lsjax.config import BlockConfig, ConfigError, DraftConfig, LocalHeadConfig, from_dict, to_dict
-from lsjax.drafters.checkpoints import _NPZ_ERRORS, DRAFTS_DIR, _reason, check_draft_fits, load_draft, target_key
+from lsjax import artifacts
+from lsjax.config import BlockConfig, DraftConfig, LocalHeadConfig, from_dict, to_dict
+from lsjax.drafters.checkpoints import DRAFTS_DIR, check_draft_fits, load_draft, target_key
 from lsjax.errors import CorruptFileError, ModelNotFoundError, ShapeMismatchError
 from lsjax.models import block_draft as bd
 from lsjax.models import local_head as lh
 from lsjax.models.draft_params import DraftParams
 
-LOCAL_PARAMS, LOCAL_META = "local_head.npz", "local_head.json"
-BLOCK_PARAMS, BLOCK_META = "params.npz", "block.json"
+LOCAL, BLOCK = "local_head", "block"  # their lsjax.artifacts kinds
 
 
 def default_local_head_path(model_path, kind: str) -> Path | None:
     p = DRAFTS_DIR / target_key(model_path) / f"local-{kind}"
-    return p if (p / LOCAL_PARAMS).is_file() else None
+    return p if artifacts.has_weights(p, LOCAL) else None
 
 
 def default_block_path(model_path, block_size: int) -> Path | None:
     p = DRAFTS_DIR / target_key(model_path) / f"block-s{block_size}"
-    return p if (p / BLOCK_PARAMS).is_file() else None
+    return p if artifacts.has_weights(p, BLOCK) else None
 
 
 # ---------------------------------------------------------------------------------------------- local head
@@ -46,42 +47,27 @@ def default_block_path(model_path, block_size: int) -> Path | None:
 def save_local_head(
     path, params: dict, cfg: LocalHeadConfig, prior: np.ndarray, target_name: str, vocab_ids=None, extra=None
 ) -> int:
-    """Writes a local-head directory; returns the size of its params file in bytes."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    arrays = {k: np.asarray(v, np.float16) for k, v in params.items()}
+    """Writes a local-head directory (float16 params, the prior in float32); returns the size of its weights
+    file in bytes."""
+    arrays = {k: np.asarray(v, np.float32) for k, v in params.items()}
     arrays["unigram_logprior"] = np.asarray(prior, np.float32)
     if vocab_ids is not None:
         arrays["vocab_ids"] = np.asarray(vocab_ids, np.int32)
-    np.savez(path / LOCAL_PARAMS, **arrays)
     meta = {"target": target_name, "local_head": to_dict(cfg), **(extra or {})}
-    (path / LOCAL_META).write_text(json.dumps(meta, indent=2) + "\n")
-    return (path / LOCAL_PARAMS).stat().st_size
+    return artifacts.save_weights(path, arrays, meta, kind=LOCAL)
 
 
 def load_local_head(path, config=None):
     """(params as float32 numpy, LocalHeadConfig, unigram_logprior [V], vocab_ids or None, meta). With a target
     `config`, the head's shapes are checked against it."""
     path = Path(path)
-    if not (path / LOCAL_PARAMS).is_file() or not (path / LOCAL_META).is_file():
-        raise ModelNotFoundError(f"no local head at {path} (expected {LOCAL_PARAMS} and {LOCAL_META})")
-    try:
-        meta = json.loads((path / LOCAL_META).read_text())
-        cfg = from_dict(LocalHeadConfig, meta["local_head"], "local_head")
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-        raise CorruptFileError(f"{path / LOCAL_META}: not a local-head description ({_reason(e)})") from None
-    except ConfigError as e:
-        raise CorruptFileError(f"{path / LOCAL_META}: {e}") from None
-    try:
-        with np.load(path / LOCAL_PARAMS) as z:
-            arrays = {k: z[k] for k in z.files}
-    except _NPZ_ERRORS as e:
-        raise CorruptFileError(f"{path / LOCAL_PARAMS}: truncated or corrupt local head ({_reason(e)})") from None
+    arrays, meta = artifacts.load_weights(path, LOCAL)
+    cfg = artifacts.parse_config(path, LOCAL, lambda: from_dict(LocalHeadConfig, meta["local_head"], "local_head"))
     prior = arrays.pop("unigram_logprior", None)
     vocab_ids = arrays.pop("vocab_ids", None)
     if prior is None:
-        raise CorruptFileError(f"{path / LOCAL_PARAMS}: the unigram prior is missing")
-    params = {k: v.astype(np.float32) for k, v in arrays.items()}
+        raise CorruptFileError(f"{artifacts.files(path, LOCAL)[0]}: the unigram prior is missing")
+    params = arrays
     if config is not None:
         bad = lh.check_params(params, cfg, config.hidden_size)
         if bad is None and prior.shape != (config.vocab_size,):
@@ -96,34 +82,24 @@ def load_local_head(path, config=None):
 
 def save_block_draft(path, params, draft_cfg: DraftConfig, block_cfg: BlockConfig, target_name: str, extra=None):
     """Writes a block-draft directory from `params` (a DraftParams, or a dict in the file layout); returns the
-    size of its params file in bytes."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    np.savez(path / BLOCK_PARAMS, **{k: np.asarray(v) for k, v in DraftParams.of(params).arrays().items()})
+    size of its weights file in bytes."""
     meta = {"target": target_name, "draft_config": to_dict(draft_cfg), "block": to_dict(block_cfg), **(extra or {})}
-    (path / BLOCK_META).write_text(json.dumps(meta, indent=2) + "\n")
-    return (path / BLOCK_PARAMS).stat().st_size
+    return artifacts.save_weights(path, DraftParams.of(params).arrays(), meta, kind=BLOCK)
 
 
 def load_block_draft(path, config) -> tuple[dict, DraftConfig, BlockConfig, dict]:
-    """(the params.npz arrays, checked against target `config`, DraftConfig, BlockConfig, meta) of a block-draft
+    """(the draft's arrays, checked against target `config`, DraftConfig, BlockConfig, meta) of a block-draft
     directory; `DraftParams.from_arrays` makes the first the typed structure."""
     path = Path(path)
-    if not (path / BLOCK_PARAMS).is_file() or not (path / BLOCK_META).is_file():
-        raise ModelNotFoundError(f"no block draft at {path} (expected {BLOCK_PARAMS} and {BLOCK_META})")
-    try:
-        meta = json.loads((path / BLOCK_META).read_text())
-        dcfg = from_dict(DraftConfig, meta["draft_config"], "draft_config")
-        bcfg = from_dict(BlockConfig, meta["block"], "block")
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-        raise CorruptFileError(f"{path / BLOCK_META}: not a block-draft description ({_reason(e)})") from None
-    except ConfigError as e:
-        raise CorruptFileError(f"{path / BLOCK_META}: {e}") from None
-    try:
-        with np.load(path / BLOCK_PARAMS) as z:
-            params = {k: z[k] for k in z.files}
-    except _NPZ_ERRORS as e:
-        raise CorruptFileError(f"{path / BLOCK_PARAMS}: truncated or corrupt block draft ({_reason(e)})") from None
+    params, meta = artifacts.load_weights(path, BLOCK)
+    dcfg, bcfg = artifacts.parse_config(
+        path,
+        BLOCK,
+        lambda: (
+            from_dict(DraftConfig, meta["draft_config"], "draft_config"),
+            from_dict(BlockConfig, meta["block"], "block"),
+        ),
+    )
     check_block_fits(params, dcfg, config, str(path), meta.get("target", ""))
     return params, dcfg, bcfg, meta
 

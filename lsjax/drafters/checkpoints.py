@@ -1,10 +1,12 @@
 """LongSpec draft checkpoints on the decode side: find, read and check a draft, build its drafter.
 
-A draft directory holds `params.npz` (the draft's tensors, plus `vocab_ids` when the vocabulary is pruned)
-and `draft.json` (the DraftConfig, the target's name, the default tree and the training summary). Training
-writes them (`lsjax.train.export`); nothing here imports the trainer, so decoding never loads optax, orbax
-or grain. `load_draft` returns the file's arrays as they are; `load_longspec` turns them into the
-`DraftParams` the drafter runs with (weights, vocab_ids, and the vocabulary's head gathered once).
+A draft directory (`lsjax.artifacts`, kind "longspec") holds `model.safetensors` (the draft's tensors in
+bfloat16, plus `vocab_ids` when the vocabulary is pruned) and `config.json` (the DraftConfig, the target's
+name, the default tree and the training summary); a draft written before 2026-11-26 (`params.npz` +
+`draft.json`) still loads. Training writes them (`lsjax.train.export`); nothing here imports the trainer, so
+decoding never loads optax, orbax or grain. `load_draft` returns the file's arrays (floating ones as
+float32); `load_longspec` turns them into the `DraftParams` the drafter runs with (weights, vocab_ids, and
+the vocabulary's head gathered once).
 
 A bad draft is a named one-line error: a truncated or corrupt file is a `CorruptFileError`, a draft made for
 another target (its tensors do not fit this target's shapes) a `ShapeMismatchError`.
@@ -12,50 +14,30 @@ another target (its tensors do not fit this target's shapes) a `ShapeMismatchErr
 
 from __future__ import annotations
 
-import json
-import zipfile
-import zlib
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from lsjax.config import ConfigError, DraftConfig, from_dict
+from lsjax import artifacts
+from lsjax.config import DraftConfig, from_dict
 from lsjax.drafters.longspec import LongSpecDrafter
-from lsjax.errors import CorruptFileError, MissingTensorError, ModelNotFoundError, ShapeMismatchError
+from lsjax.errors import MissingTensorError, ModelNotFoundError, ShapeMismatchError
 from lsjax.models.draft import init_draft_params, param_specs
 from lsjax.models.draft_params import VOCAB_IDS, DraftParams
 from lsjax.tree import TreeConfig, for_device, parse_tree
 
 DRAFTS_DIR = Path(__file__).resolve().parents[1] / "drafts"
-# What np.load / NpzFile raise on a truncated or damaged archive (zip directory, deflate stream, npy header).
-_NPZ_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError, KeyError)
 
 
 def load_draft(path: str | Path) -> tuple[dict, DraftConfig, dict]:
-    """(the params.npz arrays {name: numpy array}, DraftConfig, the draft.json metadata) of a draft directory;
+    """(the draft's arrays {name: numpy array}, DraftConfig, its metadata) of a draft directory;
     `DraftParams.from_arrays` makes the first the typed structure."""
-    path = Path(path)
-    if not (path / "params.npz").is_file() or not (path / "draft.json").is_file():
-        raise ModelNotFoundError(f"no LongSpec draft at {path} (expected params.npz and draft.json)")
-    try:
-        meta = json.loads((path / "draft.json").read_text())
-        dcfg = from_dict(DraftConfig, meta["draft_config"], "draft_config")
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-        raise CorruptFileError(f"{path / 'draft.json'}: not a LongSpec draft description ({_reason(e)})") from None
-    except ConfigError as e:
-        raise CorruptFileError(f"{path / 'draft.json'}: {e}") from None
-    try:
-        with np.load(path / "params.npz") as z:
-            params = {k: z[k] for k in z.files}
-    except _NPZ_ERRORS as e:
-        raise CorruptFileError(f"{path / 'params.npz'}: truncated or corrupt draft checkpoint ({_reason(e)})") from None
+    params, meta = artifacts.load_weights(path, "longspec")
+    dcfg = artifacts.parse_config(
+        path, "longspec", lambda: from_dict(DraftConfig, meta["draft_config"], "draft_config")
+    )
     return params, dcfg, meta
-
-
-def _reason(e: Exception) -> str:
-    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def check_draft_fits(
@@ -91,7 +73,7 @@ def target_key(model_path: str | Path) -> str:
 def default_draft_path(model_path: str | Path) -> Path | None:
     """The draft shipped in the package for this target, if any."""
     p = DRAFTS_DIR / target_key(model_path)
-    return p if (p / "params.npz").is_file() else None
+    return p if artifacts.has_weights(p, "longspec") else None
 
 
 def load_longspec(model, draft: str | None, tree_spec: str | TreeConfig | None):

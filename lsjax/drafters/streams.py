@@ -18,28 +18,27 @@ child transition; a beam over the cumulative early-exit log-probability keeps `p
 Lossless: the tree depends on the context only (never on the verification key), and is deterministic, so
 T > 0 verification is sample-and-match (`lsjax.verify`); the main stream is the plain target.
 
-Stream checkpoints (`params.npz` + `streams.json`, written by `lsjax.train.streams`): `load_streams` here;
-the one shipped for a target lives in `lsjax/drafts/<target>/streams/`.
+Stream checkpoints (`lsjax.artifacts` kind "streams": bfloat16 `model.safetensors` + `config.json`; the old
+`params.npz` + `streams.json` still load), written by `lsjax.train.streams`: `load_streams` here; the one
+shipped for a target lives in `lsjax/drafts/<target>/streams/`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
-import zipfile
-import zlib
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lsjax import artifacts
 from lsjax.config import ConfigError, from_dict
 from lsjax.drafters.base import DraftContext, Drafter, Verdict
 from lsjax.drafters.checkpoints import DRAFTS_DIR, target_key
 from lsjax.drafters.registry import register
-from lsjax.errors import CorruptFileError, ModelNotFoundError, ShapeMismatchError
+from lsjax.errors import ModelNotFoundError, ShapeMismatchError
 from lsjax.models import streams as ss
 from lsjax.models import target
 from lsjax.tree import Tree, TreeConfig, for_device, make_tree
@@ -233,41 +232,25 @@ def prune_tree(tree: Tree, full: TreeConfig, kept: TreeConfig, exit_logits: jax.
 
 # ----------------------------------------------------------------------------- checkpoints
 
-_NPZ_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError, KeyError)
-
 
 def default_streams_path(model_path) -> Path | None:
     p = DRAFTS_DIR / target_key(model_path) / "streams"
-    return p if (p / "params.npz").is_file() else None
+    return p if artifacts.has_weights(p, "streams") else None
 
 
 def save_streams(directory, params: dict, scfg: ss.StreamsConfig, meta: dict | None = None) -> Path:
     from lsjax.config import to_dict
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    np.savez(directory / "params.npz", **{k: np.asarray(v, np.float32) for k, v in params.items()})
-    (directory / "streams.json").write_text(
-        json.dumps({"streams_config": to_dict(scfg), **(meta or {})}, indent=1) + "\n"
-    )
-    return directory
+    artifacts.save_weights(directory, params, {"streams_config": to_dict(scfg), **(meta or {})}, kind="streams")
+    return Path(directory)
 
 
 def load_streams(path) -> tuple[dict, ss.StreamsConfig, dict]:
-    """(params as numpy, StreamsConfig, metadata) of a stream checkpoint directory."""
-    path = Path(path)
-    if not (path / "params.npz").is_file() or not (path / "streams.json").is_file():
-        raise ModelNotFoundError(f"no stream checkpoint at {path} (expected params.npz and streams.json)")
-    try:
-        meta = json.loads((path / "streams.json").read_text())
-        scfg = from_dict(ss.StreamsConfig, meta["streams_config"], "streams_config")
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ConfigError) as e:
-        raise CorruptFileError(f"{path / 'streams.json'}: not a stream checkpoint description ({e})") from None
-    try:
-        with np.load(path / "params.npz") as z:
-            params = {k: z[k] for k in z.files}
-    except _NPZ_ERRORS as e:
-        raise CorruptFileError(f"{path / 'params.npz'}: truncated or corrupt stream checkpoint ({e})") from None
+    """(params as float32 numpy, StreamsConfig, metadata) of a stream checkpoint directory."""
+    params, meta = artifacts.load_weights(path, "streams")
+    scfg = artifacts.parse_config(
+        path, "streams", lambda: from_dict(ss.StreamsConfig, meta["streams_config"], "streams_config")
+    )
     return params, scfg, meta
 
 
@@ -299,7 +282,7 @@ def load_streams_drafter(model, draft=None, num_streams=None, msa_layers=None, t
     lossless, accepts little) or None (the shipped checkpoint for this target)."""
     config = model.config
     given = Path(draft) if draft not in (None, "random") else None
-    if given is not None and not (given / "streams.json").is_file() and (given / "draft.json").is_file():
+    if given is not None and artifacts.stored_kind(given) == "longspec":
         # A LongSpec draft, handed to every method alike (the bench does): use the streams' own checkpoint.
         draft = None if default_streams_path(model.path) else "random"
         print(f"[lsjax] streams: {given} is a LongSpec draft; using {draft or 'the shipped streams'}", file=sys.stderr)

@@ -27,7 +27,8 @@ guess)); n-gram chains stay deterministic. Candidates are ranked (and q built) o
 contextual penalty is on; the draft side uses the committed window only, which changes acceptance, never
 the verified distribution.
 
-Heads checkpoints: `params.npz` + `heads.json` in `lsjax/drafts/<target>/tokenswift/` (found by default,
+Heads checkpoints (`lsjax.artifacts` kind "tokenswift": bfloat16 `model.safetensors` + `config.json`; the old
+`params.npz` + `heads.json` still load) in `lsjax/drafts/<target>/tokenswift/` (found by default,
 like the LongSpec draft beside it), or any directory given with `--heads`; "zero" = untrained heads (each a
 copy of the target's next-token head), also what runs when no heads are shipped for the target.
 """
@@ -35,16 +36,13 @@ copy of the target's next-token head), also what runs when no heads are shipped 
 from __future__ import annotations
 
 import dataclasses
-import json
-import zipfile
-import zlib
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from lsjax import artifacts
 from lsjax.cache import KVCache
 from lsjax.config import ConfigError, _check, _positive_int, from_dict, to_dict
 from lsjax.drafters import ngram_pool as ng
@@ -52,7 +50,7 @@ from lsjax.drafters.base import DraftContext, Drafter, Verdict
 from lsjax.drafters.partial_cache import PartialCache, partial_forward, write_committed
 from lsjax.drafters.registry import register
 from lsjax.drafters.tokenswift_tree import build_tree, union_config
-from lsjax.errors import CorruptFileError, ModelNotFoundError, ShapeMismatchError
+from lsjax.errors import ShapeMismatchError
 from lsjax.models import target
 from lsjax.models import tokenswift_heads as th
 from lsjax.sampling import apply_penalty, processed_logprobs, window_presence
@@ -261,7 +259,6 @@ class TokenSwiftDrafter(Drafter):
 # ------------------------------------------------------------------------------------------- checkpoints
 
 HEADS_SUBDIR = "tokenswift"
-_NPZ_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError, KeyError)
 
 
 def default_heads_path(model_path: str | Path) -> Path | None:
@@ -269,32 +266,21 @@ def default_heads_path(model_path: str | Path) -> Path | None:
     from lsjax.drafters.checkpoints import DRAFTS_DIR, target_key
 
     p = DRAFTS_DIR / target_key(model_path) / HEADS_SUBDIR
-    return p if (p / "params.npz").is_file() else None
+    return p if artifacts.has_weights(p, "tokenswift") else None
 
 
 def save_heads(path: str | Path, params: dict, heads: th.HeadsConfig, target_name: str, extra: dict | None = None):
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    np.savez(path / "params.npz", **{k: np.asarray(v) for k, v in params.items()})
     meta = {"target": target_name, "heads_config": to_dict(heads), **(extra or {})}
-    (path / "heads.json").write_text(json.dumps(meta, indent=2))
+    artifacts.save_weights(path, params, meta, kind="tokenswift")
 
 
 def load_heads(path: str | Path, config) -> tuple[dict, th.HeadsConfig, dict]:
-    """(params, HeadsConfig, heads.json metadata) of a heads directory, checked against target `config`."""
+    """(params as float32 numpy, HeadsConfig, metadata) of a heads directory, checked against target `config`."""
     path = Path(path)
-    if not (path / "params.npz").is_file() or not (path / "heads.json").is_file():
-        raise ModelNotFoundError(f"no TokenSwift heads at {path} (expected params.npz and heads.json)")
-    try:
-        meta = json.loads((path / "heads.json").read_text())
-        hcfg = from_dict(th.HeadsConfig, meta["heads_config"], "heads_config")
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ConfigError) as e:
-        raise CorruptFileError(f"{path / 'heads.json'}: not a TokenSwift heads description ({e})") from None
-    try:
-        with np.load(path / "params.npz") as z:
-            params = {k: z[k] for k in z.files}
-    except _NPZ_ERRORS as e:
-        raise CorruptFileError(f"{path / 'params.npz'}: truncated or corrupt heads checkpoint ({e})") from None
+    params, meta = artifacts.load_weights(path, "tokenswift")
+    hcfg = artifacts.parse_config(
+        path, "tokenswift", lambda: from_dict(th.HeadsConfig, meta["heads_config"], "heads_config")
+    )
     for name, spec in th.param_specs(config, hcfg).items():
         if name not in params or tuple(params[name].shape) != spec.shape:
             got = tuple(params[name].shape) if name in params else "missing"

@@ -1,9 +1,9 @@
 """What a LongSpec (or block) draft runs with: its trained weights, its pruned vocabulary, the derived head.
 
-    params = DraftParams.from_arrays(np.load("params.npz"))         # the file's layout -> the typed structure
-    params = params.with_vocab_head(target_params, config)          # at load: gather the head rows once
-    jax.jit(f)(params)                                              # a pytree: weights, vocab_ids, vocab_head
-    np.savez("params.npz", **params.arrays())                       # back to the file's layout (no head)
+    params = DraftParams.from_arrays(load_weights(d, "longspec")[0])  # the file's layout -> the typed structure
+    params = params.with_vocab_head(target_params, config)            # at load: gather the head rows once
+    jax.jit(f)(params)                                                # a pytree: weights, vocab_ids, vocab_head
+    save_weights(d, params.arrays(), meta, kind="longspec")           # back to the file's layout (no head)
 
 The three parts used to share one dict. They are different things:
 
@@ -14,8 +14,8 @@ The three parts used to share one dict. They are different things:
 * `vocab_head` [Vd, D] or None: the target's LM-head rows at `vocab_ids`, derived at load so drafting does not
   gather them from the [V, D] head every step (19 MB of reads per step for SmolLM2 at Vd = 8192). Never saved.
 
-The disk format is unchanged: `params.npz` holds the weights by name plus `vocab_ids` when pruned
-(`from_arrays` / `arrays`). A flat dict in that layout is still accepted wherever a DraftParams is expected
+On disk (`lsjax.artifacts`) the weights are stored by name plus `vocab_ids` when pruned (`from_arrays` /
+`arrays`). A flat dict in that layout is still accepted wherever a DraftParams is expected
 (`DraftParams.of`), so a trainer's or a test's weights dict runs as it is.
 """
 

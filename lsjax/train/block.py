@@ -131,15 +131,17 @@ def make_step(config, cfg: TrainConfig, optimizer, vocab_ids):
 
 def initial_params(cfg: TrainConfig, config, target_params, counts: np.ndarray, log=print):
     """(block params, vocab_ids or None) from `checkpoint.init_from` (see the module doc)."""
+    from lsjax import artifacts
     from lsjax.config import ConfigError
-    from lsjax.drafters.block_checkpoints import BLOCK_META
+    from lsjax.drafters.block_checkpoints import BLOCK, load_block_draft
     from lsjax.drafters.checkpoints import load_draft
     from lsjax.models.draft_params import DraftParams
     from lsjax.train.checkpoint import load_draft_params
     from lsjax.vocab import pruned_vocab
 
     src = Path(cfg.checkpoint.init_from) if cfg.checkpoint.init_from else None
-    if src is not None and (src / "draft.json").is_file():  # an exported LongSpec draft
+    exported_kind = artifacts.stored_kind(src) if src is not None else None
+    if exported_kind == "longspec":  # an exported LongSpec draft
         arrays, dcfg, _ = load_draft(src)
         for field in ("window", "draft_vocab_size"):
             if getattr(dcfg, field) != getattr(cfg.draft, field):
@@ -148,9 +150,8 @@ def initial_params(cfg: TrainConfig, config, target_params, counts: np.ndarray, 
         params, vocab_ids = dict(exported.weights), exported.vocab_ids
         params["mask_embed"] = np.asarray(jnp.mean(jnp.asarray(target_params["embed"], jnp.float32), axis=0))
         log(f"block draft: initialised from the LongSpec draft {src}")
-    elif src is not None and (src / BLOCK_META).is_file():  # an exported block draft
-        with np.load(src / "params.npz") as z:
-            exported = DraftParams.from_arrays({k: z[k] for k in z.files})
+    elif exported_kind == BLOCK:  # an exported block draft
+        exported = DraftParams.from_arrays(load_block_draft(src, config)[0])
         params, vocab_ids = exported.weights, exported.vocab_ids
         log(f"block draft: initialised from the block draft {src}")
     elif src is not None:  # a run directory or checkpoint

@@ -1,17 +1,18 @@
 """A training run -> a draft directory `decode.py --draft DIR` (or the shipped one) loads.
 
-The directory format is read by `lsjax.drafters.checkpoints.load_draft`: `params.npz` (the draft's tensors,
-plus `vocab_ids` when the vocabulary is pruned; the derived `vocab_head` is never saved) and `draft.json`
-(the DraftConfig, the target's name, the default tree and the run's training summary).
+The directory format (`lsjax.artifacts`, kind "longspec") is read by `lsjax.drafters.checkpoints.load_draft`:
+`model.safetensors` (the draft's tensors in bfloat16, plus `vocab_ids` when the vocabulary is pruned; the
+derived `vocab_head` is never saved) and `config.json` (the DraftConfig, the target's name, the default tree
+and the run's training summary).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
+from lsjax import artifacts
 from lsjax.config import ConfigError, DraftConfig, to_dict
 from lsjax.drafters.checkpoints import target_key
 from lsjax.models.draft_params import DraftParams
@@ -32,9 +33,6 @@ def save_draft(
 ) -> None:
     """Writes a draft directory; `draft_params` is a DraftParams or a dict in the file layout (weights, plus
     `vocab_ids` when pruned). The derived head is never saved."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    np.savez(path / "params.npz", **{k: np.asarray(v) for k, v in DraftParams.of(draft_params).arrays().items()})
     if isinstance(tree, dict):  # per device: one measured there (`shipped_tree` reads either form)
         stored = {device: list(t.widths) for device, t in tree.items()}
     else:
@@ -45,7 +43,7 @@ def save_draft(
         "tree": stored,
         **(extra or {}),
     }
-    (path / "draft.json").write_text(json.dumps(meta, indent=2))
+    artifacts.save_weights(path, DraftParams.of(draft_params).arrays(), meta, kind="longspec")
 
 
 def check_tree_lags(cfg, tree: TreeConfig) -> None:
@@ -62,7 +60,7 @@ def export_run(
     cfg, out_dir: str | Path, extra: dict | None = None, tree: TreeConfig | dict[str, TreeConfig] | None = None
 ) -> dict:
     """A training run's latest checkpoint (TrainConfig `cfg`) -> a draft directory; returns the arrays written
-    (the file layout). The run's pruned vocabulary (vocab_ids.npy) travels with them; draft.json records the
+    (the file layout). The run's pruned vocabulary (vocab_ids.npy) travels with them; config.json records the
     run's training summary and the default `tree` decode.py should use with this draft."""
     if cfg.kind != "longspec":
         from lsjax.train.dels_export import export_dels
@@ -82,12 +80,12 @@ def export_run(
 
 
 def lineage(draft_dir: str | Path) -> list[str]:
-    """The training configs that made the draft in `draft_dir`, first stage first (from its draft.json; a run
-    directory without one, or an unrecorded config, contributes nothing): what a continued draft records."""
-    meta_file = Path(draft_dir) / "draft.json"
-    if not meta_file.is_file():
+    """The training configs that made the draft in `draft_dir`, first stage first (from its config; a run
+    directory that is no exported draft, or an unrecorded config, contributes nothing): what a continued draft
+    records."""
+    if not artifacts.has_weights(draft_dir, "longspec"):
         return []
-    meta = json.loads(meta_file.read_text())
+    meta = artifacts.read_config(draft_dir, "longspec")
     return list(meta.get("lineage") or ([meta["train_config"]] if meta.get("train_config") else []))
 
 

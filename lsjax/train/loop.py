@@ -140,10 +140,12 @@ def fit(
 
 
 def _exported_draft(cfg: TrainConfig):
-    """The DraftParams of `checkpoint.init_from` when it is an exported draft directory (draft.json), else
-    None."""
+    """The DraftParams of `checkpoint.init_from` when it is an exported LongSpec draft directory
+    (`lsjax.artifacts`, either layout), else None."""
+    from lsjax import artifacts
+
     src = Path(cfg.checkpoint.init_from) if cfg.checkpoint.init_from else None
-    if src is None or not (src / "draft.json").is_file():
+    if src is None or not artifacts.has_weights(src, "longspec"):
         return None
     from lsjax.drafters.checkpoints import load_draft
     from lsjax.models.draft_params import DraftParams
