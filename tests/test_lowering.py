@@ -1,7 +1,8 @@
 """The Pallas kernels lower for TPU (Mosaic) and CUDA (Pallas Triton), checked from this CPU without hardware.
 
-`jax.export` lowers a function for a platform other than the host's. For TPU the Mosaic lowering asks the
-chip's kind, supplied here by patching `tpu_info` (the kinds below); for CUDA, export refuses to serialize a
+`jax.export` lowers a function for a platform other than the host's. The Mosaic lowering asks the TPU's
+kind and the Triton lowering the GPU's: `lsjax.bench.lowering` names the chip through an abstract mesh (the
+kinds below; an H100 for CUDA), which JAX 0.10 and 0.11 both read; for CUDA, export refuses to serialize a
 Triton custom call unless told to (that refusal is not a lowering failure). What this proves: the kernels
 pass Pallas' lowering rules for each target (Mosaic's block-shape and layout rules at the Pallas level,
 Triton's power-of-2 shapes) and the exported module has the shape we want (the kernel custom calls, no copy
@@ -19,50 +20,27 @@ exported for every target too.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import re
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import pytest
-from jax._src.pallas.mosaic import tpu_info
 
 from lsjax import attention, verify
+from lsjax.bench.lowering import TPU_KINDS, export_text
 from lsjax.cache import KVCache
 from lsjax.config import ModelConfig
 from lsjax.models import target
 from lsjax.tree import Tree
 from pallas_kernels import prefix_attention as pk
 
-TPU_KINDS = ("TPU v4", "TPU v5 lite", "TPU v5p", "TPU v6 lite")
-MEGACORE = ("TPU v4", "TPU v5p")  # two TensorCores behind one device
 BATCHES, TREES, CAPACITIES, DTYPES = (1, 4), (1, 16, 32, 69), (8192, 32768, 20000), (jnp.float32, jnp.bfloat16)
 N, K, H, L = 32, 8, 128, 4  # Llama-3.1-8B's attention shapes, a 4-layer cache
 CUSTOM_CALL = {"tpu": "tpu_custom_call", "cuda": "xla.gpu.triton"}
 BACKEND = {"tpu": "pallas:tpu", "cuda": "pallas:cuda"}
 sds = jax.ShapeDtypeStruct
-
-
-@contextlib.contextmanager
-def tpu_kind(kind: str):
-    cores = 2 if kind in MEGACORE else 1
-    with (
-        mock.patch.object(tpu_info, "get_device_kind", return_value=kind),
-        mock.patch.object(tpu_info, "get_num_device_cores", return_value=cores),
-    ):
-        yield
-
-
-def export_text(fn, args, platform: str, kind: str = "TPU v5 lite") -> str:
-    """StableHLO text of `fn` exported for `platform` ("tpu" | "cuda")."""
-    if platform == "tpu":
-        with tpu_kind(kind):
-            return jax.export.export(jax.jit(fn), platforms=("tpu",))(*args).mlir_module()
-    triton = jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
-    return jax.export.export(jax.jit(fn), platforms=("cuda",), disabled_checks=[triton])(*args).mlir_module()
 
 
 def layer_copies(text: str, per_layer_shape: tuple[int, ...]) -> list[str]:
