@@ -143,6 +143,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="auto",
         help="attention backend (default: xla on CPU, pallas on TPU/GPU)",
     )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        help="weights and K/V cache: bf16 | fp32 (default auto: fp32 on a CPU, bf16 on TPU/GPU; accumulation and "
+        "softmax statistics are fp32 either way, and AR and verification share the dtype)",
+    )
     p.add_argument("--json", action="store_true", help="no streaming; print one JSON object with the text and timings")
     return p.parse_args(argv)
 
@@ -179,6 +185,8 @@ def main(argv=None) -> int:
             ts_topk = tuple(int(k) for k in args.ts_topk.split(","))
         except ValueError:
             fail(f"--ts-topk: expected comma-separated integers, got {args.ts_topk!r}")
+    if args.dtype not in ("auto", "bf16", "fp32"):
+        fail(f"--dtype must be bf16, fp32 or auto, got {args.dtype!r}")
     if (args.block_size is not None and not 1 <= args.block_size <= 64) or args.branches < 1:
         fail("--block-size must be in [1, 64] and --branches >= 1")
     # The engine's imports come after argument parsing, so `--help` and flag errors stay quick.
@@ -210,7 +218,7 @@ def main(argv=None) -> int:
 
     try:
         t0 = time.perf_counter()
-        model = load_model(args.model)
+        model = load_model(args.model, dtype=args.dtype)
         load_s = time.perf_counter() - t0
         tok = model.tokenizer
         if chat:
@@ -249,7 +257,7 @@ def main(argv=None) -> int:
         )
         if not args.json:
             print(
-                f"[lsjax] {model.path.name}: {len(ids)} prompt tokens, method {method}, "
+                f"[lsjax] {model.path.name} ({model.config.dtype}): {len(ids)} prompt tokens, method {method}, "
                 f"loaded in {load_s:.1f}s; compiling...",
                 file=sys.stderr,
             )
@@ -272,6 +280,7 @@ def main(argv=None) -> int:
     summary = {
         "method": method,
         "model": str(model.path),
+        "dtype": model.config.dtype,
         "prompt_tokens": result.prompt_tokens,
         "new_tokens": result.new_tokens,
         "stop_reason": result.stop_reason,

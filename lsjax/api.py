@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from lsjax import decoding, speculative
-from lsjax.config import GenerateConfig, ModelConfig
+from lsjax.config import ConfigError, GenerateConfig, ModelConfig
 from lsjax.drafters.base import ARDrafter, Drafter
 from lsjax.models import target
 
@@ -34,6 +34,8 @@ class SpecConfig:
     capacity: int | None = None
     chunk: int = decoding.PREFILL_CHUNK  # prefill chunk; the prompt buffer length must be a multiple of it
     backend: str = "auto"
+    # The weights' and K/V cache's dtype is `model.dtype` (fp32 on a CPU, bf16 on TPU/GPU:
+    # `lsjax.config.default_dtype`); `generate` checks the target params carry it.
 
 
 @jax.tree_util.register_dataclass
@@ -55,6 +57,14 @@ def generate(
 ) -> GenerateOutput:
     """prompt_ids [B, P] (right-padded; P a multiple of config.chunk), prompt_lengths [B] (default P)."""
     B, P = prompt_ids.shape
+    weights_dtype = jnp.asarray(target_params["embed"]).dtype if isinstance(target_params, dict) else None
+    if weights_dtype is not None and weights_dtype != jnp.dtype(config.model.dtype):
+        # A mismatch would run (JAX promotes) but in neither dtype: the cache would be config.model.dtype and
+        # the dots the params', so AR in one program and speculation in another could disagree at ties.
+        raise ConfigError(
+            f"SpecConfig.model.dtype is {config.model.dtype} but the target params are {weights_dtype}; load "
+            f"them with load_model(dtype=...) or set model=dataclasses.replace(config, dtype=...)"
+        )
     if P % config.chunk:
         raise ValueError(f"prompt_ids length {P} must be a multiple of config.chunk={config.chunk}; pad it")
     lengths = jnp.full((B,), P, jnp.int32) if prompt_lengths is None else prompt_lengths.astype(jnp.int32)

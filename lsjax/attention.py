@@ -32,6 +32,7 @@ score matmul needs no transpose. Measured on this CPU at S=4K: 0.27 ms vs
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -78,6 +79,30 @@ def kernel_target(backend: str) -> tuple[str, bool]:
     if host in ("gpu", "cuda", "rocm"):
         return "gpu", False
     return "tpu", True
+
+
+class KernelFallbackWarning(UserWarning):
+    """A Pallas kernel cannot take these shapes on this platform; the XLA attention runs instead."""
+
+
+_WARNED: set = set()
+
+
+def _kernel_or_xla(backend: str, head_dim: int) -> tuple[str, bool] | None:
+    """(platform, interpret) for a Pallas backend, or None where the kernel cannot take `head_dim` and the XLA
+    path must run: Triton needs power-of-2 array dims inside a kernel (head_dim 96 fails to compile with
+    "Encountered an array of shape (16, 96)"), so a GPU falls back, once warned per head dim."""
+    platform, interpret = kernel_target(backend)
+    if platform == "gpu" and head_dim & (head_dim - 1):
+        if head_dim not in _WARNED:
+            _WARNED.add(head_dim)
+            warnings.warn(
+                f"head_dim {head_dim} is not a power of 2, which the Triton kernels need: attention runs on XLA",
+                KernelFallbackWarning,
+                stacklevel=3,
+            )
+        return None
+    return platform, interpret
 
 
 def merge_attention(out_a, lse_a, out_b, lse_b):
@@ -266,10 +291,11 @@ def prefix_attention(q, k, v, lengths, window_start=None, *, layer=None, backend
     With `layer`, k and v are the whole cache [L, B, K, S, H] and `layer` picks one.
     """
     backend = _resolve(backend)
-    if backend.startswith("pallas"):
+    target = _kernel_or_xla(backend, q.shape[-1]) if backend.startswith("pallas") else None
+    if target is not None:
         from pallas_kernels import prefix_attention as pk
 
-        platform, interpret = kernel_target(backend)
+        platform, interpret = target
         # The whole cache and the layer go into the kernel: its index maps pick the layer's blocks, so no
         # layer is copied out of the cache first.
         return pk.prefix_attention(
@@ -290,10 +316,11 @@ def tree_attention(q, k, v, mask=None, *, causal=False, backend: str = "auto", s
     With a mask the keys may number Tk != T (mask [B, T, Tk]); causal needs Tk == T.
     """
     backend = _resolve(backend)
-    if backend.startswith("pallas"):
+    target = _kernel_or_xla(backend, q.shape[-1]) if backend.startswith("pallas") else None
+    if target is not None:
         from pallas_kernels import tree_attention as tk
 
-        platform, interpret = kernel_target(backend)
+        platform, interpret = target
         return tk.tree_attention(
             q, k, v, mask, causal=causal, sm_scale=sm_scale, platform=platform, interpret=interpret
         )

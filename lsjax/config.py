@@ -70,6 +70,31 @@ class RopeScaling:
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 DTYPES = ("float32", "bfloat16", "float16")
+# What a user may type for a dtype: the short names decode.py takes, and "auto" = the platform's default.
+DTYPE_NAMES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", **{d: d for d in DTYPES}}
+
+
+def default_dtype(platform: str | None = None) -> str:
+    """The dtype lsjax runs a model in on `platform` (default: JAX's default backend): fp32 on a CPU (bf16
+    matmuls are ~10x slower there), bf16 on TPU/GPU, where weights and K/V caches in bf16 halve the bytes a
+    decode step reads; accumulation and softmax statistics stay fp32 on every platform."""
+    if platform is None:
+        import jax
+
+        platform = jax.default_backend()
+    return "float32" if platform == "cpu" else "bfloat16"
+
+
+def resolve_dtype(name: str, platform: str | None = None, field: str = "dtype") -> str:
+    """A canonical dtype name (float32|bfloat16|float16) from a user's spelling (bf16, fp32, ..., "auto")."""
+    if name == "auto":
+        return default_dtype(platform)
+    _check(
+        isinstance(name, str) and name in DTYPE_NAMES,
+        field,
+        f"must be one of auto|bf16|fp32 (or {'|'.join(DTYPES)}), got {name!r}",
+    )
+    return DTYPE_NAMES[name]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -109,10 +109,14 @@ def test_batched_rows_with_stop_tokens_equal_their_own_ar_runs(drafter):
         np.testing.assert_array_equal(np.asarray(sp.out[b, :n]), np.asarray(ar.out[0, :n]))
 
 
-def test_beam_shaped_trees_accept_deep():
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_beam_shaped_trees_accept_deep(dtype):
     """A beam-shaped tree (3, 4, 4) with the target's greedy path hidden at a random slot of each level and
-    random siblings: every step accepts three nodes and the output is AR's."""
+    random siblings: every step accepts three nodes and the output is AR's, in fp32 and in bf16 (the
+    accelerators' weights and cache: deep commits of bf16 K/V)."""
     config, params = tiny_model()
+    config = dataclasses.replace(config, dtype=dtype)
+    params = jax.tree.map(lambda x: x.astype(dtype), params)
     prompt = repetitive_prompts(config, 1, 40, seed=4)[0]
     gen = GenerateConfig(max_new_tokens=33, ignore_eos=True)
     greedy = np.asarray(run(params, config, [prompt], gen, ARDrafter()).out[0]).tolist()

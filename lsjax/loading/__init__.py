@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from lsjax.config import ModelConfig
+from lsjax.config import ModelConfig, resolve_dtype
 from lsjax.errors import ModelNotFoundError
 from lsjax.loading.corrupt import reading
 from lsjax.loading.gguf import GGUFFile, config_from_gguf, load_gguf, params_from_gguf
@@ -52,11 +52,15 @@ def _hf_eos_ids(path: Path) -> list[int]:
     return ids
 
 
-def load_model(path: str | Path | None = None, dtype: str = "float32") -> LoadedModel:
+def load_model(path: str | Path | None = None, dtype: str = "auto") -> LoadedModel:
     """Config, params and tokenizer from a `.gguf` file or an HF directory (default: the bundled SmolLM2).
+
+    `dtype`: the weights' (and so the K/V cache's) dtype, "auto" = `lsjax.config.default_dtype()` (fp32 on a
+    CPU, bf16 on TPU/GPU), or bf16|fp32|bfloat16|float32|float16; a bad name is a ConfigError.
 
     Raises ModelNotFoundError, UnsupportedModelError, MissingTensorError, ShapeMismatchError or
     CorruptFileError (a truncated or damaged file): every one an LsjaxError with a one-line message."""
+    dtype = resolve_dtype(dtype)
     path = default_model_path() if path is None else Path(path)
     if path.is_dir():
         with reading(path, "HF checkpoint (config.json, tokenizer or safetensors)"):

@@ -1,0 +1,71 @@
+"""The device check (`python -m lsjax.bench.device`) in its CPU dry mode: every part runs and reports, a wrong
+kernel is caught, and what does not fit the device is a skip line."""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+
+from lsjax.bench import device
+from pallas_kernels import prefix_attention as pk
+from pallas_kernels import tree_attention as tk
+
+
+def test_dry_run_writes_every_part(tmp_path, capsys):
+    assert device.main(["--dry", "--out", str(tmp_path)]) == 0
+    md = next(tmp_path.glob("*.md")).read_text()
+    data = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert data["env"]["platform"] == "cpu" and data["env"]["versions"]["jax"]
+    parts = data["parts"]
+    assert set(parts) == set(device.PARTS)
+    for name in device.PARTS:
+        assert parts[name]["rows"], f"part {name} measured nothing: {parts[name]['skips']}"
+    kernels = parts["kernels"]["rows"]
+    assert {r["kernel"] for r in kernels} == {"prefix", "tree", "tree-causal"}
+    assert {r["dtype"] for r in kernels} == {"bfloat16", "float32"} and all(r["ok"] for r in kernels)
+    assert all(r["identical"] for r in parts["e2e"]["rows"])
+    assert set(parts["step"]["rows"][0]["vs_ar"]) == {"1", "4"}  # JSON keys
+    assert "## Goals" in md and "| kernels within" in md
+    assert "[kernels] prefix" in capsys.readouterr().out  # progress as it goes
+
+
+def test_a_wrong_kernel_fails_the_check(monkeypatch):
+    """A prefix kernel 2% off its reference (and no interpreter run: both kernels are stand-ins) is a FAIL row,
+    and a correctness failure."""
+
+    def off(q, k, v, lengths, start, layer, **_):
+        out, lse = pk.prefix_attention_reference(q, k[layer], v[layer], lengths, start)
+        return (out.astype(jnp.float32) * 1.02).astype(q.dtype), lse
+
+    monkeypatch.setattr(pk, "prefix_attention", off)
+    monkeypatch.setattr(
+        tk, "tree_attention", lambda q, k, v, m, causal, **_: tk.tree_attention_reference(q, k, v, m, causal=causal)
+    )
+    rep = device.run(device.CheckConfig.for_dry_run(parts=("kernels",), kernel_T=(1,)), log=lambda s: None)
+    rows = rep.parts["kernels"]["rows"]
+    assert [r["ok"] for r in rows if r["kernel"] == "prefix"] == [False] * 4
+    assert all(r["ok"] for r in rows if r["kernel"] != "prefix")
+    assert len(rep.failures()) == 4 and "rel err" in rep.failures()[0]
+
+
+def test_what_does_not_fit_is_a_skip_line(monkeypatch):
+    monkeypatch.setattr(device, "device_memory", lambda: 1 << 20)  # a 1 MiB device
+    rep = device.run(device.CheckConfig.for_dry_run(parts=("bandwidth",)), log=lambda s: None)
+    assert not rep.parts["bandwidth"]["rows"]
+    assert len(rep.parts["bandwidth"]["skips"]) == 2 and "do not fit" in rep.parts["bandwidth"]["skips"][0]
+    assert device.layers_that_fit(8192) == 0
+
+
+def test_bad_options_are_one_line(capsys):
+    assert device.main(["--dry", "--parts", "kernels,nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["lsjax.bench.device: error: parts: unknown part 'nope'; choose from kernels, bandwidth, step, e2e"]
+
+
+def test_llama_shapes_and_read_bytes():
+    """The step's read-time yardstick: Llama-3.1-8B's untied embedding is not read, its LM head is."""
+    cfg = device.LLAMA_8B
+    assert 8.0e9 < cfg.num_params() < 8.1e9
+    assert device.weight_bytes(cfg) == 2 * (cfg.num_params() - cfg.vocab_size * cfg.hidden_size)
+    assert device.kv_bytes(cfg, 1) == 2 * 32 * 8 * 128 * 2

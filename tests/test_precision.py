@@ -1,0 +1,113 @@
+"""Precision: the dtype a model runs in (bf16 on TPU/GPU, fp32 on a CPU), and losslessness in bf16.
+
+AR and verification run in the same dtype, so the T=0 equality and the T>0 distribution hold per dtype; the
+bf16 cases here are the accelerator setting run on this CPU (slowly: bf16 dots are ~10x fp32 here)."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lsjax
+from lsjax import attention
+from lsjax.config import ConfigError, DraftConfig, GenerateConfig, SamplingConfig, default_dtype, resolve_dtype
+from lsjax.drafters.base import ARDrafter
+from lsjax.drafters.longspec import LongSpecDrafter
+from lsjax.tree import TreeConfig
+from tests.test_speculative import run
+from tests.test_verify_sampling import (
+    DRAFTERS,
+    N_DEEP,
+    PROMPT,
+    N,
+    distribution_pvalue,
+    draft_params_for,
+    exact_joint,
+    sample_joint,
+)
+from tests.test_verify_sampling import model as sampling_model
+from tests.tiny import tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def as_bf16(config, params):
+    return dataclasses.replace(config, dtype="bfloat16"), jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+
+
+def test_dtype_names_and_platform_defaults():
+    assert default_dtype("cpu") == "float32"
+    assert default_dtype("gpu") == default_dtype("tpu") == "bfloat16"
+    assert resolve_dtype("bf16") == "bfloat16" and resolve_dtype("fp32") == "float32"
+    assert resolve_dtype("auto", "gpu") == "bfloat16" and resolve_dtype("auto") == "float32"  # this CPU
+    with pytest.raises(ConfigError, match=r"^dtype: must be one of auto\|bf16\|fp32 .*got 'int8'$"):
+        resolve_dtype("int8")
+
+
+def test_decode_cli_rejects_a_bad_dtype_in_one_line():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "decode.py"), "--dtype", "fp8"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == ["decode.py: error: --dtype must be bf16, fp32 or auto, got 'fp8'"]
+
+
+def test_generate_names_a_dtype_mismatch():
+    """Params in one dtype and a config in another would run in neither: a named error at trace time."""
+    config, params = tiny_model()
+    cfg = lsjax.SpecConfig(model=dataclasses.replace(config, dtype="bfloat16"), gen=GenerateConfig(4))
+    prompt = jnp.ones((1, 64), jnp.int32)
+    with pytest.raises(ConfigError, match="SpecConfig.model.dtype is bfloat16 but the target params are float32"):
+        jax.jit(lsjax.generate, static_argnames="config")(params, (), prompt, cfg, jax.random.key(0))
+
+
+def test_a_head_dim_triton_cannot_take_falls_back_to_xla_with_one_warning():
+    """Triton needs power-of-2 dims: head_dim 96 on a GPU runs the XLA attention, warned once, and lowers for
+    CUDA without a Triton call."""
+    attention._WARNED.discard(96)
+    B, T, N, K, H, S = 1, 4, 4, 2, 96, 256
+    sds = jax.ShapeDtypeStruct
+    args = (sds((B, T, N, H), jnp.bfloat16), sds((B, K, S, H), jnp.bfloat16), sds((B, K, S, H), jnp.bfloat16))
+    fn = lambda q, k, v, n: attention.prefix_attention(q, k, v, n, backend="pallas:cuda")  # noqa: E731
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        text = jax.export.export(jax.jit(fn), platforms=("cuda",))(*args, sds((B,), jnp.int32)).mlir_module()
+        attention.prefix_attention(jnp.zeros((B, T, N, H)), *(jnp.zeros((B, K, S, H)),) * 2, jnp.array([3]))
+    fallbacks = [w for w in seen if issubclass(w.category, attention.KernelFallbackWarning)]
+    assert len(fallbacks) == 1 and "head_dim 96 is not a power of 2" in str(fallbacks[0].message)
+    assert "xla.gpu.triton" not in text
+    assert attention._kernel_or_xla("pallas:cuda", 128) == ("gpu", False)
+
+
+def test_bf16_longspec_tree_equals_ar():
+    """A beam tree of the (untrained) LongSpec draft in bf16, draft and target both bf16: verification's argmax
+    equals AR's. (Deep acceptance in bf16: tests/test_engine_edges.py::test_beam_shaped_trees_accept_deep.)"""
+    config, params = as_bf16(*tiny_model())
+    gen = GenerateConfig(max_new_tokens=24, ignore_eos=True)
+    prompts = [np.resize([5, 9, 14, 20, 7], 50).tolist()]  # looping text: the draft gets some nodes accepted
+    ar = run(params, config, prompts, gen, ARDrafter())
+    sp = run(params, config, prompts, gen, LongSpecDrafter(TreeConfig((3, 4, 4)), DraftConfig(window=16)))
+    np.testing.assert_array_equal(np.asarray(sp.out), np.asarray(ar.out))
+    assert float(sp.mean_accepted) > 1.0
+
+
+@pytest.mark.parametrize("n", [N, pytest.param(N_DEEP, marks=pytest.mark.slow, id="deep")])
+def test_bf16_speculative_sampling_is_exact_at_depth(n):
+    """The T=1 joint law of 4 tokens under the LongSpec drafter's sampled trees, bf16 weights and cache, equals
+    the bf16 target's (enumerated with the same bf16 model). Power as in tests/test_verify_sampling.py."""
+    config, params = as_bf16(*sampling_model())
+    drafter, sampling = DRAFTERS["longspec"], SamplingConfig(temperature=1.0)
+    probs = exact_joint(params, config, PROMPT, sampling)
+    dp = draft_params_for(params, config, drafter)
+    samples, hist = sample_joint(params, config, drafter, sampling, dp, n=n)
+    assert hist[2:].sum() >= 0.05 * n, f"accepted-depth histogram {hist.tolist()}"
+    p = distribution_pvalue(samples, probs)
+    assert p > 1e-4, f"bf16 speculative samples deviate from the target distribution (p={p:.2e})"
