@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 
 DEFAULT_PROMPT = Path(__file__).resolve().parent / "lsjax" / "assets" / "default_prompt.txt"
@@ -189,6 +190,8 @@ def main(argv=None) -> int:
         fail(f"--dtype must be bf16, fp32 or auto, got {args.dtype!r}")
     if (args.block_size is not None and not 1 <= args.block_size <= 64) or args.branches < 1:
         fail("--block-size must be in [1, 64] and --branches >= 1")
+    # A warning (a kernel falling back to XLA, say) is one line on stderr, not a file:line and a source line.
+    warnings.formatwarning = lambda message, category, *_a, **_k: f"decode.py: warning: {message}\n"
     # The engine's imports come after argument parsing, so `--help` and flag errors stay quick.
     from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
     from lsjax.drafters import registry

@@ -60,7 +60,7 @@ def test_what_does_not_fit_is_a_skip_line(monkeypatch):
 def test_bad_options_are_one_line(capsys):
     assert device.main(["--dry", "--parts", "kernels,nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["lsjax.bench.device: error: parts: unknown part 'nope'; choose from kernels, bandwidth, step, e2e"]
+    assert err == ["lsjax.bench.device: error: parts: unknown part 'nope'; choose from kernels, e2e, bandwidth, step"]
 
 
 def test_llama_shapes_and_read_bytes():
