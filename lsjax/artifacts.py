@@ -169,9 +169,13 @@ def load_weights(path, kind: str) -> tuple[dict[str, np.ndarray], dict]:
 
 
 def _replace(file: Path, write) -> None:
+    """`write(tmp)` then rename over `file`, readable as any new file (safetensors writes its files 0600)."""
     tmp = file.with_name(f".{file.name}.tmp")
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, file)
     finally:
         tmp.unlink(missing_ok=True)

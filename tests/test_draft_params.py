@@ -1,6 +1,6 @@
 """DraftParams (weights, pruned vocabulary, derived head as one typed pytree) and the drafts' parameter schemas
 (param_specs of the LongSpec and block drafts): jit round trips, the shipped drafts load to the same arrays as
-their files, the disk format is unchanged, init / shape checks / sharding derive from the schema."""
+their files and write them back unchanged, init / shape checks / sharding derive from the schema."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
+from safetensors.numpy import load_file
 
 from lsjax import sharding
+from lsjax.artifacts import BF16
 from lsjax.config import DraftConfig
 from lsjax.errors import MissingTensorError, ShapeMismatchError
 from lsjax.models import block_draft, draft, layers
@@ -80,8 +82,8 @@ def test_shipped_draft_loads_to_the_arrays_of_its_file(ours):
     from lsjax.train.export import save_draft
 
     path = DRAFTS_DIR / "SmolLM2-135M-Instruct"
-    with np.load(path / "params.npz") as z:
-        file_arrays = {k: z[k] for k in z.files}
+    raw = load_file(path / "model.safetensors")  # as stored: bf16 weights, int32 vocab_ids
+    file_arrays = {k: v.astype(np.float32) if v.dtype == BF16 else v for k, v in raw.items()}
     _, p = load_longspec(ours, None, None)
     assert isinstance(p, DraftParams)
     assert set(p.weights) == set(file_arrays) - {"vocab_ids"}
@@ -95,10 +97,9 @@ def test_shipped_draft_loads_to_the_arrays_of_its_file(ours):
 
     with tempfile.TemporaryDirectory() as tmp:
         save_draft(tmp, p, DraftConfig(), "SmolLM2-135M-Instruct")
-        with np.load(f"{tmp}/params.npz") as z:
-            again = {k: z[k] for k in z.files}
-    assert again.keys() == file_arrays.keys()
-    for k, v in file_arrays.items():
+        again = load_file(f"{tmp}/model.safetensors")
+    assert again.keys() == raw.keys()
+    for k, v in raw.items():
         assert again[k].dtype == v.dtype and np.array_equal(again[k], v), k
 
 
@@ -107,8 +108,9 @@ def test_shipped_block_draft_loads_to_the_arrays_of_its_file(ours):
     from lsjax.drafters.block_checkpoints import DRAFTS_DIR
 
     path = DRAFTS_DIR / "SmolLM2-135M-Instruct" / "block-s8"
-    with np.load(path / "params.npz") as z:
-        file_arrays = {k: z[k] for k in z.files}
+    file_arrays = {
+        k: v.astype(np.float32) if v.dtype == BF16 else v for k, v in load_file(path / "model.safetensors").items()
+    }
     p, _, bcfg = load_block(ours, None, 8)
     assert isinstance(p, DraftParams) and bcfg.block_size == 8
     assert set(p.weights) == set(file_arrays) - {"vocab_ids"} and "mask_embed" in p.weights
