@@ -92,7 +92,9 @@ def load_longspec(model, draft: str | None, tree_spec: str | TreeConfig | None):
             )
         arrays, dcfg, meta = load_draft(path)
         check_draft_fits(arrays, dcfg, model.config, str(path), meta.get("target", ""))
-        params = DraftParams.from_arrays(arrays).with_vocab_head(model.params, model.config)
+        params = (
+            DraftParams.from_arrays(arrays).in_dtype(model.config.dtype).with_vocab_head(model.params, model.config)
+        )
     if isinstance(tree_spec, TreeConfig):
         tree = tree_spec
     elif tree_spec:

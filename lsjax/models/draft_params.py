@@ -61,6 +61,13 @@ class DraftParams:
             return self
         return dataclasses.replace(self, vocab_head=vocab_head_rows(target_params, config, self.vocab_ids))
 
+    def in_dtype(self, dtype: str) -> DraftParams:
+        """The weights cast to `dtype` (the target's: bf16 on TPU/GPU), vocab_ids and the head as they are. Files
+        hold bf16 or fp32 whatever the device; the draft then reads its weights in the dtype its matmuls run in
+        rather than promoting every product with the target's bf16 activations to fp32."""
+        dt = jnp.dtype(dtype)
+        return dataclasses.replace(self, weights={k: jnp.asarray(w, dt) for k, w in self.weights.items()})
+
     def replace_weights(self, **weights) -> DraftParams:
         """The same params with some weights replaced or added (e.g. a block draft's `mask_embed`)."""
         return dataclasses.replace(self, weights={**self.weights, **weights})
