@@ -121,7 +121,7 @@ def make_step(config, cfg: TrainConfig, optimizer, vocab_ids):
             "distill": sums["distill"] / w,
             "acc": sums["correct"] / w,
             "loss_weight": sums["weight"],
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": optax.tree.norm(grads),
             "lr": schedule(state.step),
         }
         return new_state, metrics

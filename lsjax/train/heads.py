@@ -255,7 +255,7 @@ def make_heads_step(config, cfg: HeadsTrainConfig, optimizer):
         zeros = {k: jnp.zeros((Hn,), jnp.float32) for k in ("ce", "distill", "correct", "weight")}
         grads, sums = accumulate_grads(loss_fn, state.params, batch, zeros)
         w = jnp.maximum(sums["weight"], 1.0)
-        metrics = {"loss": objective(sums, total_w), "grad_norm": optax.global_norm(grads), "lr": schedule(state.step)}
+        metrics = {"loss": objective(sums, total_w), "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
         for i in range(Hn):
             metrics |= {f"ce{i + 1}": sums["ce"][i] / w[i], f"acc{i + 1}": sums["correct"][i] / w[i]}
             if cfg.loss.distill_weight > 0:

@@ -139,7 +139,7 @@ def make_step(cfg: TrainConfig, optimizer):
             "loss": loss,
             "acc": sums["correct"] / jnp.maximum(sums["weight"], 1.0),
             "loss_tokens": sums["weight"],
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": optax.tree.norm(grads),
             "lr": schedule(state.step),
         }
         return new_state, metrics

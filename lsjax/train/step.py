@@ -128,7 +128,7 @@ def make_train_step(config: ModelConfig, cfg: TrainConfig, vocab_ids=None, optim
             "distill": sums["distill"] / w,
             "acc": sums["correct"] / w,
             "loss_tokens": sums["weight"],
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": optax.tree.norm(grads),
             "lr": schedule(state.step),
             "shift": sums["shift"] / A,
         }

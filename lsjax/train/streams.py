@@ -228,7 +228,7 @@ def make_train_step(config: ModelConfig, cfg: StreamsTrainConfig, optimizer):
         # One gradient of the whole step's objective: each stream's loss is normalised by its weight over every
         # micro-batch, which the forward computes.
         (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, target_params, batch, key)
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads)} | summarize(sums, cfg)
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads)} | summarize(sums, cfg)
         return apply_grads(state, grads, optimizer), metrics
 
     return step
