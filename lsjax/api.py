@@ -16,10 +16,13 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lsjax import decoding, speculative
+from lsjax.attention import BACKENDS
 from lsjax.config import ConfigError, GenerateConfig, ModelConfig
 from lsjax.drafters.base import ARDrafter, Drafter
+from lsjax.errors import InputError
 from lsjax.models import target
 
 
@@ -36,6 +39,25 @@ class SpecConfig:
     backend: str = "auto"
     # The weights' and K/V cache's dtype is `model.dtype` (fp32 on a CPU, bf16 on TPU/GPU:
     # `lsjax.config.default_dtype`); `generate` checks the target params carry it.
+
+    def __post_init__(self):
+        # A wrong type here would otherwise fail far away, inside tracing (`drafter="pld"` has no `.tree`).
+        for name, cls in (("model", ModelConfig), ("gen", GenerateConfig), ("drafter", Drafter)):
+            value = getattr(self, name)
+            if not isinstance(value, cls):
+                hint = " (e.g. lsjax.PLDDrafter())" if name == "drafter" else ""
+                raise ConfigError(f"SpecConfig.{name}: expected a {cls.__name__}{hint}, got {value!r}")
+        if self.capacity is not None and not (isinstance(self.capacity, int) and self.capacity > 0):
+            raise ConfigError(f"SpecConfig.capacity: must be None or an integer >= 1, got {self.capacity!r}")
+        if not (isinstance(self.chunk, int) and self.chunk > 0):
+            raise ConfigError(f"SpecConfig.chunk: must be an integer >= 1, got {self.chunk!r}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"SpecConfig.backend: must be one of {'|'.join(BACKENDS)}, got {self.backend!r}")
+        if self.gen.max_new_tokens >= self.model.max_position:
+            raise ConfigError(
+                f"SpecConfig.gen.max_new_tokens: {self.gen.max_new_tokens} does not fit the model's context window "
+                f"of {self.model.max_position} tokens"
+            )
 
 
 @jax.tree_util.register_dataclass
@@ -55,7 +77,16 @@ def generate(
     key: jax.Array,
     prompt_lengths: jax.Array | None = None,
 ) -> GenerateOutput:
-    """prompt_ids [B, P] (right-padded; P a multiple of config.chunk), prompt_lengths [B] (default P)."""
+    """prompt_ids [B, P] int (right-padded; P a multiple of config.chunk), prompt_lengths [B] int (default P).
+
+    Checked, raising `lsjax.errors.InputError` (or `ConfigError` for the config): shapes and dtypes always (at
+    trace time); values (each length in [1, P], every prompt id in [0, vocab), length + max_new_tokens within
+    the context window) wherever the arrays are concrete, i.e. called outside `jax.jit` or with them closed
+    over. Under the caller's `jax.jit` the values are data: a row with a length outside [1, P] or an id outside
+    the vocabulary returns `num_tokens = 0` (no output, never output computed from garbage), and a row whose
+    generation would pass the context window stops there (`num_tokens` counts only the tokens inside it).
+    """
+    prompt_ids, prompt_lengths = _check_shapes(prompt_ids, prompt_lengths, config)
     B, P = prompt_ids.shape
     weights_dtype = jnp.asarray(target_params["embed"]).dtype if isinstance(target_params, dict) else None
     if weights_dtype is not None and weights_dtype != jnp.dtype(config.model.dtype):
@@ -68,6 +99,15 @@ def generate(
     if P % config.chunk:
         raise ValueError(f"prompt_ids length {P} must be a multiple of config.chunk={config.chunk}; pad it")
     lengths = jnp.full((B,), P, jnp.int32) if prompt_lengths is None else prompt_lengths.astype(jnp.int32)
+    _check_values(prompt_ids, lengths, config)
+    V = config.model.vocab_size
+    in_range = (lengths >= 1) & (lengths <= P)
+    pos = jnp.arange(P)[None, :]
+    ids_ok = jnp.all((pos >= lengths[:, None]) | ((prompt_ids >= 0) & (prompt_ids < V)), axis=1)
+    valid = in_range & ids_ok
+    # Invalid rows still run (shapes are static) on harmless inputs; their output is dropped below.
+    lengths = jnp.clip(lengths, 1, P)
+    prompt_ids = jnp.where((prompt_ids >= 0) & (prompt_ids < V), prompt_ids, 0).astype(jnp.int32)
     state = speculative.run(
         # Inside jit this slices the weights once per call (outside the decode loop), not per token.
         target.prepare_for_decode(target_params, config.model),
@@ -82,4 +122,49 @@ def generate(
         chunk=config.chunk,
         backend=config.backend,
     )
-    return GenerateOutput(state.out, state.num_out, state.steps + 1, state.mean_accepted.astype(jnp.float32))
+    room = jnp.maximum(config.model.max_position - lengths, 0)
+    num = jnp.where(valid, jnp.minimum(state.num_out, room), 0).astype(jnp.int32)
+    return GenerateOutput(state.out, num, state.steps + 1, state.mean_accepted.astype(jnp.float32))
+
+
+def _check_shapes(prompt_ids, prompt_lengths, config: SpecConfig):
+    """Trace-time checks: what jit knows (shapes, dtypes) is checked whatever the caller's transforms."""
+    if not isinstance(config, SpecConfig):
+        raise ConfigError(f"config: expected an lsjax.SpecConfig, got {type(config).__name__}")
+    if not hasattr(prompt_ids, "shape") or not hasattr(prompt_ids, "dtype"):
+        prompt_ids = jnp.asarray(prompt_ids)
+    if prompt_ids.ndim != 2:
+        raise InputError(f"prompt_ids: expected shape [batch, width], got {tuple(prompt_ids.shape)}")
+    if not jnp.issubdtype(prompt_ids.dtype, jnp.integer):
+        raise InputError(f"prompt_ids: expected integer token ids, got dtype {prompt_ids.dtype}")
+    if prompt_lengths is not None:
+        if not hasattr(prompt_lengths, "shape"):
+            prompt_lengths = jnp.asarray(prompt_lengths)
+        B = prompt_ids.shape[0]
+        if tuple(prompt_lengths.shape) != (B,):
+            raise InputError(
+                f"prompt_lengths: expected shape ({B},) (one per prompt row), got {tuple(prompt_lengths.shape)}"
+            )
+        if not jnp.issubdtype(prompt_lengths.dtype, jnp.integer):
+            raise InputError(f"prompt_lengths: expected integers, got dtype {prompt_lengths.dtype}")
+    return prompt_ids, prompt_lengths
+
+
+def _check_values(prompt_ids, lengths, config: SpecConfig) -> None:
+    """Value checks where the arrays are concrete (not traced by the caller's jit)."""
+    if isinstance(prompt_ids, jax.core.Tracer) or isinstance(lengths, jax.core.Tracer):
+        return
+    ids, lens = np.asarray(prompt_ids), np.asarray(lengths)
+    P, V = ids.shape[1], config.model.vocab_size
+    for b, n in enumerate(lens.tolist()):
+        if not 1 <= n <= P:
+            raise InputError(f"prompt_lengths[{b}]: {n} is outside [1, {P}] (the prompt width)")
+        row = ids[b, :n]
+        bad = row[(row < 0) | (row >= V)]
+        if bad.size:
+            raise InputError(f"prompt_ids[{b}]: token id {int(bad[0])} is outside the vocabulary [0, {V})")
+        if n + config.gen.max_new_tokens > config.model.max_position:
+            raise InputError(
+                f"prompt_lengths[{b}]: {n} prompt tokens + max_new_tokens {config.gen.max_new_tokens} exceed the "
+                f"context window of {config.model.max_position}"
+            )

@@ -28,3 +28,8 @@ class MissingTensorError(LsjaxError, KeyError):
 
 class CorruptFileError(LsjaxError):
     """A file is truncated or not in the format its name promises (GGUF, safetensors, a draft's weights or config)."""
+
+
+class InputError(LsjaxError, ValueError):
+    """An argument of an API call has the wrong type, shape or value; the message names the argument, its value
+    and what is allowed."""

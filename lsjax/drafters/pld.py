@@ -52,6 +52,10 @@ class PLDDrafter(Drafter):
     name = "pld"
 
     def __post_init__(self):
+        if not (isinstance(self.num_tokens, int) and self.num_tokens >= 1):
+            raise ValueError(
+                f"pld: num_tokens must be an integer >= 1 (tokens per lookup chain), got {self.num_tokens!r}"
+            )
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(f"pld: need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
 
