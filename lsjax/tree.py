@@ -87,6 +87,22 @@ def parse_tree(spec: str) -> TreeConfig:
     return TreeConfig(widths)
 
 
+def check_fits(tree: TreeConfig, vocab: int, context: int, spec=None, vocab_name: str = "its vocabulary") -> None:
+    """Raises ConfigError when `tree` cannot be drafted or verified: a level wider than the `vocab` tokens the
+    draft proposes from (each level is a top-k over them), or more nodes than the `context` window. The message
+    names the tree as `spec` (what the user gave: "--tree 100000"), else by its widths."""
+    value = spec if isinstance(spec, str) else ",".join(str(w) for w in tree.widths)
+    for d, w in enumerate(tree.widths, 1):
+        if w > vocab:
+            raise ConfigError(
+                f"--tree {value}: {w} nodes at depth {d}, but the draft proposes from {vocab} tokens ({vocab_name})"
+            )
+    if tree.num_nodes > context:
+        raise ConfigError(
+            f"--tree {value}: {tree.num_nodes} nodes, more than the model's context window ({context} tokens)"
+        )
+
+
 DEVICES = ("cpu", "gpu", "tpu")
 
 

@@ -355,9 +355,19 @@ def auto_params(drafter: AutoDrafter, longspec_params=None, costs=None) -> dict:
     help="adaptive: per step, the candidate (AR, PLD, draft trees, hybrid) with the "
     "most expected tokens per second on this device",
     uses_draft=True,
+    # Read from **opts: the candidate set and the policy's fields (bench variants); `cost_profile` is the
+    # Generator's (it profiles auto's candidates), so a flag setting it applies to auto alone.
+    extra_options=(
+        "pld_tokens",
+        "chains",
+        "hybrid_pld",
+        "cost_profile",
+        *(f.name for f in dataclasses.fields(AutoPolicy)),
+    ),
+    forwards=("longspec",),
 )
 def _build(model, *, pld_ngram: int = registry.PLD_NGRAM, **opts):
-    from lsjax.errors import ModelNotFoundError
+    from lsjax.drafters.checkpoints import default_draft_path
 
     # Options naming an AutoPolicy field set the policy (bench variants: "auto:shadow=0,budget=0.03"); the rest
     # go to the draft.
@@ -370,9 +380,9 @@ def _build(model, *, pld_ngram: int = registry.PLD_NGRAM, **opts):
     shape = {k: (v,) if isinstance(v, int) and k != "hybrid_pld" else v for k, v in shape.items()}
     # The tree candidate (and the shadow the chains are read from): not the draft's shipped tree (see there).
     opts["tree"] = registry.combined_tree(opts.get("tree"))
-    try:
+    if opts.get("draft") is None and (model.path is None or default_draft_path(model.path) is None):
+        ls, params = None, None  # no draft shipped for this target: AR and prompt lookup only (decode.py says so)
+    else:  # a draft given (or shipped) is used, or its error (missing, corrupt, another target's) is raised
         ls, params = registry.get("longspec").build(model, **opts)
-    except ModelNotFoundError:  # no draft for this target: AR and prompt lookup only
-        ls, params = None, None
     drafter = AutoDrafter(longspec=ls, pld_ngram=pld_ngram, policy=AutoPolicy(**policy), **shape)
     return drafter, auto_params(drafter, params)

@@ -9,6 +9,11 @@ options (`draft`, `tree`, `pld_tokens`, `pld_ngram`, and `cache`, a dict that le
 share one loaded draft). An option given as None means "the method's default"; a builder takes the options
 it knows and ignores the rest (`**_`), so callers pass the same options to every method.
 
+Which options a method reads is data (`Method.options`): its builder's keyword parameters, plus what it
+declares with `register(extra_options=..., forwards=...)` (options read from `**opts`, and methods whose
+options it passes on: `hybrid` and `auto` build a `longspec` drafter). `decode.py` warns about a flag that
+the chosen method does not read.
+
 Adding a drafter is one file: `lsjax/drafters/<name>.py` holds the drafter and registers it,
 
     @register("mine", help="what it proposes, in a few words")
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import pkgutil
 from collections.abc import Callable
 
@@ -40,6 +46,17 @@ class Method:
     help: str = ""
     uses_draft: bool = False  # reads a trained draft checkpoint (--draft, --tree)
     speculative: bool = True  # proposes tokens; False only for plain AR
+    extra_options: tuple[str, ...] = ()  # options it reads beyond its builder's keyword parameters (from **opts)
+    forwards: tuple[str, ...] = ()  # methods whose options its builder passes on (hybrid, auto: "longspec")
+
+    def options(self) -> frozenset[str]:
+        """The options this method reads: its builder's keyword parameters (but `cache`, which is not a
+        decode option), its `extra_options`, and the options of the methods it `forwards` to."""
+        params = inspect.signature(self.build).parameters.values()
+        own = {p.name for p in params if p.kind == p.KEYWORD_ONLY and p.name != "cache"}
+        for name in self.forwards:
+            own |= get(name).options()
+        return frozenset(own | set(self.extra_options))
 
 
 _METHODS: dict[str, Method] = {}
@@ -53,16 +70,19 @@ def register(
     help: str = "",
     uses_draft: bool = False,
     speculative: bool = True,
+    extra_options: tuple[str, ...] = (),
+    forwards: tuple[str, ...] = (),
     replace: bool = False,
 ):
     """Registers builder `build` under `name`; without `build`, a decorator. Re-registering a name raises
-    unless `replace` (a reloaded module re-registering its own builder is fine)."""
+    unless `replace` (a reloaded module re-registering its own builder is fine). `extra_options` and
+    `forwards`: see `Method.options`."""
 
     def add(fn: Callable) -> Callable:
         old = _METHODS.get(name)
         if old is not None and not replace and old.build.__qualname__ != fn.__qualname__:
             raise ConfigError(f"method: {name!r} is already registered (by {old.build.__module__})")
-        _METHODS[name] = Method(name, fn, help, uses_draft, speculative)
+        _METHODS[name] = Method(name, fn, help, uses_draft, speculative, tuple(extra_options), tuple(forwards))
         return fn
 
     return add if build is None else add(build)
@@ -121,9 +141,24 @@ def _longspec(model, *, draft: str | None = None, tree=None, cache: dict | None 
     if cache is not None and key in cache:
         return cache[key]
     out = load_longspec(model, draft, tree)
+    _check_tree(model, *out, tree)
     if cache is not None:
         cache[key] = out
     return out
+
+
+def _check_tree(model, drafter, params, spec) -> None:
+    """A tree the draft cannot propose (a level wider than its vocabulary: top_k would fail inside the compiled
+    step) or absurd for the context: a one-line ConfigError before anything compiles."""
+    from lsjax.tree import check_fits
+
+    vocab_ids = getattr(params, "vocab_ids", None)
+    vocab, name = (
+        (model.config.vocab_size, "the target's vocabulary")
+        if vocab_ids is None
+        else (len(vocab_ids), "its pruned vocabulary")
+    )
+    check_fits(drafter.tree, vocab, model.config.max_position, spec, name)
 
 
 # The draft's tree inside `hybrid` and `auto` on a CPU unless --tree says otherwise: both were tuned with it
@@ -138,7 +173,12 @@ def combined_tree(tree):
     return tree or (COMBINED_TREE if jax.default_backend() == "cpu" else None)
 
 
-@register("hybrid", help="the draft's tree plus a prompt-lookup chain, verified together", uses_draft=True)
+@register(
+    "hybrid",
+    help="the draft's tree plus a prompt-lookup chain, verified together",
+    uses_draft=True,
+    forwards=("longspec",),
+)
 def _hybrid(model, *, pld_tokens: int = HYBRID_PLD_TOKENS, pld_ngram: int = PLD_NGRAM, **opts):
     from lsjax.drafters.hybrid import HybridDrafter
     from lsjax.drafters.pld import PLDDrafter
