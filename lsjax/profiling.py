@@ -1,0 +1,112 @@
+"""Where a decode step's time goes, for `decode.py --json` and the benches (`lsjax.bench.profiling` re-exports
+`time_split`): it drives a `lsjax.generation.Generator` (its params, drafter and compiled programs).
+
+    split = time_split(generator, prompt_ids, gen)
+    # one tree per step: {"draft_ms", "verify_ms", "commit_ms", "steps_profiled"}
+    # auto:              {"step_ms_by_candidate": {"ar": ..., "pld-4": ..., ...}, "step_ms_source": ...}
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lsjax import speculative
+from lsjax.config import GenerateConfig
+from lsjax.drafters.base import Drafter
+from lsjax.generation import Generator
+
+# Per generator and shape signature, like its fused programs: profiling many prompts compiles once per bucket.
+_PHASES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _phases(generator: Generator, bucket: int, capacity: int, gen: GenerateConfig, drafter: Drafter):
+    cache = _PHASES.setdefault(generator, {})
+    sig = (bucket, capacity, gen)
+    if sig in cache:
+        return cache[sig]
+    config, backend = generator.config, generator.backend
+
+    def ctx(tp, dp):
+        return speculative.context(tp, dp, config, gen, capacity, backend)
+
+    draft = jax.jit(lambda tp, dp, st: speculative.draft_phase(ctx(tp, dp), drafter, st))
+    verify = jax.jit(lambda tp, dp, st, tr: speculative.verify_phase(ctx(tp, dp), drafter, gen, st, tr))
+    commit = jax.jit(  # donated, as in the fused step: the cache is updated in place, not copied
+        lambda tp, dp, st, v: speculative.commit_phase(ctx(tp, dp), drafter, gen, st, v),
+        donate_argnums=(2,),
+    )
+    cache[sig] = (draft, verify, commit)
+    return cache[sig]
+
+
+def _prefilled(generator: Generator, prompt_ids: list[int], gen: GenerateConfig, seed: int):
+    gen, P, buf, key, compiled, _ = generator._prepare(prompt_ids, gen, seed)
+    state = compiled[0](
+        generator.params, generator.draft_params, tokens=jnp.asarray(buf), lengths=jnp.array([P], jnp.int32), key=key
+    )
+    return gen, buf.shape[1], state, compiled
+
+
+def time_split(
+    generator: Generator, prompt_ids: list[int], gen: GenerateConfig, seed: int = 0, steps: int = 16
+) -> dict:
+    """Mean ms per step spent drafting, verifying (target forward + acceptance) and committing, measured
+    by running the step's three phases as separate jitted calls for `steps` steps (the fused step used
+    for the real timings runs them in one program, so this split is a profile, not the total).
+
+    A drafter whose steps are variants chosen on device (`auto`) has no single split: `candidate_split`."""
+    if generator.drafter.step_variants():
+        return candidate_split(generator, prompt_ids, gen, seed) if hasattr(generator.drafter, "cost_names") else {}
+    gen, bucket, state, (_, _, drafter) = _prefilled(generator, prompt_ids, gen, seed)
+    draft, verify, commit = _phases(
+        generator, bucket, speculative.required_capacity(bucket, gen, generator.drafter), gen, drafter
+    )
+    totals = np.zeros(3)
+    counted = 0
+    for i in range(steps + 1):  # step 0 compiles and is not counted
+        if bool(state.done[0]):
+            break
+        t0 = time.perf_counter()
+        tree = jax.block_until_ready(draft(generator.params, generator.draft_params, state))
+        t1 = time.perf_counter()
+        verified = jax.block_until_ready(verify(generator.params, generator.draft_params, state, tree))
+        t2 = time.perf_counter()
+        state = jax.block_until_ready(commit(generator.params, generator.draft_params, state, verified))
+        t3 = time.perf_counter()
+        if i > 0:
+            totals += (t1 - t0, t2 - t1, t3 - t2)
+            counted += 1
+    ms = totals / max(counted, 1) * 1e3
+    return {
+        "draft_ms": round(ms[0], 3),
+        "verify_ms": round(ms[1], 3),
+        "commit_ms": round(ms[2], 3),
+        "steps_profiled": counted,
+    }
+
+
+def candidate_split(generator: Generator, prompt_ids: list[int], gen: GenerateConfig, seed: int = 0) -> dict:
+    """auto: ms per step of each candidate (`cost_names`: every candidate, then an AR step with a shadow draft),
+    each run forced in the compiled loop on this prompt. "step_ms_source" says where they come from: "profile",
+    the device's cost profile the run chose with (`cost_profile` cached or measure: already measured, free), or
+    "measured" now the same way (`cost_profile` prior: its costs are a guess in AR steps, not times)."""
+    from lsjax.drafters.auto_profile import measure_costs, prior_costs
+
+    drafter = generator.drafter
+    gen, bucket, state, (_, decode, _) = _prefilled(generator, prompt_ids, gen, seed)
+    if bool(state.done[0]):
+        return {}  # prefill ended the row: no step to time
+    if generator.cost_profile == "prior":
+        prior = prior_costs(drafter)
+        secs, source = measure_costs(decode, generator.params, generator.draft_params, state, prior, False), "measured"
+    else:
+        secs, source = np.asarray(generator._draft_params(gen, bucket, state, decode)["costs"]), "profile"
+    return {
+        "step_ms_by_candidate": {n: round(float(s) * 1e3, 3) for n, s in zip(drafter.cost_names, secs)},
+        "step_ms_source": source,
+    }
