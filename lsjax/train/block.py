@@ -167,7 +167,9 @@ def initial_params(cfg: TrainConfig, config, target_params, counts: np.ndarray, 
     return jax.tree.map(lambda x: jnp.asarray(x, jnp.dtype(config.dtype)), params), vocab_ids
 
 
-def fit_block(cfg: TrainConfig, *, resume=False, stop_after=None, log=print, progress=None, config_dict=None) -> dict:
+def fit_block(
+    cfg: TrainConfig, *, resume=False, overwrite=False, stop_after=None, log=print, progress=None, config_dict=None
+) -> dict:
     from lsjax import data as data_lib
     from lsjax.config import ConfigError
     from lsjax.train.inputs import GrainBatches, load_target, shared_feature_inputs
@@ -181,7 +183,7 @@ def fit_block(cfg: TrainConfig, *, resume=False, stop_after=None, log=print, pro
     s = cfg.block.block_size
     if cfg.data.seq_len < s + 2 + cfg.dels.num_anchors:
         raise ConfigError(f"dels.num_anchors: {cfg.dels.num_anchors} anchors of {s}-token blocks need longer sequences")
-    run_dir = prepare_run_dir(cfg, config_dict)
+    run_dir = prepare_run_dir(cfg, config_dict, resume=resume, overwrite=overwrite)
     config, target_params, _ = load_target(cfg)
     seqs, mask, extra = shared_feature_inputs(cfg, log)
     data = GrainBatches(iter(data_lib.batches(seqs, mask, cfg, config.max_position, extra=extra).to_iter_dataset()))

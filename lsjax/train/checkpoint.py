@@ -4,6 +4,7 @@
     ckpt.save(step, state, rng_key, data_state, meta)       # async-safe: waits before returning
     state, rng_key, data_state, meta = ckpt.restore(abstract_state)   # the latest step
     params = load_draft_params(path)                        # a stage's params to start the next stage
+    latest_step(run_dir / "checkpoints")                    # the newest saved step, or None
 
 A run resumed from step k replays exactly: the step's key is fold_in(rng_key, step), the grain iterator
 continues from its saved position (which also fixes the anchor offsets), and the optimizer state is
@@ -93,6 +94,14 @@ def _jsonable(x: Any):
 
 def _from_json(x):
     return x
+
+
+def latest_step(directory: str | Path) -> int | None:
+    """The newest finalized checkpoint step in a checkpoints directory (None: none, or no such directory),
+    without opening (or creating) a manager."""
+    directory = Path(directory)
+    steps = ocp.utils.checkpoint_steps(directory.absolute()) if directory.is_dir() else []
+    return max(steps, default=None)
 
 
 def checkpoint_dir(path: str | Path) -> Path:

@@ -51,8 +51,9 @@ def check_tree_lags(cfg, tree: TreeConfig) -> None:
     loss = cfg.loss
     if loss.flash_noisy and tree.depth > loss.gamma - 1:
         raise ConfigError(
-            f"loss.gamma: a depth-{tree.depth} tree drafts at lags 1..{tree.depth}, but gamma={loss.gamma} "
-            f"trained lags 1..{loss.gamma - 1}; train with gamma >= {tree.depth + 1} or ship a shallower tree"
+            f"tree {','.join(map(str, tree.widths))} is {tree.depth} levels deep (it drafts at lags 1..{tree.depth}), "
+            f"but this draft was trained for lags 1..{loss.gamma - 1} (loss.gamma={loss.gamma}): export a tree at "
+            f"most {loss.gamma - 1} deep, or train with loss.gamma >= {tree.depth + 1}"
         )
 
 

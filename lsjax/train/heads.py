@@ -278,6 +278,7 @@ def fit_heads(
     cfg: HeadsTrainConfig,
     *,
     resume: bool = False,
+    overwrite: bool = False,
     stop_after: int | None = None,
     log=print,
     progress: bool | None = None,
@@ -291,7 +292,7 @@ def fit_heads(
     from lsjax.train.inputs import load_target
     from lsjax.train.runner import prepare_run_dir, run_steps
 
-    run_dir = prepare_run_dir(cfg, config_dict)
+    run_dir = prepare_run_dir(cfg, config_dict, resume=resume, overwrite=overwrite)
     config, target_params, _ = load_target(cfg)
     head_params = {k: target_params[k] for k in ("embed", "lm_head", "final_norm") if k in target_params}
     fields = ("hidden", "tokens", "loss_mask") + (("topk_ids", "topk_logprobs") if cfg.loss.distill_weight else ())

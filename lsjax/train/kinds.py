@@ -10,8 +10,9 @@ Every trainer shares the step loop (`lsjax.train.runner`), the optimizer and gra
 export. Its entry names them as "module:attribute" strings, imported on first use, so resolving a kind (and
 rejecting an unknown one) loads neither jax nor optax.
 
-A new trainer is one module (its config dataclass with a `kind` field, a `fit(cfg, *, resume, stop_after,
-log, progress, config_dict)` built on `run_steps`, an export) plus one `register(Kind(...))` below.
+A new trainer is one module (its config dataclass with a `kind` field, a `fit(cfg, *, resume, overwrite,
+stop_after, log, progress, config_dict)` built on `prepare_run_dir` (which checks resume / overwrite against the
+run's checkpoints) and `run_steps`, an export) plus one `register(Kind(...))` below.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class Kind:
     name: str
     help: str
     config: str  # "module:attribute" of the config dataclass
-    trainer: str  # "module:attribute" of fit(cfg, *, resume, stop_after, log, progress, config_dict) -> summary
+    trainer: str  # "module:attribute" of fit(cfg, *, resume, overwrite, stop_after, log, progress, config_dict)
     exporter: str  # "module:attribute" of export(cfg, out_dir, *, config_path, tree) -> dict (what to report)
     flags: tuple[str, ...] = ()  # train.py options that apply to this kind beyond the common ones
 

@@ -152,14 +152,14 @@ def embed_rms(embed) -> float:
 
 
 def fit_local_head(
-    cfg: TrainConfig, *, resume=False, stop_after=None, log=print, progress=None, config_dict=None
+    cfg: TrainConfig, *, resume=False, overwrite=False, stop_after=None, log=print, progress=None, config_dict=None
 ) -> dict:
     from lsjax import data as data_lib
     from lsjax.train.inputs import GrainBatches, eos_id, load_target
     from lsjax.train.runner import prepare_run_dir, run_steps
     from lsjax.train.step import init_state, make_optimizer
 
-    run_dir = prepare_run_dir(cfg, config_dict)
+    run_dir = prepare_run_dir(cfg, config_dict, resume=resume, overwrite=overwrite)
     config, target_params, tokenizer = load_target(cfg)
     sources = (*cfg.data.sources, *cfg.dels.chat_sources)
     if tokenizer is None and any(s != "synthetic" for s in sources):

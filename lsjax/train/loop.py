@@ -32,6 +32,7 @@ def fit(
     cfg: TrainConfig,
     *,
     resume: bool = False,
+    overwrite: bool = False,
     stop_after: int | None = None,
     log=print,
     progress: bool | None = None,
@@ -47,7 +48,7 @@ def fit(
     if cfg.kind != "longspec":  # DeLS-Spec's parts have their own data and losses
         from lsjax.train.kinds import get
 
-        opts = {"resume": resume, "stop_after": stop_after, "log": log, "progress": progress}
+        opts = {"resume": resume, "overwrite": overwrite, "stop_after": stop_after, "log": log, "progress": progress}
         return get(cfg.kind).fit(cfg, config_dict=config_dict, **opts)
 
     from lsjax import data as data_lib
@@ -55,7 +56,7 @@ def fit(
     from lsjax.train import checkpoint as ckpt_lib
 
     sharding.maybe_initialize_distributed()
-    run_dir = prepare_run_dir(cfg, config_dict)
+    run_dir = prepare_run_dir(cfg, config_dict, resume=resume, overwrite=overwrite)
     config, target_params, tokenizer = load_target(cfg)
     if tokenizer is None and any(s != "synthetic" for s in cfg.data.sources):
         raise ValueError("data.sources: a random-init target has no tokenizer; use the synthetic source")

@@ -1,6 +1,6 @@
 """The step loop every trainer shares: resume, step, log, evaluate, checkpoint, limits, plots.
 
-    run_dir = prepare_run_dir(cfg, config_dict)
+    run_dir = prepare_run_dir(cfg, config_dict, resume=..., overwrite=...)
     out = run_steps(cfg, state, step, consts, data, rng, run_dir=run_dir, log=..., resume=..., evaluate=...)
 
 `step(state, consts, batch, key) -> (state, metrics)` is jitted here with the state donated (or by `compile`,
@@ -16,17 +16,21 @@ of this process), loss.png (`log.plot`), tb/ (`log.tensorboard`, when a writer i
 shows progress (`log.progress`); without it each logged record is one line through `log`. A non-finite loss
 stops the run (`TrainingDiverged`) with the last good checkpoint kept as the latest. `max_minutes` ends a run
 early with a checkpoint (the learning-rate schedule keeps its length: a bounded run ends at a higher rate).
+A directory that already has checkpoints must be resumed or overwritten (`prepare_run_dir`, `RunDirError`);
+Ctrl-C in the loop raises `TrainingInterrupted` (a KeyboardInterrupt) with the steps done.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
 
+from lsjax.errors import LsjaxError
 from lsjax.train import checkpoint as ckpt_lib
 
 
@@ -34,15 +38,68 @@ class TrainingDiverged(RuntimeError):
     """A non-finite loss: the run stops and the last good checkpoint stays the latest."""
 
 
-def prepare_run_dir(cfg, config_dict: dict | None = None) -> Path:
-    """Creates the run directory (`cfg.resolved_run_dir`) and writes the run's config.yaml when given."""
+class RunDirError(LsjaxError):
+    """A run directory that already has checkpoints, trained again neither resumed nor overwritten (its old
+    checkpoints would stay the latest: orbax skips a step that exists), or resume and overwrite together."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C in the step loop: `step` optimizer steps of `total` done, checkpoints in `checkpoints`."""
+
+    def __init__(self, step: int, total: int, checkpoints: Path):
+        super().__init__(f"interrupted after step {step} of {total}")
+        self.step, self.total, self.checkpoints = step, total, checkpoints
+
+
+# What a run writes in its directory: `--overwrite` removes these (a fixed feature cache, features/, stays:
+# it is checked against its inputs when reused).
+RUN_OUTPUTS = (
+    "checkpoints",
+    "metrics.jsonl",
+    "run.json",
+    "config.yaml",
+    "loss.png",
+    "tb",
+    "vocab_ids.npy",
+    "unigram_logprior.npy",
+    "prior.json",
+    "dev.json",
+    "export",
+)
+
+
+def prepare_run_dir(cfg, config_dict: dict | None = None, *, resume: bool = False, overwrite: bool = False) -> Path:
+    """Creates the run directory (`cfg.resolved_run_dir`) and writes the run's config.yaml when given.
+
+    The one check every trainer goes through before it loads anything: a directory with checkpoints is
+    continued (`resume`) or emptied of the old run's outputs (`overwrite`, `RUN_OUTPUTS`); neither is a
+    `RunDirError`, since training over it would keep the old run's checkpoints as the latest."""
     run_dir = Path(cfg.resolved_run_dir)
+    if resume and overwrite:
+        raise RunDirError("--resume and --overwrite: pass one (continue the run, or start it afresh)")
+    if overwrite:
+        for name in RUN_OUTPUTS:
+            path = run_dir / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.exists() or path.is_symlink():
+                path.unlink()
+    elif not resume:
+        _check_fresh(run_dir, ckpt_lib.latest_step(run_dir / "checkpoints"))
     run_dir.mkdir(parents=True, exist_ok=True)
     if config_dict is not None:
         import yaml
 
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config_dict, sort_keys=False))
     return run_dir
+
+
+def _check_fresh(run_dir: Path, latest: int | None) -> None:
+    if latest is not None:
+        raise RunDirError(
+            f"run directory {run_dir} has checkpoints (latest step {latest}): pass --resume to continue it "
+            "or --overwrite to start afresh"
+        )
 
 
 def run_steps(
@@ -83,6 +140,8 @@ def run_steps(
     else:
         if resume:
             log(f"--resume: no checkpoint in {ckpt.directory}; starting fresh")
+        else:  # a caller that skipped prepare_run_dir: the same check
+            _check_fresh(run_dir, ckpt.latest_step())
         metrics_file.write_text("")
     if compile is None:
         jitted = jax.jit(step, donate_argnums=(0,))
@@ -134,6 +193,10 @@ def run_steps(
             if out_of_time:
                 log(f"max_minutes={max_minutes} reached after step {i + 1}; checkpoint saved")
                 break
+    except KeyboardInterrupt as e:
+        if isinstance(e, TrainingInterrupted):
+            raise
+        raise TrainingInterrupted(last_step, total, ckpt.directory) from None
     finally:
         if bar is not None:
             bar.close()

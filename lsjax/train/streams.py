@@ -301,6 +301,7 @@ def fit_streams(
     cfg: StreamsTrainConfig,
     *,
     resume: bool = False,
+    overwrite: bool = False,
     log=print,
     stop_after: int | None = None,
     progress: bool | None = None,
@@ -315,15 +316,15 @@ def fit_streams(
     from lsjax.train.runner import prepare_run_dir, run_steps
     from lsjax.train.step import init_state, make_optimizer
 
-    run_dir = prepare_run_dir(cfg, config_dict)
     config, target_params, _ = target if target is not None else load_target(cfg)
     data = Batches(cfg, config)
     log(f"data: {data.n} sequences x {cfg.data.seq_len} tokens from {data.describe()}")
-    if cfg.checkpoint.init_from:
+    if cfg.checkpoint.init_from:  # checked against this run's streams config before the run directory is touched
         params = initial_streams(cfg, config)
         log(f"streams: initialised from {cfg.checkpoint.init_from}")
     else:
         params = ss.init_params(config, cfg.streams, jax.random.PRNGKey(cfg.seed))
+    run_dir = prepare_run_dir(cfg, config_dict, resume=resume, overwrite=overwrite)
     log(f"streams: {ss.num_params(config, cfg.streams)} trained parameters (the target's {config.num_params()})")
     optimizer = make_optimizer(cfg.optim)
     d = cfg.data
