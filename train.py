@@ -1,13 +1,15 @@
-"""Train a draft: python train.py --config configs/train/X.yaml [--set a.b=value ...] [--resume]
+"""Train a draft: python train.py --config configs/train/X.yaml [--set a.b=value ...] [--resume | --overwrite]
 
 The config's `kind:` names the trainer (`lsjax.train.kinds`): longspec (the LongSpec draft; the default when
-the config names no kind), block, local_head, tokenswift-heads or streams."""
+the config names no kind), block, local_head, tokenswift-heads or streams. A run directory that already has
+checkpoints is continued (--resume) or started afresh (--overwrite); Ctrl-C stops with exit status 130."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import yaml
 
@@ -17,6 +19,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", required=True, help="a configs/train/*.yaml file")
     p.add_argument("--set", action="append", default=[], metavar="a.b=value", help="override a config field")
     p.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh in a run directory that has checkpoints: removes the old run's checkpoints, metrics "
+        "and other outputs first",
+    )
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar (one log line per logged step)")
     p.add_argument(
         "--export",
@@ -29,28 +37,71 @@ def main(argv: list[str] | None = None) -> int:
         "device or per device ('cpu=1;gpu=paper': a device not named uses its preset)",
     )
     args = p.parse_args(argv)
+    try:
+        return _main(args)
+    except KeyboardInterrupt:  # before or after training (fit reports one during it)
+        print("interrupted", file=sys.stderr)
+        return 130
 
+
+def _main(args) -> int:
     from lsjax.config import ConfigError, apply_overrides, from_dict, to_dict
     from lsjax.train import kinds
 
+    if args.resume and args.overwrite:
+        return _error("--resume and --overwrite: pass one (continue the run, or start it afresh)")
+    if args.overwrite and args.export:
+        return _error("--overwrite: only when training (it removes the run's checkpoints), not with --export")
+    raw = _read_config(args.config)
+    if isinstance(raw, str):
+        return _error(raw)
     try:
-        with open(args.config) as f:
-            raw = yaml.safe_load(f) or {}
-        raw = apply_overrides(raw, args.set)
+        for item in args.set:
+            try:
+                apply_overrides(raw, [item])
+            except yaml.YAMLError as e:
+                return _error(f"--set {item}: not a YAML value ({getattr(e, 'problem', None) or e})")
         kind = kinds.get(kinds.kind_of(raw))
         cfg = from_dict(kind.config_class, raw)
-    except FileNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except (ConfigError, yaml.YAMLError, TypeError) as e:
-        print(f"error: config {args.config}: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
+    except (ConfigError, TypeError) as e:
+        return _error(f"config {args.config}: {str(e).splitlines()[0]}")
     if (bad := _inapplicable_flag(args, kind)) is not None:
-        print(f"error: {bad}", file=sys.stderr)
-        return 2
+        return _error(bad)
     if args.export:
         return export(kind, cfg, args)
-    return fit(kind, cfg, to_dict(cfg), progress=not args.no_progress, resume=args.resume)
+    return fit(kind, cfg, to_dict(cfg), progress=not args.no_progress, resume=args.resume, overwrite=args.overwrite)
+
+
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def _read_config(path: str) -> dict | str:
+    """The config file as a dict, or what is wrong with it (one line)."""
+    if Path(path).is_dir():
+        return f"--config: {path} is a directory, not a YAML file"
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f)
+    except FileNotFoundError:
+        return f"--config: {path}: no such file"
+    except OSError as e:
+        return f"--config: {path}: {e.strerror or e}"
+    except UnicodeDecodeError:
+        return f"--config: {path} is not a text (YAML) file"
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = e.problem or e.context or "unparsable"
+        return f"config {path}: YAML syntax error{where}: {problem}"
+    except yaml.YAMLError as e:
+        return f"config {path}: YAML error: {str(e).splitlines()[0]}"
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        return f"config {path}: expected a mapping of config sections, got a YAML {type(raw).__name__}"
+    return raw
 
 
 def _inapplicable_flag(args, kind) -> str | None:
@@ -74,15 +125,18 @@ def _inapplicable_flag(args, kind) -> str | None:
     return None
 
 
-def fit(kind, cfg, config_dict: dict, *, progress: bool, resume: bool) -> int:
+def fit(kind, cfg, config_dict: dict, *, progress: bool, resume: bool, overwrite: bool = False) -> int:
     from lsjax.errors import LsjaxError
     from lsjax.train.runner import TrainingDiverged
 
     try:
-        out = kind.fit(cfg, resume=resume, progress=progress, config_dict=config_dict)
+        out = kind.fit(cfg, resume=resume, overwrite=overwrite, progress=progress, config_dict=config_dict)
     except TrainingDiverged as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
+    except KeyboardInterrupt as e:
+        print(_interrupted(e, cfg), file=sys.stderr)
+        return 130
     except (LsjaxError, FileNotFoundError, ImportError, ValueError) as e:  # a bad field, a missing set or target
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
@@ -100,16 +154,34 @@ def fit(kind, cfg, config_dict: dict, *, progress: bool, resume: bool) -> int:
     return 0
 
 
+def _interrupted(e: KeyboardInterrupt, cfg) -> str:
+    """Ctrl-C during a run, in one line: the steps done (when in the step loop) and the checkpoint to resume."""
+    from lsjax.train.runner import TrainingInterrupted
+
+    line = f"interrupted after step {e.step} of {e.total}" if isinstance(e, TrainingInterrupted) else "interrupted"
+    try:
+        from lsjax.train.checkpoint import latest_step
+
+        latest = latest_step(Path(cfg.resolved_run_dir) / "checkpoints")
+    except Exception:  # an interrupted import, say: the line without the checkpoint
+        return line
+    if latest is None:
+        return f"{line}; no checkpoint saved"
+    return f"{line}; the last checkpoint is step {latest}: continue with --resume"
+
+
 def export(kind, cfg, args) -> int:
     """The run's latest checkpoint -> the directory `decode.py` (or the shipped drafts) loads."""
     from lsjax.errors import LsjaxError
+    from lsjax.train.checkpoint import checkpoint_dir, latest_step
 
     run_dir = cfg.resolved_run_dir
+    if latest_step(checkpoint_dir(run_dir)) is None:
+        return _error(f"no checkpoint to export in {run_dir} (train it first)")
     try:
         info = kind.export(cfg, args.export, config_path=args.config, tree=args.tree)
     except (LsjaxError, FileNotFoundError, ValueError) as e:
-        print(f"error: no checkpoint to export in {run_dir}: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
+        return _error(f"cannot export {run_dir}: {str(e).splitlines()[0]}")
     print(json.dumps({"exported": args.export, "from": run_dir, **info}))
     return 0
 

@@ -1,6 +1,7 @@
 """Damaged or mismatched inputs give a named error with a one-line message, and exit status 2 from the CLIs:
 a truncated GGUF file, a corrupt safetensors file, a draft made for another target, a truncated draft,
-and a `--set` override of the wrong type. The bad files are made here, small, in tmp_path."""
+a `--set` override of the wrong type, and train.py's config and flag misuses (a directory, a YAML syntax error,
+--resume with --overwrite, ...). The bad files are made here, small, in tmp_path."""
 
 from __future__ import annotations
 
@@ -149,3 +150,41 @@ def test_train_cli_bad_override_type(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "optim.lr: expected a number, got 'abc'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _train_cli(*args, cwd):
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
+
+
+# train.py's config and flag misuses: case -> (arguments, the start of the one stderr line)
+_TRAIN_CLI_CASES = {
+    "dir": (["--config", "."], "error: --config: . is a directory, not a YAML file"),
+    "missing": (["--config", "nope.yaml"], "error: --config: nope.yaml: no such file"),
+    "syntax": (
+        ["--config", "bad.yaml"],
+        "error: config bad.yaml: YAML syntax error at line 4, column 14: mapping values are not allowed here",
+    ),
+    "list": (["--config", "list.yaml"], "error: config list.yaml: expected a mapping of config sections"),
+    "set": (["--config", "SMOKE", "--set", "data.sources=[stdlib"], "error: --set data.sources=[stdlib: not a"),
+    "both": (["--config", "SMOKE", "--resume", "--overwrite"], "error: --resume and --overwrite: pass one"),
+    "overwrite-export": (["--config", "SMOKE", "--overwrite", "--export", "d"], "error: --overwrite: only when"),
+    "export-untrained": (["--config", "SMOKE", "--export", "d"], "error: no checkpoint to export in "),
+}
+
+
+@pytest.mark.parametrize("case", list(_TRAIN_CLI_CASES))
+def test_train_cli_bad_config_and_flags(tmp_path, case):
+    """A directory, a missing file, a YAML syntax error (with its line and column), a YAML list, a bad --set
+    value and flags that do not go together: one line each, exit status 2, no traceback."""
+    (tmp_path / "bad.yaml").write_text("name: x\ndata:\n  seq_len: 32\n   batch_size: 2\n")
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    args, message = _TRAIN_CLI_CASES[case]
+    args = [str(ROOT / "configs/train/smollm2-smoke.yaml") if a == "SMOKE" else a for a in args]
+    if case == "export-untrained":
+        args += ["--set", f"run_dir={tmp_path / 'never-trained'}"]
+    proc = _train_cli(*args, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(message) and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "d").exists()

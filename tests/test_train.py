@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import jax
@@ -470,6 +472,107 @@ def test_cli_end_to_end_tiny(tmp_path):
     assert _cli(["--config", str(cfg2), "--set", "steps=1"], tmp_path).returncode == 0
     assert _cli(["--config", str(cfg2), "--export", str(tmp_path / "d3")], tmp_path).returncode == 0
     assert load_draft(tmp_path / "d3")[2]["lineage"] == [str(cfg), str(cfg2)]
+
+
+def _tiny_yaml(tmp_path, **over) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny_dict(tmp_path / "run", **over)))
+    return path
+
+
+def _one_error_line(proc) -> str:
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and proc.stderr.startswith("error: ")
+    return proc.stderr.strip()
+
+
+def _train_main(capsys, *args) -> tuple[int, str, str]:
+    """train.py's main in this process (no second jax import): (exit status, stdout, stderr)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_cli", ROOT / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    capsys.readouterr()
+    code = module.main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_rerun_over_checkpoints_needs_resume_or_overwrite(tmp_path, capsys):
+    """Training again in a directory with checkpoints would keep the old run's weights as the latest (orbax
+    skips a step that exists, and --export would ship them): it is one line naming --resume and --overwrite;
+    --overwrite starts afresh (old checkpoints gone), --resume continues."""
+    from lsjax.train.checkpoint import load_draft_params
+
+    cfg, run = str(_tiny_yaml(tmp_path, steps=2, checkpoint__every=1)), tmp_path / "run"
+    code, _, err = _train_main(capsys, "--config", cfg)
+    assert code == 0, err[-2000:]
+    first = jax.tree.leaves(load_draft_params(run))
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["1", "2"]
+
+    line = _one_error_line(_cli(["--config", cfg, "--set", "seed=1"], tmp_path))  # the CLI: exit 2, one line
+    assert line == (
+        f"error: run directory {run} has checkpoints (latest step 2): pass --resume to continue it "
+        "or --overwrite to start afresh"
+    )
+    assert yaml.safe_load((run / "config.yaml").read_text())["seed"] == 0  # nothing of the old run rewritten
+    code, _, err = _train_main(capsys, "--config", cfg, "--resume", "--overwrite")
+    assert code == 2 and err.count("\n") == 1 and "--resume and --overwrite" in err
+    # a tree deeper than the lags the draft was trained at (gamma=6: depth <= 5) is not "no checkpoint"
+    code, _, err = _train_main(capsys, "--config", cfg, "--export", str(tmp_path / "d"), "--tree", "2,2,2,2,2,2")
+    assert code == 2 and err.count("\n") == 1 and "no checkpoint" not in err, err
+    assert "6 levels deep" in err and "lags 1..5 (loss.gamma=6)" in err and not (tmp_path / "d").exists()
+
+    code, _, err = _train_main(capsys, "--config", cfg, "--set", "seed=1", "--set", "checkpoint.every=2", "--overwrite")
+    assert code == 0, err[-2000:]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["2"]  # the old run's step 1 is gone
+    second = jax.tree.leaves(load_draft_params(run))
+    assert any(not np.array_equal(a, b) for a, b in zip(first, second))  # the new run's weights, not stale ones
+    assert [json.loads(r)["step"] for r in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert yaml.safe_load((run / "config.yaml").read_text())["seed"] == 1
+
+    code, out, err = _train_main(capsys, "--config", cfg, "--set", "seed=1", "--set", "steps=3", "--resume")
+    assert code == 0, err[-2000:]
+    assert "resumed from step 2" in out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["steps"] == 3 and summary["last_checkpoint"] == 3
+
+
+def test_cli_ctrl_c_is_one_line_and_exit_130(tmp_path):
+    """Ctrl-C in the step loop: no KeyboardInterrupt traceback, one line with the steps done and the
+    checkpoint to resume from, exit status 130."""
+    import select
+    import signal
+
+    cfg = _tiny_yaml(tmp_path, steps=100_000, optim__total_steps=100_000, checkpoint__every=2, log__every=1)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), "--config", str(cfg), "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        deadline, seen = time.monotonic() + 120, ""
+        while not seen.startswith("step=3 ") and time.monotonic() < deadline:
+            if select.select([proc.stdout], [], [], 1.0)[0]:
+                seen = proc.stdout.readline()
+                assert seen or proc.poll() is None, proc.stderr.read()[-2000:]
+        assert seen.startswith("step=3 "), "no third step logged in 120 s"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"interrupted after step \d+ of 100000; the last checkpoint is step \d+: continue with --resume", last
+    ), err[-2000:]
+    steps, ckpt = map(int, re.findall(r"step (\d+)", last))
+    assert steps >= 3 and 2 <= ckpt <= steps and ckpt % 2 == 0
 
 
 @pytest.mark.slow
