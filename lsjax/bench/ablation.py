@@ -348,6 +348,7 @@ def parse_args(argv):
     p.add_argument("--set", action="append", default=[], metavar="a.b=value", help="override a base config field")
     p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     p.add_argument("--resume", action="store_true", help="continue each arm from its latest checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="start every arm afresh, removing its old checkpoints")
     p.add_argument("--out", type=Path, default=Path("bench_results/ablation"))
     p.add_argument("--eval-len", type=int, default=4096, help="tokens per dev sequence for the loss by position")
     p.add_argument("--eval-seqs", type=int, default=4)
@@ -406,7 +407,7 @@ def run(argv=None) -> dict:
             f"{cfg.positions.anchor_offset}, flash_noisy={cfg.loss.flash_noisy})",
             flush=True,
         )
-        out = tr.fit(cfg, resume=args.resume, progress=False, config_dict=to_dict(cfg))
+        out = tr.fit(cfg, resume=args.resume, overwrite=args.overwrite, progress=False, config_dict=to_dict(cfg))
         summary = tr.training_summary(cfg.resolved_run_dir)
         print(f"[ablation] {arm}: trained, loss {summary.get('final_loss')}, {out['wall_s']:.0f} s", flush=True)
         result["arms"][arm] = {
