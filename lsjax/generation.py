@@ -126,6 +126,12 @@ class Generator:
         buf[0, :P] = prompt_ids
         return gen, P, buf, key, compiled, compile_s
 
+    def compile(self, prompt_ids: list[int], gen: GenerateConfig, seed: int = 0) -> float:
+        """Compiles what `run` needs for this prompt (once per prompt bucket) ahead of it; returns the seconds
+        it took (0 when already compiled, and `run` then reports compile_s 0). For a caller that shows
+        progress while compiling (`decode.py`)."""
+        return self._prepare(prompt_ids, gen, seed)[-1]
+
     def run(
         self,
         prompt_ids: list[int],
