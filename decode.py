@@ -5,27 +5,49 @@
     python decode.py --model path/to/model.gguf --prompt "def fib(n):" --json
 
 Errors in the input (missing file, empty prompt, a prompt longer than the
-context window, a bad flag value) print one line and exit with status 2.
+context window, a bad flag value) print one line and exit with status 2; a
+method option the chosen method does not read prints one warning line. Ctrl-C
+prints one line and exits with status 130.
+
+Compiled programs are kept in JAX's persistent cache, so a second run of the
+same decode compiles in a fraction of the time: ~/.cache/lsjax/jax-cache
+($XDG_CACHE_HOME/lsjax/jax-cache), moved or turned off by --compile-cache DIR|off
+or $LSJAX_COMPILE_CACHE (lsjax.compile_cache).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
 
 DEFAULT_PROMPT = Path(__file__).resolve().parent / "lsjax" / "assets" / "default_prompt.txt"
+# A method option's argparse dest -> the option name drafter builders take, where the two differ.
+OPTION_OF_DEST = {"ts_draft_pass": "draft_pass"}
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> tuple[argparse.ArgumentParser, tuple[str, ...]]:
+    """The parser, and the dests of the method options (the flags a drafter builder or auto reads: which
+    method reads which is the registry's `Method.options`)."""
     # The method names come from the drafter registry: a drafter registered anywhere is a --method choice.
     from lsjax.drafters import registry
 
     methods = [registry.get(n) for n in registry.names()]
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    group = p.add_argument_group(
+        "method options", "each read by the methods it names; the others ignore it, with a warning"
+    )
+    method_dests: list[str] = []
+
+    def method_opt(*flags, **kw):
+        method_dests.append(group.add_argument(*flags, **kw).dest)
+
     p.add_argument("--model", help="a .gguf file or an HF safetensors directory (default: SmolLM2-135M-Instruct)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="the prompt text")
@@ -62,7 +84,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         + "; ".join(f"{m.name} ({m.help})" if m.help else m.name for m in methods)
         + ". Default: auto (the draft's trees when a draft for the target is found, else AR and prompt lookup)",
     )
-    p.add_argument(
+    method_opt(
         "--cost-profile",
         choices=("cached", "measure", "prior"),
         default="cached",
@@ -70,17 +92,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         "in $LSJAX_PROFILE_DIR or ~/.cache/lsjax/profiles) then reused; measure = measure again; prior = the "
         "built-in estimate, never measure",
     )
-    p.add_argument(
+    method_opt(
         "--draft",
         help="a draft checkpoint (directory) for --method auto|longspec|hybrid, or a stream checkpoint for streams "
         "('random': untrained)",
     )
-    p.add_argument(
+    method_opt(
         "--block-draft",
         help="block|dels: a block draft (directory; default: the shipped one), or 'longspec' (the LongSpec draft "
         "with an untrained mask embedding)",
     )
-    p.add_argument(
+    method_opt(
         "--tree",
         default=None,
         help="speculation tree for longspec: a preset (paper, gpu, cpu, cpu-small, chain4, chain8) or "
@@ -88,54 +110,54 @@ def parse_args(argv=None) -> argparse.Namespace:
         "CPU; hybrid and auto: 2,1,1); streams: widths, or proposed:kept widths for early-exit pruning, "
         "e.g. 3,4,4:2,2,2",
     )
-    p.add_argument("--streams", type=int, default=None, help="streams: speculative streams gamma (<= the checkpoint's)")
-    p.add_argument("--msa-layers", type=int, default=None, help="streams: MSA layers N_s (the checkpoint's)")
-    p.add_argument(
+    method_opt("--streams", type=int, default=None, help="streams: speculative streams gamma (<= the checkpoint's)")
+    method_opt("--msa-layers", type=int, default=None, help="streams: MSA layers N_s (the checkpoint's)")
+    method_opt(
         "--pld-tokens",
         type=int,
         default=None,
         help=f"pld|hybrid: tokens per lookup chain ({registry.PLD_TOKENS} | {registry.HYBRID_PLD_TOKENS})",
     )
-    p.add_argument(
+    method_opt(
         "--pld-ngram",
         type=int,
         default=registry.PLD_NGRAM,
         help=f"pld|hybrid: longest n-gram matched (default {registry.PLD_NGRAM})",
     )
-    p.add_argument(
+    method_opt(
         "--heads",
         help="tokenswift: a heads checkpoint (directory), or 'zero' for untrained heads (default: the shipped "
         "heads, else zero)",
     )
-    p.add_argument(
+    method_opt(
         "--ts-preset",
         choices=("paper", "cpu"),
         default=None,
         help="tokenswift: paper = partial-cache draft pass, 1,3,3,3 tree, 20 n-grams; cpu = no draft pass, 1,1,1 "
         "heads + one 8-gram chain (default: cpu on a CPU, else paper); the flags below override it",
     )
-    p.add_argument("--kv-budget", type=int, default=None, help="tokenswift: partial KV cache entries (1024)")
-    p.add_argument("--ngram-topk", type=int, default=None, help="tokenswift: n-gram chains per step")
-    p.add_argument("--ngram-n", type=int, default=None, help="tokenswift: n-gram length (gamma = 4 in the paper)")
-    p.add_argument(
+    method_opt("--kv-budget", type=int, default=None, help="tokenswift: partial KV cache entries (1024)")
+    method_opt("--ngram-topk", type=int, default=None, help="tokenswift: n-gram chains per step")
+    method_opt("--ngram-n", type=int, default=None, help="tokenswift: n-gram length (gamma = 4 in the paper)")
+    method_opt(
         "--ts-draft-pass",
         choices=("partial", "full", "verified"),
         default=None,
         help="tokenswift: the heads' hidden state from a draft pass over the partial cache (default), over "
         "the full cache, or from verification itself (no draft pass)",
     )
-    p.add_argument(
+    method_opt(
         "--ts-topk",
         default=None,
         help="tokenswift: candidates per logit set, comma-separated (the preset's by default)",
     )
-    p.add_argument("--block-size", type=int, default=None, help="block|dels: tokens per block (default: the draft's)")
-    p.add_argument("--alpha", type=float, default=1.0, help="dels: weight of the local head's logits (default 1.0)")
-    p.add_argument("--beta", type=float, default=1.0, help="dels: weight of the unigram prior (default 1.0)")
-    p.add_argument(
+    method_opt("--block-size", type=int, default=None, help="block|dels: tokens per block (default: the draft's)")
+    method_opt("--alpha", type=float, default=1.0, help="dels: weight of the local head's logits (default 1.0)")
+    method_opt("--beta", type=float, default=1.0, help="dels: weight of the unigram prior (default 1.0)")
+    method_opt(
         "--local-head", default=None, help="dels: gru (default) | markov (the shipped heads) or a local-head directory"
     )
-    p.add_argument("--branches", type=int, default=1, help="block|dels: parallel chains from the top first tokens")
+    method_opt("--branches", type=int, default=1, help="block|dels: parallel chains from the top first tokens")
     p.add_argument("--compare", choices=("ar",), help="also run AR on the same prompt; print speedup and equality")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     p.add_argument(
@@ -151,7 +173,39 @@ def parse_args(argv=None) -> argparse.Namespace:
         "softmax statistics are fp32 either way, and AR and verification share the dtype)",
     )
     p.add_argument("--json", action="store_true", help="no streaming; print one JSON object with the text and timings")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--compile-cache",
+        default=None,
+        help="JAX's persistent compilation cache: a directory, or 'off' (default: $LSJAX_COMPILE_CACHE, else "
+        "~/.cache/lsjax/jax-cache)",
+    )
+    return p, tuple(method_dests)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser()[0].parse_args(argv)
+
+
+def ignored_flags(args: argparse.Namespace, method: str) -> list[str]:
+    """The method options the user set (to other than their default) that `method` does not read."""
+    from lsjax.drafters import registry
+
+    parser, dests = build_parser()
+    reads = registry.get(method).options()
+    return [
+        "--" + d.replace("_", "-")
+        for d in dests
+        if getattr(args, d) != parser.get_default(d) and OPTION_OF_DEST.get(d, d) not in reads
+    ]
+
+
+def method_options(args: argparse.Namespace, **parsed) -> dict:
+    """{option: value} of every method option, for `registry.build` (each builder takes those it reads);
+    `parsed` replaces the raw flag value of options parsed here (ts_topk)."""
+    _, dests = build_parser()
+    opts = {OPTION_OF_DEST.get(d, d): getattr(args, d) for d in dests}
+    opts.pop("cost_profile")  # the Generator's, not the builder's
+    return {**opts, **parsed}
 
 
 def fail(msg: str) -> None:
@@ -164,18 +218,89 @@ def read_prompt(args) -> tuple[str, bool]:
     if args.prompt is not None:
         return args.prompt, args.chat
     path = Path(args.prompt_file) if args.prompt_file else DEFAULT_PROMPT
+    if path.is_dir():
+        fail(f"prompt file is a directory: {path}")
     if not path.is_file():
         fail(f"prompt file not found: {path}")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         fail(f"prompt file is not UTF-8 text: {path}")
+    except OSError as e:
+        fail(f"cannot read prompt file {path}: {e.strerror or e}")
     # The bundled prompt is an instruction (summarize the speech): it is meant for the chat template.
     return text, args.chat or args.prompt_file is None
 
 
-def main(argv=None) -> int:
+class Ticker:
+    """Elapsed seconds on stderr while something long runs in this thread (XLA compiling, which releases
+    the GIL): on a terminal one line rewritten every second and cleared at the end, else a line every
+    `every` seconds (a log, a pipe, `--json`)."""
+
+    def __init__(self, label: str, every: float = 5.0):
+        self.label, self.every, self.tty = label, every, sys.stderr.isatty()
+        self._stop = threading.Event()
+
+    def __enter__(self):
+        self._t0 = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(1.0 if self.tty else self.every):
+            line = f"[lsjax] {self.label}: {time.perf_counter() - self._t0:.0f}s"
+            sys.stderr.write(f"\r{line}\033[K" if self.tty else line + "\n")
+            sys.stderr.flush()
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        if self.tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def exit_on_interrupt(prog: str = "decode.py") -> None:
+    """Ctrl-C (SIGINT) prints one line and exits with status 130 at once, even while XLA compiles (Python
+    would raise KeyboardInterrupt only when the compile returns, minutes later, as a 40-line traceback): the
+    signal's wakeup fd wakes a thread that exits. Only for the program's own process (the `__main__` call)."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    signal.signal(signal.SIGINT, lambda *_: None)  # the main thread carries on; the thread below ends it
+    signal.set_wakeup_fd(w)
+
+    def watch():
+        while signal.SIGINT not in os.read(r, 64):
+            pass
+        os.write(2, (("\n" if sys.stderr.isatty() else "") + f"{prog}: interrupted\n").encode())
+        os._exit(130)
+
+    threading.Thread(target=watch, daemon=True, name="sigint").start()
+
+
+def rate(tokens_per_s: float) -> str:
+    """A rate with at least 3 significant digits below 100 (0.42, 7.31, 42.1), whole above."""
+    return f"{tokens_per_s:.0f}" if tokens_per_s >= 100 else f"{tokens_per_s:.3g}"
+
+
+def main(argv=None, *, as_program: bool = False) -> int:
+    """decode.py's command line. `as_program`: decode.py is the process (`python decode.py`), so it may set
+    process-wide state: JAX's persistent compilation cache. Called from another program (a test), it leaves
+    the caller's JAX configuration alone."""
     args = parse_args(argv)
+    method = args.method or "auto"
+    if args.tree is not None and not args.tree.strip():
+        fail("--tree is empty: give a preset (paper, gpu, cpu, cpu-small, chain4, chain8) or widths, e.g. 2,2,2")
+    if args.compile_cache is not None and not args.compile_cache.strip():
+        fail("--compile-cache is empty: give a directory, or off")
+    ignored = ignored_flags(args, method)
+    if ignored:
+        verb = "does" if len(ignored) == 1 else "do"
+        print(
+            f"decode.py: warning: {', '.join(ignored)} {verb} not apply to --method {method} (ignored)",
+            file=sys.stderr,
+        )
     if (args.pld_tokens is not None and args.pld_tokens < 1) or args.pld_ngram < 1:
         fail("--pld-tokens and --pld-ngram must be >= 1")
     if any(x is not None and x < 1 for x in (args.streams, args.msa_layers)):
@@ -193,6 +318,10 @@ def main(argv=None) -> int:
     # A warning (a kernel falling back to XLA, say) is one line on stderr, not a file:line and a source line.
     warnings.formatwarning = lambda message, category, *_a, **_k: f"decode.py: warning: {message}\n"
     # The engine's imports come after argument parsing, so `--help` and flag errors stay quick.
+    if as_program:
+        from lsjax.compile_cache import enable
+
+        enable(args.compile_cache, "decode.py")
     from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
     from lsjax.drafters import registry
     from lsjax.errors import LsjaxError
@@ -231,49 +360,37 @@ def main(argv=None) -> int:
             ids = tok.encode(text)
         check_prompt(model.config, ids, gen.max_new_tokens)
         # auto: on the held-out split it beat every fixed method on average (README, "Never slower").
-        method = args.method or "auto"
-        drafter, draft_params = registry.build(
-            method,
-            model,
-            draft=args.draft,
-            tree=args.tree,
-            pld_tokens=args.pld_tokens,
-            pld_ngram=args.pld_ngram,
-            streams=args.streams,
-            msa_layers=args.msa_layers,
-            heads=args.heads,
-            ts_preset=args.ts_preset,
-            kv_budget=args.kv_budget,
-            ngram_topk=args.ngram_topk,
-            ngram_n=args.ngram_n,
-            draft_pass=args.ts_draft_pass,
-            ts_topk=ts_topk,
-            block_draft=args.block_draft,
-            block_size=args.block_size,
-            alpha=args.alpha,
-            beta=args.beta,
-            local_head=args.local_head,
-            branches=args.branches,
-        )
+        drafter, draft_params = registry.build(method, model, **method_options(args, ts_topk=ts_topk))
+        if method == "auto" and getattr(drafter, "longspec", True) is None:
+            from lsjax.drafters.checkpoints import target_key
+
+            print(
+                f"[lsjax] no LongSpec draft for {target_key(model.path)}: auto uses AR and prompt lookup only "
+                "(pass --draft DIR)",
+                file=sys.stderr,
+            )
         generator = Generator(
             model.config, model.params, drafter, draft_params, backend=args.backend, cost_profile=args.cost_profile
         )
-        if not args.json:
-            print(
-                f"[lsjax] {model.path.name} ({model.config.dtype}): {len(ids)} prompt tokens, method {method}, "
-                f"loaded in {load_s:.1f}s; compiling...",
-                file=sys.stderr,
-            )
+        print(
+            f"[lsjax] {model.path.name} ({model.config.dtype}): {len(ids)} prompt tokens, method {method}, "
+            f"loaded in {load_s:.1f}s; compiling...",
+            file=sys.stderr,
+            flush=True,
+        )
+        with Ticker(compiling_label(drafter)):
+            compile_s = generator.compile(ids, gen, seed=args.seed)
         stream = tok.stream_decoder(skip_special_tokens=True)
         on_tokens = None if args.json else (lambda new: print(stream.push(new), end="", flush=True))
         result = generator.run(ids, gen, seed=args.seed, on_tokens=on_tokens)
+        result.compile_s += compile_s  # run compiled nothing more (it found the programs compile made)
         if not args.json:
             print(stream.flush())
         baseline = split = None
         if args.compare == "ar":
             baseline = Generator(model.config, model.params, backend=args.backend).run(ids, gen, seed=args.seed)
         if args.json and method != "ar":
-            from lsjax.bench.profiling import time_split
+            from lsjax.profiling import time_split
 
             split = time_split(generator, ids, gen, seed=args.seed)
     except (LsjaxError, FileNotFoundError) as e:
@@ -320,10 +437,15 @@ def main(argv=None) -> int:
                 f"({summary['speedup_vs_ar']:.2f}x), outputs {same}",
                 file=sys.stderr,
             )
+        # A one-token prompt's prefill rate says nothing (its time is the latency of one padded chunk).
+        prefill_rate = (
+            f" ({rate(result.prompt_tokens / result.prefill_s)} tok/s)"
+            if result.prompt_tokens > 1 and result.prefill_s > 0
+            else ""
+        )
         print(
-            f"[lsjax] {result.new_tokens} tokens ({result.stop_reason}); prefill {result.prefill_s:.2f}s "
-            f"({result.prompt_tokens / max(result.prefill_s, 1e-9):.0f} tok/s), "
-            f"decode {result.tokens_per_s:.1f} tok/s, "
+            f"[lsjax] {result.new_tokens} tokens ({result.stop_reason}); prefill {result.prefill_s:.2f}s"
+            f"{prefill_rate}, decode {result.tokens_per_s:.1f} tok/s, "
             f"{result.target_forwards} target forwards (tau {result.mean_accepted:.2f}), "
             f"compile {result.compile_s:.1f}s",
             file=sys.stderr,
@@ -331,5 +453,16 @@ def main(argv=None) -> int:
     return 0
 
 
+def compiling_label(drafter) -> str:
+    """What the compile ticker says: auto compiles all its candidates into one program (the engine switches
+    over them on device), so it names them; it cannot say which one XLA is at."""
+    names = getattr(drafter, "cost_names", None)
+    if not names:
+        return "compiling"
+    steps = [n for n in names if n != "shadow"]
+    return f"compiling auto's {len(steps)} candidates ({', '.join(steps)}) into one program"
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_on_interrupt()
+    sys.exit(main(as_program=True))

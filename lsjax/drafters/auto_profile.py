@@ -105,9 +105,12 @@ def cached_costs(path: Path, candidates: tuple[str, ...], key: str, measure) -> 
     return costs.astype(np.float32), True
 
 
-def measure_costs(decode, params, draft_params, state, prior: np.ndarray, progress: bool = True) -> np.ndarray:
+def measure_costs(
+    decode, params, draft_params, state, prior: np.ndarray, progress: bool = True, names: tuple[str, ...] = ()
+) -> np.ndarray:
     """[C] median seconds per step of each candidate, run forced in the compiled loop `decode` on copies of
-    `state` (interleaved over candidates, REPEATS times, after one warm-up each)."""
+    `state` (interleaved over candidates, REPEATS times, after one warm-up each). `names`: the candidates'
+    (`cost_names`), shown on the progress bar as each runs."""
     import dataclasses
 
     import jax
@@ -115,6 +118,8 @@ def measure_costs(decode, params, draft_params, state, prior: np.ndarray, progre
     from tqdm import tqdm
 
     def run(c: int, steps: int):
+        if names:
+            bar.set_postfix_str(names[c], refresh=False)
         s = jax.tree.map(jnp.copy, state)  # decode donates its state: the caller's stays intact
         pol = dataclasses.replace(s.draft.policy, force=jnp.int32(c))
         s = dataclasses.replace(s, draft=dataclasses.replace(s.draft, policy=pol))
@@ -167,7 +172,7 @@ def profile_costs(
     key = entry_key(bucket, gen.sampling.greedy or not gen.sampling.sample_drafts)
 
     def measure():
-        return measure_costs(decode, params, draft_params, state, prior)
+        return measure_costs(decode, params, draft_params, state, prior, names=names)
 
     if mode == "measure":
         entries = read_profile(path, names)

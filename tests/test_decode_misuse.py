@@ -1,0 +1,270 @@
+"""decode.py misused (issue 33) and a new user's first minutes: a named one-line error (exit 2, no traceback)
+before anything compiles where the value is known, one warning line where the user meant no harm, Ctrl-C as
+one line, progress while compiling, the persistent compilation cache, and auto's per-step time split."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import decode
+from lsjax.config import ConfigError, GenerateConfig
+from lsjax.drafters import registry
+from lsjax.errors import ModelNotFoundError
+from lsjax.loading import default_model_path
+from lsjax.tree import TreeConfig, check_fits
+from tests.test_bad_inputs import tiny_draft  # noqa: F401  (a fixture: a valid draft for the tiny target)
+from tests.test_decode_cli import ROOT
+from tests.test_decode_cli import decode as run_decode
+from tests.tiny import tiny_model
+
+
+def only_line(proc, status: int = 2) -> str:
+    """The single line decode.py wrote on stderr (no traceback), after checking its exit status."""
+    assert proc.returncode == status and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def stderr_until(args, marker: str, timeout: float = 180) -> list[str]:
+    """decode.py's stderr lines up to the first that holds `marker`; the run is then killed (what comes after,
+    compiling and decoding, is not what these tests are about)."""
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "decode.py"), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    lines = []
+    try:
+        for line in proc.stderr:
+            lines.append(line.rstrip("\n"))
+            if marker in line:
+                break
+    finally:
+        timer.cancel()
+        proc.kill()
+        proc.wait()
+    assert lines and marker in lines[-1], lines
+    return lines
+
+
+def toy_model(path):
+    config, params = tiny_model()
+    return type("M", (), {"config": config, "params": params, "path": path})()
+
+
+# ------------------------------------------------------------------------------ 1. --draft under auto
+
+
+def test_auto_uses_the_draft_it_is_given_or_fails_with_its_error(tmp_path, tiny_draft):  # noqa: F811
+    config, path = tiny_draft
+    model = toy_model(tmp_path / "renamed.gguf")  # no draft is shipped for it
+    assert registry.build("auto", model)[0].longspec is None  # none given, none shipped: AR + prompt lookup
+    assert registry.build("auto", model, draft=str(path), tree="2,1")[0].longspec is not None
+    with pytest.raises(ModelNotFoundError, match="no LongSpec draft at"):
+        registry.build("auto", model, draft=str(tmp_path / "missing"))
+
+
+def test_decode_auto_with_a_missing_or_corrupt_draft_fails(tmp_path):
+    missing = tmp_path / "missing"
+    line = only_line(run_decode("--prompt", "hi", "--draft", str(missing)))
+    assert line == f"decode.py: error: no LongSpec draft at {missing} (expected model.safetensors and config.json)"
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    (bad / "model.safetensors").write_bytes(b"\0" * 16)
+    line = only_line(run_decode("--prompt", "hi", "--draft", str(bad)))
+    assert line.startswith(f"decode.py: error: {bad / 'config.json'}: not a LongSpec draft"), line
+
+
+def test_auto_says_when_no_draft_matches_the_model(tmp_path):
+    renamed = tmp_path / "my-model.Q4_1.gguf"
+    renamed.symlink_to(default_model_path())
+    lines = stderr_until(["--model", str(renamed), "--prompt", "hi", "--max-new-tokens", "4"], "compiling")
+    note = "[lsjax] no LongSpec draft for my-model: auto uses AR and prompt lookup only (pass --draft DIR)"
+    assert lines.count(note) == 1, lines
+
+
+# ------------------------------------------------------------------------------ 2. flags the method does not read
+
+
+def test_which_method_reads_which_option_is_data():
+    opts = {name: registry.get(name).options() for name in ("ar", "pld", "longspec", "hybrid", "auto")}
+    assert opts["ar"] == frozenset()
+    assert opts["pld"] == {"pld_tokens", "pld_ngram"}
+    assert opts["longspec"] == {"draft", "tree"}
+    assert opts["hybrid"] == {"draft", "tree", "pld_tokens", "pld_ngram"}  # its own and longspec's
+    assert {"draft", "tree", "pld_tokens", "pld_ngram", "cost_profile", "budget"} <= opts["auto"]
+    assert "heads" in registry.get("tokenswift").options() and "heads" not in opts["auto"]
+
+
+def test_ignored_flags_are_the_ones_set_that_the_method_does_not_read():
+    def ignored(*argv, method):
+        return decode.ignored_flags(decode.parse_args(list(argv)), method)
+
+    assert ignored("--tree", "2,2", "--heads", "/nope", method="ar") == ["--tree", "--heads"]
+    assert ignored("--tree", "2,2", "--pld-tokens", "4", method="hybrid") == []
+    assert ignored("--cost-profile", "prior", "--ts-draft-pass", "full", method="longspec") == [
+        "--cost-profile",
+        "--ts-draft-pass",
+    ]
+    assert ignored("--ts-draft-pass", "full", method="tokenswift") == []
+    assert ignored("--branches", "1", "--alpha", "1.0", method="ar") == []  # their defaults: not set
+
+
+def test_decode_warns_about_flags_the_method_does_not_read():
+    lines = stderr_until(["--method", "ar", "--tree", "2,2", "--heads", "/nope", "--prompt", "hi"], "warning")
+    assert lines == ["decode.py: warning: --tree, --heads do not apply to --method ar (ignored)"]
+    lines = stderr_until(["--method", "pld", "--draft", "x", "--prompt", "hi"], "warning")
+    assert lines == ["decode.py: warning: --draft does not apply to --method pld (ignored)"]
+
+
+# ------------------------------------------------------------------------------ 3. a tree the draft cannot propose
+
+
+def test_check_fits_names_the_tree_and_the_limit():
+    check_fits(TreeConfig((4, 16, 16)), 49152, 8192, "paper")
+    with pytest.raises(ConfigError) as e:
+        check_fits(TreeConfig((2, 3000)), 2048, 8192, "2,3000", "its pruned vocabulary")
+    assert (
+        str(e.value)
+        == "--tree 2,3000: 3000 nodes at depth 2, but the draft proposes from 2048 tokens (its pruned vocabulary)"
+    )
+    with pytest.raises(ConfigError, match=r"^--tree 64,64: 129 nodes, more than the model's context window \(100"):
+        check_fits(TreeConfig((64, 64)), 49152, 100)
+
+
+def test_longspec_rejects_a_tree_wider_than_the_vocabulary_before_compiling(tmp_path):
+    model = toy_model(tmp_path / "tiny.gguf")  # vocabulary 97
+    for method in ("longspec", "hybrid", "auto"):
+        with pytest.raises(ConfigError, match=r"^--tree 2,100: 100 nodes at depth 2, .* from 97 tokens"):
+            registry.build(method, model, draft="random", tree="2,100")
+    proc = run_decode("--method", "longspec", "--draft", "random", "--tree", "100000", "--prompt", "hi")
+    assert only_line(proc) == (
+        "decode.py: error: --tree 100000: 100000 nodes at depth 1, but the draft proposes from 49152 tokens "
+        "(the target's vocabulary)"
+    )
+
+
+# ------------------------------------------------------------------------------ 4. smaller ones
+
+
+def test_a_directory_as_prompt_file(tmp_path):
+    assert (
+        only_line(run_decode("--prompt-file", str(tmp_path)))
+        == f"decode.py: error: prompt file is a directory: {tmp_path}"
+    )
+
+
+def test_an_empty_tree_or_cache_dir():
+    assert only_line(run_decode("--prompt", "hi", "--tree", "")) == (
+        "decode.py: error: --tree is empty: give a preset (paper, gpu, cpu, cpu-small, chain4, chain8) or widths, "
+        "e.g. 2,2,2"
+    )
+    line = only_line(run_decode("--prompt", "hi", "--compile-cache", " "))
+    assert line == "decode.py: error: --compile-cache is empty: give a directory, or off"
+
+
+def test_prefill_rate_is_printed_with_its_digits():
+    assert [decode.rate(x) for x in (0.4213, 7.314, 42.14, 1234.6)] == ["0.421", "7.31", "42.1", "1235"]
+
+
+def test_one_token_prompt_prints_no_prefill_rate(monkeypatch, capsys, tmp_path):
+    import lsjax.loading
+    from lsjax.loading import LoadedModel
+    from tests.test_registry import ByteTokenizer
+
+    config, params = tiny_model()
+    model = LoadedModel(config, params, ByteTokenizer(), tmp_path / "toy.gguf")
+    monkeypatch.setattr(lsjax.loading, "load_model", lambda path=None, dtype="float32": model)
+    assert decode.main(["--prompt", "a", "--method", "ar", "--max-new-tokens", "3", "--ignore-eos"]) == 0
+    summary = capsys.readouterr().err.strip().splitlines()[-1]
+    assert summary.startswith("[lsjax] 3 tokens (max_new_tokens); prefill ") and "tok/s), decode" not in summary
+    assert ", decode " in summary
+
+
+def test_ctrl_c_is_one_line_and_status_130():
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "decode.py"), "--method", "ar", "--prompt", "hi", "--compile-cache", "off"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    first = proc.stderr.readline()  # loaded; compiling... (XLA is busy: Python alone would not stop it)
+    proc.send_signal(signal.SIGINT)
+    _, rest = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "compiling" in first, first + rest
+    assert rest == "decode.py: interrupted\n"
+    assert time.perf_counter() - t0 < 40
+
+
+# ------------------------------------------------------------------------------ 5, 6. compile cache, progress
+
+
+def test_the_ticker_prints_elapsed_seconds_while_it_runs(capsys):
+    with decode.Ticker("compiling", every=0.2):
+        time.sleep(0.7)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[:2] == ["[lsjax] compiling: 0s", "[lsjax] compiling: 0s"] and len(lines) >= 3, lines
+
+
+def test_compile_cache_location(tmp_path, monkeypatch):
+    from lsjax import compile_cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv(compile_cache.ENV, raising=False)
+    assert compile_cache.default_dir() == tmp_path / "xdg" / "lsjax" / "jax-cache"
+    assert compile_cache.resolve("off") is None and compile_cache.resolve(str(tmp_path / "c")) == tmp_path / "c"
+    monkeypatch.setenv(compile_cache.ENV, "OFF")
+    assert compile_cache.resolve(None) is None
+    assert compile_cache.resolve(str(tmp_path / "c")) == tmp_path / "c"  # the flag wins over the variable
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path / "env"))
+    assert compile_cache.resolve(None) == tmp_path / "env"
+
+
+@pytest.mark.slow
+def test_a_second_run_compiles_from_the_cache(tmp_path):
+    args = ("--method", "ar", "--max-new-tokens", "4", "--prompt", "def fib(n):", "--json")
+    runs = [run_decode(*args, "--compile-cache", str(tmp_path / "cache")) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[-1].stderr
+    first, second = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
+    assert second["compile_s"] < first["compile_s"] / 2, (first["compile_s"], second["compile_s"])
+    assert second["text"] == first["text"]  # the cached program decodes the same
+    assert any((tmp_path / "cache").iterdir())
+    assert "[lsjax] compiling: 5s" in runs[0].stderr  # progress, also under --json
+
+
+# ------------------------------------------------------------------------------ 7. auto's time split
+
+
+def test_auto_time_split_is_ms_per_step_of_each_candidate(tmp_path, monkeypatch):
+    from lsjax.drafters.auto import AutoDrafter, auto_params
+    from lsjax.generation import Generator
+    from lsjax.profiling import time_split
+
+    monkeypatch.setenv("LSJAX_PROFILE_DIR", str(tmp_path))
+    config, params = tiny_model()
+    drafter = AutoDrafter(pld_tokens=(3,))
+    ids = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    gen = GenerateConfig(max_new_tokens=24, ignore_eos=True)
+    g = Generator(config, params, drafter, auto_params(drafter), cost_profile="prior")
+    split = time_split(g, ids, gen)
+    assert split["step_ms_source"] == "measured" and set(split["step_ms_by_candidate"]) == {"ar", "pld-3"}
+    assert all(ms > 0 for ms in split["step_ms_by_candidate"].values())
+    g.cost_profile = "cached"
+    g.run(ids, gen)  # measures the profile once (written under LSJAX_PROFILE_DIR)
+    split = time_split(g, ids, gen)
+    assert split["step_ms_source"] == "profile" and split["step_ms_by_candidate"]["ar"] > 0
