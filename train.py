@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -37,11 +38,25 @@ def main(argv: list[str] | None = None) -> int:
         "device or per device ('cpu=1;gpu=paper': a device not named uses its preset)",
     )
     args = p.parse_args(argv)
+    previous = signal.getsignal(signal.SIGINT)
+    if argv is None:  # run as a program (not from a test's or a caller's process): Ctrl-C stops between steps
+        signal.signal(signal.SIGINT, _stop_between_steps)
     try:
         return _main(args)
     except KeyboardInterrupt:  # before or after training (fit reports one during it)
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop_between_steps(signum, frame) -> None:
+    """The first Ctrl-C asks the step loop to stop after the step in flight (a KeyboardInterrupt raised inside
+    library code can be swallowed there); a second one interrupts at once."""
+    from lsjax.train import runner
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    runner.request_stop()
 
 
 def _main(args) -> int:

@@ -101,6 +101,7 @@ def test_bf16_greedy_speculative_equals_ar_every_drafter(drafter):
     np.testing.assert_array_equal(np.asarray(sp.out), np.asarray(ar.out))
 
 
+@pytest.mark.slow  # bf16 equality is in the default run: test_engine_edges (deep beam trees, PLD chains)
 def test_bf16_longspec_tree_equals_ar():
     """A beam tree of the (untrained) LongSpec draft in bf16, draft and target both bf16: verification's argmax
     equals AR's. (Deep acceptance in bf16: tests/test_engine_edges.py::test_beam_shaped_trees_accept_deep.)"""

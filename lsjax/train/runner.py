@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -41,6 +42,16 @@ class TrainingDiverged(RuntimeError):
 class RunDirError(LsjaxError):
     """A run directory that already has checkpoints, trained again neither resumed nor overwritten (its old
     checkpoints would stay the latest: orbax skips a step that exists), or resume and overwrite together."""
+
+
+_STOP = threading.Event()
+
+
+def request_stop() -> None:
+    """Asks the running step loop to stop after the step in flight (what a CLI's Ctrl-C handler calls). A
+    KeyboardInterrupt raised wherever the main thread happens to be can be swallowed by library code there (an
+    orbax save, a data iterator; seen: the loop went on stepping), so the loop polls this instead."""
+    _STOP.set()
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -157,6 +168,9 @@ def run_steps(
     t_start, history, last_step = time.perf_counter(), [], start
     try:
         for i in range(start, total):
+            if _STOP.is_set():  # a stop asked before the loop began (while loading, compiling) counts too
+                _STOP.clear()
+                raise TrainingInterrupted(last_step, total, ckpt.directory)
             batch = data.next()
             t0 = time.perf_counter()
             state, metrics = jitted(state, consts, batch, jax.random.fold_in(rng, i))
