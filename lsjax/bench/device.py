@@ -510,7 +510,8 @@ def check_step(rep: Report, copy_bw: dict[int, float]) -> None:
             rep.skip("step", f"context {ctx}: {_first_line(e)}")
             continue
         ar = float(np.median(times[1]))
-        read = (weight_bytes(config) + kv_bytes(config, ctx)) / (bw / 2)  # a copy moves 2 bytes per byte read
+        # bw counts a copy's reads and writes alike: the rate HBM moves bytes, which a pure read runs at too.
+        read = (weight_bytes(config) + kv_bytes(config, ctx)) / bw
         ratios = {T: float(np.median(times[T])) / ar for T in sizes}
         rep.row(
             "step",
