@@ -103,11 +103,12 @@ def generate(
     V = config.model.vocab_size
     in_range = (lengths >= 1) & (lengths <= P)
     pos = jnp.arange(P)[None, :]
-    ids_ok = jnp.all((pos >= lengths[:, None]) | ((prompt_ids >= 0) & (prompt_ids < V)), axis=1)
+    in_vocab = (prompt_ids >= 0) & (prompt_ids < V)
+    ids_ok = jnp.all((pos >= lengths[:, None]) | in_vocab, axis=1)
     valid = in_range & ids_ok
     # Invalid rows still run (shapes are static) on harmless inputs; their output is dropped below.
     lengths = jnp.clip(lengths, 1, P)
-    prompt_ids = jnp.where((prompt_ids >= 0) & (prompt_ids < V), prompt_ids, 0).astype(jnp.int32)
+    prompt_ids = jnp.where(in_vocab, prompt_ids, 0).astype(jnp.int32)
     state = speculative.run(
         # Inside jit this slices the weights once per call (outside the decode loop), not per token.
         target.prepare_for_decode(target_params, config.model),
