@@ -15,7 +15,7 @@ VENV312 ?= .venv312
 CONSTRAINTS312 ?= constraints/py312-jax011.txt
 PY312 := $(VENV312)/bin/python
 
-.PHONY: demo test test-slow test-jax011 lint install install-test device-bundle
+.PHONY: demo test test-slow test-jax011 lint install install-test device-bundle tables
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,14 @@ test-slow: $(VENV)/.installed-test
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# The README's headline table, from the harness results kept in docs/results/ (heldout.json, and dev.json if there):
+# python -m lsjax.bench.run ... writes results.json; copy it there, then `make tables`.
+RESULTS := docs/results/heldout.json $(wildcard docs/results/dev.json)
+# It needs only report.py's aggregates: an existing .venv is used as it is, without reinstalling.
+tables:
+	@test -x $(PY) || $(MAKE) install
+	$(PY) -m lsjax.bench.tables $(RESULTS) --out docs/results/headline.md
 
 # What `python -m lsjax.bench.device` needs on a GPU/TPU machine without a network, in .device/ (git-ignored):
 # the gguf wheel for Python 3.12 and the default model's GGUF cut into 24 MB parts (docs/hardware/README.md).
