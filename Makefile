@@ -67,13 +67,15 @@ lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# The README's headline table, from the harness results kept in docs/results/ (heldout.json, and dev.json if there):
+# The README's headline table (docs/results/headline.md: by task + T=0 equality) and every table of the same runs
+# (docs/results/tables.md), from the harness results kept in docs/results/ (heldout.json, and dev.json if there):
 # python -m lsjax.bench.run ... writes results.json; copy it there, then `make tables`.
-RESULTS := docs/results/heldout.json $(wildcard docs/results/dev.json)
 # It needs only report.py's aggregates: an existing .venv is used as it is, without reinstalling.
+RESULTS := docs/results/heldout.json $(wildcard docs/results/dev.json)
 tables:
 	@test -x $(PY) || $(MAKE) install
-	$(PY) -m lsjax.bench.tables $(RESULTS) --out docs/results/headline.md
+	$(PY) -m lsjax.bench.tables $(RESULTS) --section task --section equality --out docs/results/headline.md
+	$(PY) -m lsjax.bench.tables $(RESULTS) --out docs/results/tables.md
 
 # What `python -m lsjax.bench.device` needs on a GPU/TPU machine without a network, in .device/ (git-ignored):
 # the gguf wheel for Python 3.12 and the default model's GGUF cut into 24 MB parts (docs/hardware/README.md).
