@@ -28,26 +28,15 @@ import warnings
 from pathlib import Path
 
 DEFAULT_PROMPT = Path(__file__).resolve().parent / "lsjax" / "assets" / "default_prompt.txt"
-# A method option's argparse dest -> the option name drafter builders take, where the two differ.
-OPTION_OF_DEST = {"ts_draft_pass": "draft_pass"}
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, tuple[str, ...]]:
-    """The parser, and the dests of the method options (the flags a drafter builder or auto reads: which
-    method reads which is the registry's `Method.options`)."""
-    # The method names come from the drafter registry: a drafter registered anywhere is a --method choice.
-    from lsjax.drafters import registry
+    """The parser, and the dests of the method options: each method folder's options dataclass
+    (`lsjax.methods.<name>.config`) declares its own flags, so a method registered anywhere brings them."""
+    from lsjax.methods import registry
 
     methods = [registry.get(n) for n in registry.names()]
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    group = p.add_argument_group(
-        "method options", "each read by the methods it names; the others ignore it, with a warning"
-    )
-    method_dests: list[str] = []
-
-    def method_opt(*flags, **kw):
-        method_dests.append(group.add_argument(*flags, **kw).dest)
-
     p.add_argument("--model", help="a .gguf file or an HF safetensors directory (default: SmolLM2-135M-Instruct)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="the prompt text")
@@ -84,80 +73,6 @@ def build_parser() -> tuple[argparse.ArgumentParser, tuple[str, ...]]:
         + "; ".join(f"{m.name} ({m.help})" if m.help else m.name for m in methods)
         + ". Default: auto (the draft's trees when a draft for the target is found, else AR and prompt lookup)",
     )
-    method_opt(
-        "--cost-profile",
-        choices=("cached", "measure", "prior"),
-        default="cached",
-        help="auto: per-candidate step costs of this device; cached = measured once per prompt bucket (~15 s, "
-        "in $LSJAX_PROFILE_DIR or ~/.cache/lsjax/profiles) then reused; measure = measure again; prior = the "
-        "built-in estimate, never measure",
-    )
-    method_opt(
-        "--draft",
-        help="a draft checkpoint (directory) for --method auto|longspec|hybrid, or a stream checkpoint for streams "
-        "('random': untrained)",
-    )
-    method_opt(
-        "--block-draft",
-        help="block|dels: a block draft (directory; default: the shipped one), or 'longspec' (the LongSpec draft "
-        "with an untrained mask embedding)",
-    )
-    method_opt(
-        "--tree",
-        default=None,
-        help="speculation tree for longspec: a preset (paper, gpu, cpu, cpu-small, chain4, chain8) or "
-        "comma-separated widths per depth, e.g. 2,2,2 (default: the draft's tree for this device, one node on a "
-        "CPU; hybrid and auto: 2,1,1); streams: widths, or proposed:kept widths for early-exit pruning, "
-        "e.g. 3,4,4:2,2,2",
-    )
-    method_opt("--streams", type=int, default=None, help="streams: speculative streams gamma (<= the checkpoint's)")
-    method_opt("--msa-layers", type=int, default=None, help="streams: MSA layers N_s (the checkpoint's)")
-    method_opt(
-        "--pld-tokens",
-        type=int,
-        default=None,
-        help=f"pld|hybrid: tokens per lookup chain ({registry.PLD_TOKENS} | {registry.HYBRID_PLD_TOKENS})",
-    )
-    method_opt(
-        "--pld-ngram",
-        type=int,
-        default=registry.PLD_NGRAM,
-        help=f"pld|hybrid: longest n-gram matched (default {registry.PLD_NGRAM})",
-    )
-    method_opt(
-        "--heads",
-        help="tokenswift: a heads checkpoint (directory), or 'zero' for untrained heads (default: the shipped "
-        "heads, else zero)",
-    )
-    method_opt(
-        "--ts-preset",
-        choices=("paper", "cpu"),
-        default=None,
-        help="tokenswift: paper = partial-cache draft pass, 1,3,3,3 tree, 20 n-grams; cpu = no draft pass, 1,1,1 "
-        "heads + one 8-gram chain (default: cpu on a CPU, else paper); the flags below override it",
-    )
-    method_opt("--kv-budget", type=int, default=None, help="tokenswift: partial KV cache entries (1024)")
-    method_opt("--ngram-topk", type=int, default=None, help="tokenswift: n-gram chains per step")
-    method_opt("--ngram-n", type=int, default=None, help="tokenswift: n-gram length (gamma = 4 in the paper)")
-    method_opt(
-        "--ts-draft-pass",
-        choices=("partial", "full", "verified"),
-        default=None,
-        help="tokenswift: the heads' hidden state from a draft pass over the partial cache (default), over "
-        "the full cache, or from verification itself (no draft pass)",
-    )
-    method_opt(
-        "--ts-topk",
-        default=None,
-        help="tokenswift: candidates per logit set, comma-separated (the preset's by default)",
-    )
-    method_opt("--block-size", type=int, default=None, help="block|dels: tokens per block (default: the draft's)")
-    method_opt("--alpha", type=float, default=1.0, help="dels: weight of the local head's logits (default 1.0)")
-    method_opt("--beta", type=float, default=1.0, help="dels: weight of the unigram prior (default 1.0)")
-    method_opt(
-        "--local-head", default=None, help="dels: gru (default) | markov (the shipped heads) or a local-head directory"
-    )
-    method_opt("--branches", type=int, default=1, help="block|dels: parallel chains from the top first tokens")
     p.add_argument("--compare", choices=("ar",), help="also run AR on the same prompt; print speedup and equality")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     p.add_argument(
@@ -179,7 +94,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, tuple[str, ...]]:
         help="JAX's persistent compilation cache: a directory, or 'off' (default: $LSJAX_COMPILE_CACHE, else "
         "~/.cache/lsjax/jax-cache)",
     )
-    return p, tuple(method_dests)
+    return p, registry.add_flags(p)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -188,24 +103,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def ignored_flags(args: argparse.Namespace, method: str) -> list[str]:
     """The method options the user set (to other than their default) that `method` does not read."""
-    from lsjax.drafters import registry
+    from lsjax.methods import registry
 
     parser, dests = build_parser()
     reads = registry.get(method).options()
     return [
-        "--" + d.replace("_", "-")
-        for d in dests
-        if getattr(args, d) != parser.get_default(d) and OPTION_OF_DEST.get(d, d) not in reads
+        "--" + d.replace("_", "-") for d in dests if getattr(args, d) != parser.get_default(d) and d not in reads
     ]
 
 
-def method_options(args: argparse.Namespace, **parsed) -> dict:
-    """{option: value} of every method option, for `registry.build` (each builder takes those it reads);
-    `parsed` replaces the raw flag value of options parsed here (ts_topk)."""
+def method_options(args: argparse.Namespace) -> dict:
+    """{option: value} of every method option set on the command line, for `registry.build`."""
     _, dests = build_parser()
-    opts = {OPTION_OF_DEST.get(d, d): getattr(args, d) for d in dests}
-    opts.pop("cost_profile")  # the Generator's, not the builder's
-    return {**opts, **parsed}
+    return {d: getattr(args, d) for d in dests if getattr(args, d) is not None}
 
 
 def fail(msg: str) -> None:
@@ -301,20 +211,15 @@ def main(argv=None, *, as_program: bool = False) -> int:
             f"decode.py: warning: {', '.join(ignored)} {verb} not apply to --method {method} (ignored)",
             file=sys.stderr,
         )
-    if (args.pld_tokens is not None and args.pld_tokens < 1) or args.pld_ngram < 1:
-        fail("--pld-tokens and --pld-ngram must be >= 1")
-    if any(x is not None and x < 1 for x in (args.streams, args.msa_layers)):
-        fail("--streams and --msa-layers must be >= 1")
-    ts_topk = None
-    if args.ts_topk is not None:
-        try:
-            ts_topk = tuple(int(k) for k in args.ts_topk.split(","))
-        except ValueError:
-            fail(f"--ts-topk: expected comma-separated integers, got {args.ts_topk!r}")
+    try:  # the chosen method's options, checked before anything loads (a one-line error naming the flag)
+        from lsjax.methods import registry
+
+        registry.get(method).make_options(**method_options(args))
+    except ValueError as e:
+        name, sep, rest = str(e).partition(": ")
+        fail(f"--{name.replace('_', '-')}: {rest}" if sep and name.isidentifier() else str(e))
     if args.dtype not in ("auto", "bf16", "fp32"):
         fail(f"--dtype must be bf16, fp32 or auto, got {args.dtype!r}")
-    if (args.block_size is not None and not 1 <= args.block_size <= 64) or args.branches < 1:
-        fail("--block-size must be in [1, 64] and --branches >= 1")
     # A warning (a kernel falling back to XLA, say) is one line on stderr, not a file:line and a source line.
     warnings.formatwarning = lambda message, category, *_a, **_k: f"decode.py: warning: {message}\n"
     # The engine's imports come after argument parsing, so `--help` and flag errors stay quick.
@@ -323,10 +228,10 @@ def main(argv=None, *, as_program: bool = False) -> int:
 
         enable(args.compile_cache, "decode.py")
     from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
-    from lsjax.drafters import registry
+    from lsjax.engine.host import Generator, check_prompt
     from lsjax.errors import LsjaxError
-    from lsjax.generation import Generator, check_prompt
     from lsjax.loading import load_model
+    from lsjax.methods import registry
 
     try:
         gen = GenerateConfig(
@@ -360,18 +265,16 @@ def main(argv=None, *, as_program: bool = False) -> int:
             ids = tok.encode(text)
         check_prompt(model.config, ids, gen.max_new_tokens)
         # auto: on the held-out split it beat every fixed method on average (README, "Never slower").
-        drafter, draft_params = registry.build(method, model, **method_options(args, ts_topk=ts_topk))
+        drafter, draft_params = registry.build(method, model, **method_options(args))
         if method == "auto" and getattr(drafter, "longspec", True) is None:
-            from lsjax.drafters.checkpoints import target_key
+            from lsjax.methods.longspec.checkpoint import target_key
 
             print(
                 f"[lsjax] no LongSpec draft for {target_key(model.path)}: auto uses AR and prompt lookup only "
                 "(pass --draft DIR)",
                 file=sys.stderr,
             )
-        generator = Generator(
-            model.config, model.params, drafter, draft_params, backend=args.backend, cost_profile=args.cost_profile
-        )
+        generator = Generator(model.config, model.params, drafter, draft_params, backend=args.backend)
         print(
             f"[lsjax] {model.path.name} ({model.config.dtype}): {len(ids)} prompt tokens, method {method}, "
             f"loaded in {load_s:.1f}s; compiling...",
@@ -390,7 +293,7 @@ def main(argv=None, *, as_program: bool = False) -> int:
         if args.compare == "ar":
             baseline = Generator(model.config, model.params, backend=args.backend).run(ids, gen, seed=args.seed)
         if args.json and method != "ar":
-            from lsjax.profiling import time_split
+            from lsjax.engine.profiling import time_split
 
             split = time_split(generator, ids, gen, seed=args.seed)
     except (LsjaxError, FileNotFoundError) as e:

@@ -13,14 +13,13 @@ The public API — pure functions under `jax.jit`, frozen configs static:
 
 from lsjax.api import GenerateOutput, SpecConfig, generate
 from lsjax.config import DraftConfig, GenerateConfig, ModelConfig, SamplingConfig
-from lsjax.decoding import DecodeState, prefill
-from lsjax.drafters.auto import AutoDrafter, auto_params
-from lsjax.drafters.base import ARDrafter, Drafter
-from lsjax.drafters.hybrid import HybridDrafter
-from lsjax.drafters.longspec import LongSpecDrafter
-from lsjax.drafters.pld import PLDDrafter
+from lsjax.engine import DecodeState, commit_phase, decode, draft_phase, prefill, spec_step, verify_phase
+from lsjax.engine.types import ARDrafter, Drafter
 from lsjax.loading import load_model
-from lsjax.speculative import commit_phase, decode, draft_phase, spec_step, verify_phase
+from lsjax.methods.auto.drafter import AutoDrafter, auto_params
+from lsjax.methods.hybrid.drafter import HybridDrafter
+from lsjax.methods.longspec.drafter import LongSpecDrafter
+from lsjax.methods.pld.drafter import PLDDrafter
 from lsjax.tree import TreeConfig
 
 __all__ = [

@@ -6,7 +6,7 @@
 
 `generate` composes freely with the caller's own `jax.jit`, `vmap`-free batching
 (rows of `prompt_ids` are independent sequences) and donation; the step
-functions (`speculative.spec_step`, `draft_phase`, `verify_phase`, `commit_phase`)
+functions (`engine.spec_step`, `draft_phase`, `verify_phase`, `commit_phase`)
 are exported for finer control.
 """
 
@@ -18,10 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lsjax import decoding, speculative
+from lsjax import engine
 from lsjax.attention import BACKENDS
 from lsjax.config import ConfigError, GenerateConfig, ModelConfig
-from lsjax.drafters.base import ARDrafter, Drafter
+from lsjax.engine.types import ARDrafter, Drafter
 from lsjax.errors import InputError
 from lsjax.models import target
 
@@ -35,7 +35,7 @@ class SpecConfig:
     drafter: Drafter = ARDrafter()
     # Cache slots; default: prompt buffer + max_new_tokens + one step of slack. Too small raises CapacityError.
     capacity: int | None = None
-    chunk: int = decoding.PREFILL_CHUNK  # prefill chunk; the prompt buffer length must be a multiple of it
+    chunk: int = engine.PREFILL_CHUNK  # prefill chunk; the prompt buffer length must be a multiple of it
     backend: str = "auto"
     # The weights' and K/V cache's dtype is `model.dtype` (fp32 on a CPU, bf16 on TPU/GPU:
     # `lsjax.config.default_dtype`); `generate` checks the target params carry it.
@@ -109,7 +109,7 @@ def generate(
     # Invalid rows still run (shapes are static) on harmless inputs; their output is dropped below.
     lengths = jnp.clip(lengths, 1, P)
     prompt_ids = jnp.where(in_vocab, prompt_ids, 0).astype(jnp.int32)
-    state = speculative.run(
+    state = engine.run(
         # Inside jit this slices the weights once per call (outside the decode loop), not per token.
         target.prepare_for_decode(target_params, config.model),
         draft_params,

@@ -16,7 +16,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lsjax.config import ConfigError, MeshConfig
-from lsjax.models import block_draft, draft, target
+from lsjax.methods.dels import model as block_draft
+from lsjax.methods.longspec import model as draft
+from lsjax.models import target
 from lsjax.models.layers import ParamSpec
 
 BATCH = ("data", "fsdp")

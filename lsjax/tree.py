@@ -132,7 +132,7 @@ class Tree:
     # Stochastic trees only (None for deterministic drafters). A node with sampled[b, i] set was drawn from its
     # parent's draft distribution exp(logq[b, parent]) without replacement; sampled siblings appear in the order
     # they were drawn and how many children a node gets is fixed before they are drawn. Verification then uses
-    # recursive rejection sampling over them (`lsjax.verify`).
+    # recursive rejection sampling over them (`lsjax.engine.verify`).
     logq: jax.Array | None = None  # [B, T, V] fp32: log q of the children of each node (full vocabulary)
     sampled: jax.Array | None = None  # [B, T] bool
 

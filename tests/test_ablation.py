@@ -86,7 +86,7 @@ def test_position_eval_matches_the_dev_eval():
 
     from lsjax import train as tr
     from lsjax.config import DraftConfig
-    from lsjax.models import draft as draft_lib
+    from lsjax.methods.longspec import model as draft_lib
     from lsjax.models import target as target_lib
     from lsjax.train.config import TrainConfig
 

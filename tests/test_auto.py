@@ -15,13 +15,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lsjax import speculative
+from lsjax import engine
 from lsjax.config import ConfigError, DraftConfig, GenerateConfig, SamplingConfig
-from lsjax.drafters import auto_candidates, auto_profile, registry
-from lsjax.drafters.auto import AutoDrafter, AutoPolicy, auto_params
-from lsjax.drafters.auto_shadow import ShadowAccepts
-from lsjax.drafters.base import ARDrafter
-from lsjax.drafters.longspec import LongSpecDrafter
+from lsjax.engine.types import ARDrafter
+from lsjax.methods import registry
+from lsjax.methods.auto import candidates as auto_candidates
+from lsjax.methods.auto import profile as auto_profile
+from lsjax.methods.auto.drafter import AutoDrafter, AutoPolicy, auto_params
+from lsjax.methods.auto.shadow import ShadowAccepts
+from lsjax.methods.longspec.drafter import LongSpecDrafter
 from lsjax.tree import TreeConfig
 from tests.test_speculative import longspec_params, run
 from tests.tiny import tiny_model
@@ -309,14 +311,14 @@ def _engine():
     ref = run(params, config, prompts, gen, ARDrafter())
     tokens = jnp.asarray(np.stack([np.pad(p, (0, 64 - len(p))) for p in prompts]).astype(np.int32))
     lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
-    cap = speculative.required_capacity(64, gen, SMALL)
-    start = jax.jit(functools.partial(speculative.start, config=config, drafter=SMALL, gen=gen, capacity=cap, chunk=64))
+    cap = engine.required_capacity(64, gen, SMALL)
+    start = jax.jit(functools.partial(engine.start, config=config, drafter=SMALL, gen=gen, capacity=cap, chunk=64))
 
     def decode(draft_params, force: int = -1):
         state = start(params, dp, tokens=tokens, lengths=lengths, key=jax.random.key(0))
         pol = dataclasses.replace(state.draft.policy, force=jnp.int32(force))
         state = dataclasses.replace(state, draft=dataclasses.replace(state.draft, policy=pol))
-        return speculative.decode(params, draft_params, config, SMALL, gen, state, jnp.int32(100))
+        return engine.decode(params, draft_params, config, SMALL, gen, state, jnp.int32(100))
 
     return dp, ref, decode
 
@@ -340,12 +342,12 @@ def test_every_candidate_forced_equals_ar_without_recompiling():
     """One compiled loop: forcing each candidate in turn (and new costs) reuses it, and each is lossless."""
     dp, ref, decode = _engine()
     decode(dp)  # compiled once (shared with the test above)
-    before = speculative.decode._cache_size()
+    before = engine.decode._cache_size()
     for c in range(len(SMALL.candidates)):
         out = decode({**dp, "costs": dp["costs"] * (1 + c)}, force=c)
         np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out), err_msg=SMALL.candidates[c].name)
         assert int(np.asarray(out.draft.policy.uses)[c]) == int(out.steps)
-    assert speculative.decode._cache_size() == before
+    assert engine.decode._cache_size() == before
 
 
 def test_registry_and_bench_offer_auto():

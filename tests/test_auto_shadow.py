@@ -12,11 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lsjax import speculative
+from lsjax import engine
 from lsjax.config import GenerateConfig, SamplingConfig
-from lsjax.drafters.auto_shadow import DraftShadow, accepts
+from lsjax.engine.verify import accept
+from lsjax.methods.auto.shadow import DraftShadow, accepts
 from lsjax.tree import Tree, TreeConfig, ancestor_mask
-from lsjax.verify import accept
 from tests.test_auto import SMALL, _engine
 from tests.test_speculative import longspec_params
 from tests.tiny import tiny_model
@@ -83,16 +83,16 @@ def _tree_and_chain():
     chain_ls = dataclasses.replace(tree_ls, tree=TreeConfig((1, 1, 1)))
     dp = longspec_params(params, config, tree_ls)
     gen = GenerateConfig(max_new_tokens=8, sampling=SamplingConfig(temperature=0.0), ignore_eos=True)
-    cap = speculative.required_capacity(24, gen, tree_ls)
+    cap = engine.required_capacity(24, gen, tree_ls)
     prompts = jnp.asarray(np.random.RandomState(3).randint(3, 97, (16, 24)).astype(np.int32))
 
     @jax.jit
     def run(params, dp, prompts):
         lengths = jnp.full((16,), 24)
-        state = speculative.start(
+        state = engine.start(
             params, dp, config, tree_ls, gen, prompts, lengths, jax.random.key(0), capacity=cap, chunk=24
         )
-        ctx = speculative.context(params, dp, config, gen, cap)
+        ctx = engine.context(params, dp, config, gen, cap)
         tree = tree_ls.propose(ctx, state, state.draft, jax.random.key(1))
         return tree, chain_ls.propose(ctx, state, state.draft, jax.random.key(1)).tokens[:, 1:]
 
@@ -122,12 +122,12 @@ def test_shadow_every_step_is_lossless_in_the_same_loop():
     dp, ref, decode = _engine()
     costs = jnp.asarray([1.0, 1.05, 1.1, 1.15, 1.1])
     decode({**dp, "costs": costs})
-    before = speculative.decode._cache_size()
+    before = engine.decode._cache_size()
     out = decode({**dp, "costs": costs}, force=len(SMALL.candidates))
     np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out))
     # A shadow after every step but the last (no row is left to draft for).
     assert int(out.draft.policy.shadows) == int(out.steps) - 1 and int(out.draft.policy.uses[0]) == int(out.steps)
-    assert speculative.decode._cache_size() == before
+    assert engine.decode._cache_size() == before
     free = decode({**dp, "costs": costs})
     np.testing.assert_array_equal(np.asarray(free.out), np.asarray(ref.out))
     assert int(free.draft.policy.shadows) > 0
@@ -138,8 +138,8 @@ def test_a_put_aside_lookup_proposal_teaches_every_depth():
     at a root is checked at every depth once the tokens after it are committed (depth 1 is not counted twice)."""
     from types import SimpleNamespace
 
-    from lsjax.drafters.auto_shadow import LookupShadow
-    from lsjax.drafters.pld import History
+    from lsjax.methods.auto.shadow import LookupShadow
+    from lsjax.methods.pld.drafter import History
     from tests.test_auto import FULL
 
     D = max(FULL.pld_tokens)
@@ -168,8 +168,8 @@ def test_a_lookup_proposal_is_put_aside_every_step():
     later: the deeper depths are observed about once per step, not once per D steps."""
     from types import SimpleNamespace
 
-    from lsjax.drafters.auto_shadow import LookupShadow
-    from lsjax.drafters.pld import History
+    from lsjax.methods.auto.shadow import LookupShadow
+    from lsjax.methods.pld.drafter import History
     from tests.test_auto import FULL
 
     D = max(FULL.pld_tokens)
@@ -251,8 +251,8 @@ def test_first_accept_is_unbiased_for_a_sampled_1_node_chain():
 
 def test_observing_a_shadow_adds_the_first_depth_as_a_probability():
     """The ls-chain family's depth-1 count grows by first_accept, not by the greedy token's match."""
-    from lsjax.drafters.auto import AutoDrafter
-    from lsjax.drafters.auto_shadow import ShadowAccepts
+    from lsjax.methods.auto.drafter import AutoDrafter
+    from lsjax.methods.auto.shadow import ShadowAccepts
     from tests.test_auto import LS
 
     auto = AutoDrafter(longspec=LS)

@@ -16,11 +16,11 @@ import pytest
 
 from lsjax import artifacts
 from lsjax.config import ConfigError, DraftConfig, from_dict, to_dict
-from lsjax.drafters import registry
-from lsjax.drafters.checkpoints import load_draft
 from lsjax.errors import CorruptFileError, LsjaxError, ShapeMismatchError
 from lsjax.loading import default_model_path, load_hf, load_model
-from lsjax.models import draft as draft_lib
+from lsjax.methods import registry
+from lsjax.methods.longspec import model as draft_lib
+from lsjax.methods.longspec.checkpoint import load_draft
 from lsjax.train.config import TrainConfig
 from tests.test_decode_cli import ROOT, decode, one_error_line
 from tests.tiny import tiny_model
@@ -72,7 +72,7 @@ def test_corrupt_safetensors(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_draft(tmp_path_factory):
-    """A valid draft directory for the tiny target, written by hand in the format `lsjax.train.export` writes
+    """A valid draft directory for the tiny target, written by hand in the format `lsjax.methods.longspec.export` writes
     (test_train checks that round trip; importing the trainer here would only cost time)."""
     config, _ = tiny_model()
     path = tmp_path_factory.mktemp("draft") / "tiny-draft"

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 
 from lsjax.bench import flops
 from lsjax.config import ModelConfig
-from lsjax.drafters.base import ARDrafter
-from lsjax.drafters.pld import PLDDrafter
+from lsjax.engine.types import ARDrafter
+from lsjax.methods.pld.drafter import PLDDrafter
 from lsjax.models import target
 
 CFG = ModelConfig(

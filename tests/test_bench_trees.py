@@ -11,8 +11,8 @@ import pytest
 
 from lsjax.bench import trees
 from lsjax.config import DraftConfig
-from lsjax.drafters.longspec import LongSpecDrafter
-from lsjax.models import draft as draft_lib
+from lsjax.methods.longspec import model as draft_lib
+from lsjax.methods.longspec.drafter import LongSpecDrafter
 from tests.tiny import tiny_model
 
 

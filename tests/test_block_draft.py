@@ -1,4 +1,4 @@
-"""The block-parallel draft model (lsjax.models.block_draft): one forward == s separate reference forwards,
+"""The block-parallel draft model (lsjax.methods.dels.model): one forward == s separate reference forwards,
 and training == drafting at the same anchor."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 from lsjax.cache import RingCache, ring_write
 from lsjax.config import DraftConfig
-from lsjax.models import block_draft as bd
-from lsjax.models.draft import draft_self_kv
+from lsjax.methods.dels import model as bd
+from lsjax.methods.longspec.model import draft_self_kv
 from lsjax.train.features import target_features
 from tests.tiny import tiny_model
 

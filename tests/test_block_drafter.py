@@ -1,4 +1,4 @@
-"""The block-parallel drafter and DeLS-Spec's fusion (lsjax.drafters.block) on a tiny random target:
+"""The block-parallel drafter and DeLS-Spec's fusion (lsjax.methods.dels.drafter) on a tiny random target:
 the fusion formula, the in-block autoregression of the local head against a numpy reference, greedy == AR,
 and one compiled program for every step. (T > 0: tests/test_verify_sampling.py.)"""
 
@@ -11,13 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lsjax import speculative
+from lsjax import engine
 from lsjax.config import BlockConfig, DraftConfig, GenerateConfig, LocalHeadConfig
-from lsjax.drafters.base import ARDrafter
-from lsjax.drafters.block import BlockDrafter, fuse, prepare_dels_params, short_logprobs, with_weights
-from lsjax.models import local_head as lh
-from lsjax.models.block_draft import init_block_params
-from lsjax.models.draft import with_vocab_head
+from lsjax.engine.types import ARDrafter
+from lsjax.methods.dels import local_head as lh
+from lsjax.methods.dels.drafter import BlockDrafter, fuse, prepare_dels_params, short_logprobs, with_weights
+from lsjax.methods.dels.model import init_block_params
+from lsjax.methods.longspec.model import with_vocab_head
 from lsjax.vocab import pruned_vocab
 from tests.test_speculative import repetitive_prompts, run
 from tests.tiny import tiny_model
@@ -86,13 +86,13 @@ def _started(s, branches, kind, alpha, beta, pruned, head_vocab):
     block, bp, dels, dp, head = drafters(config, params, s, branches, kind, alpha, beta, pruned, hv)
     prompt = jnp.asarray([np.resize([5, 9, 14, 20, 7, 33], 30).tolist() + [0] * 34])
     gen = GenerateConfig(max_new_tokens=8, ignore_eos=True)
-    start = jax.jit(speculative.start, static_argnames=("config", "drafter", "gen", "capacity", "chunk"))
+    start = jax.jit(engine.start, static_argnames=("config", "drafter", "gen", "capacity", "chunk"))
     state = start(params, dp, config, dels, gen, prompt, jnp.array([30]), jax.random.key(0), capacity=96, chunk=32)
     return config, params, block, bp, dels, dp, head, state, gen
 
 
 def _propose(drafter, params, dp, config, gen, state):
-    ctx = speculative.context(params, dp, config, gen, 96)
+    ctx = engine.context(params, dp, config, gen, 96)
     return jax.jit(lambda st: drafter.propose(ctx, st, st.draft, jax.random.key(1)))(state)
 
 
@@ -111,7 +111,7 @@ def test_dels_chain_is_the_fused_argmax_of_a_local_head_over_the_block_only(kind
         5, 1, kind, 0.3, 0.3, pruned, head_vocab
     )
     tree = _propose(dels, params, dp, config, gen, state)
-    ctx = speculative.context(params, dp, config, gen, 96)
+    ctx = engine.context(params, dp, config, gen, 96)
     ll = np.asarray(dels.long_logits(ctx, state, state.draft))[0]  # [s, Vd]
     ids = np.arange(config.vocab_size) if not pruned else np.asarray(bp.vocab_ids)
     in_head = np.ones(config.vocab_size, bool) if hv is None else np.isin(np.arange(config.vocab_size), hv)
@@ -170,15 +170,15 @@ def test_no_recompilation_per_step():
     config, params = tiny_model()
     _, _, dels, dp, _ = drafters(config, params, s=4)
     gen = GenerateConfig(max_new_tokens=30, ignore_eos=True)
-    before = speculative.decode._cache_size()
+    before = engine.decode._cache_size()
     for prompt_len in (20, 50):
         prompt = jnp.asarray([list(np.resize([5, 9, 14, 20, 7], prompt_len)) + [0] * (64 - prompt_len)])
-        state = speculative.start(
+        state = engine.start(
             params, dp, config, dels, gen, prompt, jnp.array([prompt_len]), jax.random.key(0), capacity=320, chunk=32
         )
         for limit, (a, b) in zip((2, 5, 9), ((0.3, 0.3), (0.0, 0.0), (1.0, 0.5))):  # α, β are arrays
-            state = speculative.decode(params, with_weights(dp, a, b), config, dels, gen, state, jnp.int32(limit))
-    assert speculative.decode._cache_size() - before == 1
+            state = engine.decode(params, with_weights(dp, a, b), config, dels, gen, state, jnp.int32(limit))
+    assert engine.decode._cache_size() - before == 1
 
 
 @pytest.mark.slow
@@ -187,8 +187,8 @@ def test_real_smollm2_greedy_equals_ar(ours, method):
     """On the real model, a ~1K-token dev code prompt and the shipped GRU local head, the block drafter (the
     LongSpec draft as a block draft) and DeLS-Spec reproduce AR exactly."""
     from lsjax.bench.prompts import stdlib_code_prompt
-    from lsjax.drafters import registry
-    from lsjax.generation import Generator
+    from lsjax.engine.host import Generator
+    from lsjax.methods import registry
 
     ids = ours.tokenizer.encode(stdlib_code_prompt(ours.tokenizer, 1024).text)
     gen = GenerateConfig(max_new_tokens=48, ignore_eos=True)
@@ -204,7 +204,7 @@ def test_alpha_beta_sweep_reuses_one_program_and_starts_from_the_block_drafter()
     import types
 
     from lsjax.bench.dels_sweep import markdown, sweep
-    from lsjax.generation import Generator
+    from lsjax.engine.host import Generator
 
     config, params = tiny_model()
     block, bp, dels, dp, _ = drafters(config, params, s=4)

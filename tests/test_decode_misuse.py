@@ -4,6 +4,8 @@ one line, progress while compiling, the persistent compilation cache, and auto's
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import signal
 import subprocess
@@ -15,9 +17,9 @@ import pytest
 
 import decode
 from lsjax.config import ConfigError, GenerateConfig
-from lsjax.drafters import registry
 from lsjax.errors import ModelNotFoundError
 from lsjax.loading import default_model_path
+from lsjax.methods import registry
 from lsjax.tree import TreeConfig, check_fits
 from tests.test_bad_inputs import tiny_draft  # noqa: F401  (a fixture: a valid draft for the tiny target)
 from tests.test_decode_cli import ROOT
@@ -251,20 +253,20 @@ def test_a_second_run_compiles_from_the_cache(tmp_path):
 
 
 def test_auto_time_split_is_ms_per_step_of_each_candidate(tmp_path, monkeypatch):
-    from lsjax.drafters.auto import AutoDrafter, auto_params
-    from lsjax.generation import Generator
-    from lsjax.profiling import time_split
+    from lsjax.engine.host import Generator
+    from lsjax.engine.profiling import time_split
+    from lsjax.methods.auto.drafter import AutoDrafter, auto_params
 
     monkeypatch.setenv("LSJAX_PROFILE_DIR", str(tmp_path))
     config, params = tiny_model()
     drafter = AutoDrafter(pld_tokens=(3,))
     ids = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
     gen = GenerateConfig(max_new_tokens=24, ignore_eos=True)
-    g = Generator(config, params, drafter, auto_params(drafter), cost_profile="prior")
+    g = Generator(config, params, dataclasses.replace(drafter, cost_profile="prior"), auto_params(drafter))
     split = time_split(g, ids, gen)
     assert split["step_ms_source"] == "measured" and set(split["step_ms_by_candidate"]) == {"ar", "pld-3"}
     assert all(ms > 0 for ms in split["step_ms_by_candidate"].values())
-    g.cost_profile = "cached"
+    g = Generator(config, params, drafter, auto_params(drafter))  # cost_profile "cached"
     g.run(ids, gen)  # measures the profile once (written under LSJAX_PROFILE_DIR)
     split = time_split(g, ids, gen)
     assert split["step_ms_source"] == "profile" and split["step_ms_by_candidate"]["ar"] > 0

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from lsjax.config import from_dict, to_dict
+from lsjax.methods.dels.train_local_head import split_blocks
 from lsjax.train.config import TrainConfig
-from lsjax.train.local_head import split_blocks
 from tests.tiny import tiny_model
 
 QUIET = {"progress": False, "plot": False, "tensorboard": False}
@@ -52,16 +52,16 @@ def test_local_head_trains_exports_and_loads(tmp_path, kind):
     float16 params and the prior, and loads back."""
     from safetensors import safe_open
 
-    from lsjax.drafters.block_checkpoints import load_local_head
+    from lsjax.methods.dels.checkpoint import load_local_head
+    from lsjax.methods.dels.export import export_dels
     from lsjax.train import fit
-    from lsjax.train.export import export_run
 
     cfg = local_head_cfg(tmp_path, kind)
     out = fit(cfg, log=lambda *_: None)
     losses = out["losses"]
     assert np.mean(losses[-5:]) < {"gru": 0.8, "markov": 0.92}[kind] * np.mean(losses[:3]), losses
     assert out["dev"]["dev_acc"] > {"gru": 0.3, "markov": 0.15}[kind]
-    export_run(cfg, tmp_path / "head")
+    export_dels(cfg, tmp_path / "head")
     tiny, _ = tiny_model()
     params, hcfg, prior, vocab_ids, meta = load_local_head(tmp_path / "head", tiny)
     assert hcfg == cfg.local_head and vocab_ids is None
@@ -76,9 +76,9 @@ def test_local_head_trains_exports_and_loads(tmp_path, kind):
 def test_local_head_pruned_vocab_and_resume(tmp_path):
     """A pruned loss vocabulary travels with the export; a run killed after 4 steps resumes to the same
     params as an uninterrupted one."""
-    from lsjax.drafters.block_checkpoints import load_local_head
+    from lsjax.methods.dels.checkpoint import load_local_head
+    from lsjax.methods.dels.export import export_dels
     from lsjax.train import fit
-    from lsjax.train.export import export_run
 
     over = {"local_head": {"vocab_size": 40}, "checkpoint": {"every": 4}}
     full = fit(local_head_cfg(tmp_path / "a", "gru", steps=8, **over), log=lambda *_: None)
@@ -88,7 +88,7 @@ def test_local_head_pruned_vocab_and_resume(tmp_path):
     assert resumed["start"] == 4
     for name, leaf in full["state"].params.items():
         np.testing.assert_allclose(np.asarray(resumed["state"].params[name]), np.asarray(leaf), rtol=1e-5, atol=1e-6)
-    export_run(cfg, tmp_path / "head")
+    export_dels(cfg, tmp_path / "head")
     _, _, _, vocab_ids, _ = load_local_head(tmp_path / "head")
     assert vocab_ids.shape == (40,)
 
@@ -117,8 +117,8 @@ def block_cfg(tmp_path, feature_set, steps=30, **over):
 
 def tiny_feature_set(tmp_path):
     """A shared-feature-cache set of the tiny random target over the synthetic stream (the lead's builder)."""
+    from lsjax.methods.longspec.train import load_target
     from lsjax.train import feature_cache as fcm
-    from lsjax.train.loop import load_target
 
     cfg = block_cfg(tmp_path, tmp_path / "fs")
     config, params, _ = load_target(cfg)
@@ -136,7 +136,7 @@ def tiny_feature_set(tmp_path):
 
 
 def test_block_anchors_and_targets():
-    from lsjax.train.block import block_targets, draw_anchors
+    from lsjax.methods.dels.train import block_targets, draw_anchors
 
     mask = jnp.ones((2, 40)).at[0, :30].set(0)
     a = np.asarray(draw_anchors(jax.random.key(0), mask, 5, 4))
@@ -154,12 +154,12 @@ def test_block_anchors_and_targets():
 def test_block_drafter_trains_from_the_feature_cache_and_loads(tmp_path):
     """A tiny smoke run from a built feature-cache set: on fixed sequences and anchors the trained block draft
     beats its initialisation (CE and accuracy); its export loads as a block draft."""
-    from lsjax.drafters.block_checkpoints import load_block_draft
+    from lsjax.methods.dels.checkpoint import load_block_draft
+    from lsjax.methods.dels.export import export_dels
+    from lsjax.methods.dels.train import initial_params, micro_block_losses
+    from lsjax.methods.longspec.train import load_target
     from lsjax.train import feature_cache as fcm
     from lsjax.train import fit
-    from lsjax.train.block import initial_params, micro_block_losses
-    from lsjax.train.export import export_run
-    from lsjax.train.loop import load_target
 
     feature_set = tiny_feature_set(tmp_path)
     cfg = block_cfg(tmp_path, feature_set, steps=40, optim={"lr": 3e-2})
@@ -183,7 +183,7 @@ def test_block_drafter_trains_from_the_feature_cache_and_loads(tmp_path):
 
     (ce0, acc0), (ce1, acc1) = evaluate(init), evaluate(out["state"].params)
     assert ce1 < ce0 - 0.1 and acc1 > acc0 + 0.2, (ce0, acc0, ce1, acc1)
-    export_run(cfg, tmp_path / "block")
+    export_dels(cfg, tmp_path / "block")
     tiny, _ = tiny_model()
     params, dcfg, bcfg, meta = load_block_draft(tmp_path / "block", tiny)
     assert bcfg.block_size == 4 and dcfg.window == 8 and params["vocab_ids"].shape == (48,)

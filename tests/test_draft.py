@@ -14,7 +14,8 @@ from lsjax import attention
 from lsjax.band_attention import band_attention
 from lsjax.cache import KVCache, RingCache, ring_write
 from lsjax.config import DraftConfig, ModelConfig
-from lsjax.models import draft, target
+from lsjax.methods.longspec import model as draft
+from lsjax.models import target
 from lsjax.rope import anchor_offset_positions
 from lsjax.vocab import pruned_vocab
 
@@ -437,7 +438,7 @@ def test_rectangular_tree_attention_backends():
 
 def test_shipped_smollm2_draft_is_complete():
     """The draft in lsjax/drafts/ loads, fits SmolLM2-135M's shapes and records how it was trained."""
-    from lsjax.drafters.checkpoints import DRAFTS_DIR, load_draft
+    from lsjax.methods.longspec.checkpoint import DRAFTS_DIR, load_draft
 
     path = DRAFTS_DIR / "SmolLM2-135M-Instruct"
     params, dcfg, meta = load_draft(path)
@@ -446,7 +447,7 @@ def test_shipped_smollm2_draft_is_complete():
     ids = params["vocab_ids"]
     assert len(ids) == dcfg.draft_vocab_size == 8192 and len(np.unique(ids)) == len(ids) and ids.max() < V
     assert all(np.isfinite(v).all() for v in params.values())
-    from lsjax.drafters.checkpoints import shipped_tree
+    from lsjax.methods.longspec.checkpoint import shipped_tree
 
     assert shipped_tree(meta, "cpu").widths == (1,)  # measured fastest on dev, every task kind (README)
     assert shipped_tree(meta, "gpu").num_nodes > 10  # other devices: the device preset

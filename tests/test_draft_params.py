@@ -17,7 +17,9 @@ from lsjax import sharding
 from lsjax.artifacts import BF16
 from lsjax.config import DraftConfig
 from lsjax.errors import MissingTensorError, ShapeMismatchError
-from lsjax.models import block_draft, draft, layers
+from lsjax.methods.dels import model as block_draft
+from lsjax.methods.longspec import model as draft
+from lsjax.models import layers
 from lsjax.models.draft_params import DraftParams
 from tests.tiny import tiny_model
 
@@ -78,8 +80,8 @@ def test_shipped_draft_loads_to_the_arrays_of_its_file(ours):
     """The shipped LongSpec draft: the weights and vocabulary the drafter runs with are the file's arrays bit for
     bit (what the dict held before), the head is the target's rows at the vocabulary, and writing the params
     back gives the same file contents."""
-    from lsjax.drafters.checkpoints import DRAFTS_DIR, load_longspec
-    from lsjax.train.export import save_draft
+    from lsjax.methods.longspec.checkpoint import DRAFTS_DIR, load_longspec
+    from lsjax.methods.longspec.export import save_draft
 
     path = DRAFTS_DIR / "SmolLM2-135M-Instruct"
     raw = load_file(path / "model.safetensors")  # as stored: bf16 weights, int32 vocab_ids
@@ -104,8 +106,8 @@ def test_shipped_draft_loads_to_the_arrays_of_its_file(ours):
 
 
 def test_shipped_block_draft_loads_to_the_arrays_of_its_file(ours):
-    from lsjax.drafters.block import load_block
-    from lsjax.drafters.block_checkpoints import DRAFTS_DIR
+    from lsjax.methods.dels.checkpoint import DRAFTS_DIR
+    from lsjax.methods.dels.drafter import load_block
 
     path = DRAFTS_DIR / "SmolLM2-135M-Instruct" / "block-s8"
     file_arrays = {
@@ -171,8 +173,8 @@ def test_random_draft_params_keep_their_values():
 
 
 def test_draft_shape_checks_derive_from_the_schema():
-    from lsjax.drafters.block_checkpoints import check_block_fits
-    from lsjax.drafters.checkpoints import check_draft_fits
+    from lsjax.methods.dels.checkpoint import check_block_fits
+    from lsjax.methods.longspec.checkpoint import check_draft_fits
 
     config, tp = tiny_model()
     arrays = {k: np.asarray(v) for k, v in block_draft.init_block_params(config, DraftConfig(), tp).items()}

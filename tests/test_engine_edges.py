@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 import lsjax
-from lsjax import speculative
+from lsjax import engine
 from lsjax.config import DraftConfig, GenerateConfig
-from lsjax.drafters.base import ARDrafter, Drafter
-from lsjax.drafters.hybrid import HybridDrafter
-from lsjax.drafters.longspec import LongSpecDrafter
-from lsjax.drafters.pld import PLDDrafter
+from lsjax.engine.types import ARDrafter, Drafter
+from lsjax.methods.hybrid.drafter import HybridDrafter
+from lsjax.methods.longspec.drafter import LongSpecDrafter
+from lsjax.methods.pld.drafter import PLDDrafter
 from lsjax.tree import TreeConfig, make_tree
 from tests.test_speculative import repetitive_prompts, run
 from tests.tiny import tiny_model
@@ -27,10 +27,10 @@ def test_too_small_capacity_is_a_named_error():
     config, params = tiny_model()
     gen = GenerateConfig(max_new_tokens=40, ignore_eos=True)
     prompts = repetitive_prompts(config, 1, 40, seed=1)
-    with pytest.raises(speculative.CapacityError, match="capacity: 96 cache slots"):
+    with pytest.raises(engine.CapacityError, match="capacity: 96 cache slots"):
         run(params, config, prompts, gen, PLDDrafter(num_tokens=8), capacity=96)  # 64 + 40 + 9 > 96
     cfg = lsjax.SpecConfig(model=config, gen=gen, drafter=PLDDrafter(num_tokens=8), chunk=64, capacity=100)
-    with pytest.raises(speculative.CapacityError):
+    with pytest.raises(engine.CapacityError):
         lsjax.generate(params, (), jnp.zeros((1, 64), jnp.int32), cfg, jax.random.key(0))
     run(params, config, prompts, gen, PLDDrafter(num_tokens=8), capacity=113)  # exactly enough is fine
 
@@ -41,12 +41,12 @@ def _step_lengths(params, config, drafter, prompts, gen, steps, dp=()):
     for b, p in enumerate(prompts):
         buf[b, : len(p)] = p
     lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
-    state = speculative.start(
+    state = engine.start(
         params, dp, config, drafter, gen, jnp.asarray(buf), lengths, jax.random.key(0), capacity=256, chunk=32
     )
     history = []
     for s in range(1, steps + 1):
-        state = speculative.decode(params, dp, config, drafter, gen, state, jnp.int32(s))
+        state = engine.decode(params, dp, config, drafter, gen, state, jnp.int32(s))
         history.append((np.asarray(state.cache.lengths), np.asarray(state.done), np.asarray(state.draft.length)))
     return state, history
 

@@ -1,4 +1,4 @@
-"""DeLS-Spec's local head and unigram prior (lsjax.models.local_head) against a float64 numpy reference."""
+"""DeLS-Spec's local head and unigram prior (lsjax.methods.dels.local_head) against a float64 numpy reference."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lsjax.config import ConfigError, LocalHeadConfig
-from lsjax.models import local_head as lh
+from lsjax.methods.dels import local_head as lh
 
 V, D = 53, 12
 

@@ -28,10 +28,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from lsjax import attention, verify
+from lsjax import attention
 from lsjax.bench.lowering import TPU_KINDS, export_text
 from lsjax.cache import KVCache
 from lsjax.config import ModelConfig
+from lsjax.engine import verify
 from lsjax.models import target
 from lsjax.tree import Tree
 from pallas_kernels import prefix_attention as pk

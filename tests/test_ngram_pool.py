@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lsjax.drafters.ngram_pool import history_append, history_init, pool_topk
+from lsjax.methods.tokenswift.ngram_pool import history_append, history_init, pool_topk
 
 
 class RefPool:

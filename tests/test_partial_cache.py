@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lsjax.cache import KVCache
-from lsjax.drafters import partial_cache as pcm
+from lsjax.methods.tokenswift import partial_cache as pcm
 from lsjax.models import target
 from lsjax.rope import inverse_frequencies, rope_angles
 from tests.tiny import tiny_model

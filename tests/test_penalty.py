@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from lsjax.config import ConfigError, DraftConfig, GenerateConfig, SamplingConfig
-from lsjax.drafters.base import ARDrafter, Drafter
-from lsjax.drafters.hybrid import HybridDrafter
-from lsjax.drafters.longspec import LongSpecDrafter
-from lsjax.drafters.pld import PLDDrafter
+from lsjax.engine.types import ARDrafter, Drafter
+from lsjax.methods.hybrid.drafter import HybridDrafter
+from lsjax.methods.longspec.drafter import LongSpecDrafter
+from lsjax.methods.pld.drafter import PLDDrafter
 from lsjax.models import target
 from lsjax.sampling import processed_logprobs, sample, tree_penalty_mask
 from lsjax.tree import TreeConfig, make_tree
@@ -204,14 +204,14 @@ def test_penalty_windows_follow_the_path_inside_the_tree(window):
 def test_a_window_that_ignores_the_path_is_caught(monkeypatch):
     """The test above can fail: verification that penalizes only the committed tokens (the official code's
     shortcut) diverges from AR."""
-    from lsjax import speculative
+    from lsjax.engine import verify
 
-    real = speculative.tree_penalty_mask
+    real = verify.tree_penalty_mask
 
     def committed_only(history, length, tokens, ancestors, depth, window, vocab, max_depth, query_depth=None):
         return real(history, length, tokens, ancestors & False, depth, window, vocab, max_depth, jnp.zeros_like(depth))
 
-    monkeypatch.setattr(speculative, "tree_penalty_mask", committed_only)
+    monkeypatch.setattr(verify, "tree_penalty_mask", committed_only)
     jax.clear_caches()  # the jitted engine traced with the real windows must not be reused (nor kept after)
     try:
         ar, sp = _oracle_run(5)

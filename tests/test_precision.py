@@ -19,8 +19,8 @@ import pytest
 import lsjax
 from lsjax import attention
 from lsjax.config import ConfigError, DraftConfig, GenerateConfig, SamplingConfig, default_dtype, resolve_dtype
-from lsjax.drafters.base import ARDrafter
-from lsjax.drafters.longspec import LongSpecDrafter
+from lsjax.engine.types import ARDrafter
+from lsjax.methods.longspec.drafter import LongSpecDrafter
 from lsjax.tree import TreeConfig
 from tests.test_speculative import DRAFTERS as GREEDY_DRAFTERS
 from tests.test_speculative import repetitive_prompts, run

@@ -16,8 +16,9 @@ from pathlib import Path
 import jax.numpy as jnp
 import pytest
 
-from lsjax.drafters import registry
-from lsjax.drafters.base import Drafter
+from lsjax.engine.types import Drafter
+from lsjax.methods import registry
+from lsjax.methods.pld.config import PLD_TOKENS
 from lsjax.tree import TreeConfig, chain_parents, make_tree
 from tests.tiny import tiny_model
 
@@ -67,11 +68,16 @@ class ByteTokenizer:
         return Stream()
 
 
+@dataclasses.dataclass(frozen=True)
+class ToyOptions:
+    toy_depth: int = registry.option(3, "tokens the chain repeats")
+
+
 @pytest.fixture
 def toy():
-    @registry.register("toy-repeat", help="repeat the last token (a test drafter)")
-    def build(model, *, toy_depth: int = 3, **_):
-        return RepeatDrafter(depth=toy_depth), None
+    @registry.register("toy-repeat", ToyOptions, help="repeat the last token (a test drafter)")
+    def build(model, opts: ToyOptions, cache):
+        return RepeatDrafter(depth=opts.toy_depth), None
 
     yield "toy-repeat"
     registry.unregister("toy-repeat")
@@ -90,7 +96,7 @@ def test_registry_builds_the_builtin_methods():
     config, params = tiny_model()
     model = type("M", (), {"config": config, "params": params, "path": None})()
     pld, none = registry.build("pld", model, pld_tokens=None, pld_ngram=2)
-    assert (pld.num_tokens, pld.ngram_max, none) == (registry.PLD_TOKENS, 2, None)
+    assert (pld.num_tokens, pld.ngram_max, none) == (PLD_TOKENS, 2, None)
     with pytest.raises(registry.ConfigError, match="method: unknown method 'nope'"):
         registry.build("nope", model)
 
@@ -140,20 +146,20 @@ def test_toy_drafter_in_a_full_bench_run(toy, tiny_loaded, monkeypatch, tmp_path
 
 
 def test_decoding_never_imports_the_trainer():
-    """`import lsjax.speculative` and `decode.py --help` (which lists every registered drafter) leave optax,
+    """`import lsjax.engine.step` and `decode.py --help` (which lists every registered drafter) leave optax,
     orbax and grain unloaded: decoding must not pay for, or depend on, the training stack."""
     script = f"""
 import json, runpy, sys
 def loaded():
     return sorted(m for m in sys.modules if m.split(".")[0] in {TRAINER_MODULES!r} or m.startswith("lsjax.train"))
-import lsjax.speculative
+import lsjax.engine.step
 first = loaded()
 sys.argv = ["decode.py", "--help"]
 try:
     runpy.run_path({str(ROOT / "decode.py")!r}, run_name="__main__")
 except SystemExit:
     pass
-import lsjax.drafters.checkpoints, lsjax.loading
+import lsjax.methods.longspec.checkpoint, lsjax.loading
 print(json.dumps([first, loaded()]))
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)

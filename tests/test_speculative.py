@@ -13,19 +13,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lsjax import speculative
+from lsjax import engine
 from lsjax.config import DraftConfig, GenerateConfig, SamplingConfig
-from lsjax.drafters.base import ARDrafter, DraftContext, Drafter
-from lsjax.drafters.hybrid import HybridDrafter, union_layout
-from lsjax.drafters.longspec import LongSpecDrafter
-from lsjax.drafters.pld import PLDDrafter, find_continuation
-from lsjax.models.draft import init_draft_params
+from lsjax.engine.types import ARDrafter, DraftContext, Drafter
+from lsjax.engine.verify import accept
+from lsjax.methods.hybrid.drafter import HybridDrafter, union_layout
+from lsjax.methods.longspec.drafter import LongSpecDrafter
+from lsjax.methods.longspec.model import init_draft_params
+from lsjax.methods.pld.drafter import PLDDrafter, find_continuation
 from lsjax.tree import Tree, TreeConfig, ancestor_mask, make_tree, parse_tree
-from lsjax.verify import accept
 from lsjax.vocab import pruned_vocab
 from tests.tiny import tiny_model
 
-spec_run = jax.jit(speculative.run, static_argnames=("config", "gen", "drafter", "capacity", "chunk", "backend"))
+spec_run = jax.jit(engine.run, static_argnames=("config", "gen", "drafter", "capacity", "chunk", "backend"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,15 +251,15 @@ def test_longspec_pruned_vocab_is_lossless_and_draft_memory_is_constant():
 @pytest.mark.slow  # ~38 s; the tree's shape, not losslessness (any tree verifies exactly)
 def test_longspec_beam_matches_brute_force():
     """Each level holds the global top-w children by cumulative draft log-prob."""
-    from lsjax.drafters.base import DraftContext
-    from lsjax.models.draft import draft_logits, draft_self_kv, draft_step
+    from lsjax.engine.types import DraftContext
+    from lsjax.methods.longspec.model import draft_logits, draft_self_kv, draft_step
 
     config, params = tiny_model(vocab=11, scale=0.6)
     drafter = LongSpecDrafter(TreeConfig((3, 4)), DraftConfig(window=8))
     dp = longspec_params(params, config, drafter)
     gen = GenerateConfig(max_new_tokens=2, ignore_eos=True)
     prompt = [3, 4, 5, 6, 7, 8, 9, 3, 4]
-    state = speculative.start(
+    state = engine.start(
         params,
         dp,
         config,
@@ -339,14 +339,14 @@ def test_public_generate_jits_inside_user_code():
 
 def test_draft_sees_only_committed_target_kv():
     """Garbage in the target cache past the committed length must not change the tree the draft builds."""
-    from lsjax.drafters.base import DraftContext
+    from lsjax.engine.types import DraftContext
 
     config, params = tiny_model()
     drafter = LongSpecDrafter(TreeConfig((2, 3)), DraftConfig(window=8))
     dp = longspec_params(params, config, drafter)
     gen = GenerateConfig(max_new_tokens=4, ignore_eos=True)
     prompt = jnp.asarray([list(range(3, 30)) + [0] * 5])
-    state = speculative.start(
+    state = engine.start(
         params, dp, config, drafter, gen, prompt, jnp.array([27]), jax.random.key(0), capacity=64, chunk=32
     )
     ctx = DraftContext(params, dp, config, capacity=64)
@@ -375,15 +375,15 @@ def test_no_recompilation_per_step(drafter):
     config, params = tiny_model()
     dp = longspec_params(params, config, drafter) if isinstance(drafter, LongSpecDrafter) else ()
     gen = GenerateConfig(max_new_tokens=30, ignore_eos=True)
-    before = speculative.decode._cache_size()
+    before = engine.decode._cache_size()
     for prompt_len in (20, 50):  # one prompt bucket: the same compiled program
         prompt = jnp.asarray([list(np.resize([5, 9, 14, 20, 7], prompt_len)) + [0] * (64 - prompt_len)])
-        state = speculative.start(
+        state = engine.start(
             params, dp, config, drafter, gen, prompt, jnp.array([prompt_len]), jax.random.key(0), capacity=320, chunk=32
         )
         for limit in (2, 5, 9):
-            state = speculative.decode(params, dp, config, drafter, gen, state, jnp.int32(limit))
-    assert speculative.decode._cache_size() - before == 1
+            state = engine.decode(params, dp, config, drafter, gen, state, jnp.int32(limit))
+    assert engine.decode._cache_size() - before == 1
 
 
 @pytest.mark.slow
@@ -391,8 +391,8 @@ def test_no_recompilation_per_step(drafter):
 def test_real_smollm2_greedy_speculative_equals_ar(ours, method):
     """On the real model and a dev code prompt (~1K tokens), every drafter reproduces AR exactly."""
     from lsjax.bench.prompts import stdlib_code_prompt
-    from lsjax.drafters.checkpoints import load_longspec
-    from lsjax.generation import Generator
+    from lsjax.engine.host import Generator
+    from lsjax.methods.longspec.checkpoint import load_longspec
 
     ids = ours.tokenizer.encode(stdlib_code_prompt(ours.tokenizer, 1024).text)
     gen = GenerateConfig(max_new_tokens=48, ignore_eos=True)

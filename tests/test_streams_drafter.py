@@ -10,15 +10,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lsjax import speculative
+from lsjax import engine
 from lsjax.artifacts import BF16
 from lsjax.cache import KVCache
 from lsjax.config import ConfigError, GenerateConfig
-from lsjax.drafters import registry
-from lsjax.drafters.base import ARDrafter
-from lsjax.drafters.streams import StreamsDrafter, load_streams, load_streams_drafter, prune_tree, save_streams
+from lsjax.engine.types import ARDrafter
 from lsjax.errors import CorruptFileError, ShapeMismatchError
-from lsjax.models import streams as ss
+from lsjax.methods import registry
+from lsjax.methods.streams import model as ss
+from lsjax.methods.streams.drafter import StreamsDrafter, load_streams, load_streams_drafter, prune_tree, save_streams
 from lsjax.models import target
 from lsjax.tree import TreeConfig, make_tree
 from tests.test_speculative import repetitive_prompts, run
@@ -80,13 +80,11 @@ def test_draft_state_is_the_streams_at_the_last_accepted_node(streams_at):
     B, P = len(prompts), 64
     buf = jnp.asarray(np.stack([np.pad(p, (0, P - len(p))) for p in prompts]))
     lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
-    ctx = speculative.context(params, sp, config, gen, 128)
+    ctx = engine.context(params, sp, config, gen, 128)
     start = jax.jit(
-        lambda: speculative.start(
-            params, sp, config, drafter, gen, buf, lengths, jax.random.key(0), capacity=128, chunk=32
-        )
+        lambda: engine.start(params, sp, config, drafter, gen, buf, lengths, jax.random.key(0), capacity=128, chunk=32)
     )
-    step = jax.jit(lambda s: speculative.spec_step(ctx, drafter, gen, s))
+    step = jax.jit(lambda s: engine.spec_step(ctx, drafter, gen, s))
     ref = jax.jit(_reference_topk, static_argnums=(1, 4))
     state = start()
     accepted = 0
@@ -134,14 +132,14 @@ def test_no_recompilation_per_step():
     sp = stream_params(config)
     drafter = StreamsDrafter.for_target(config, SCFG, (3, 3, 2), (2, 2, 1))
     gen = GenerateConfig(max_new_tokens=30, ignore_eos=True)
-    before = speculative.decode._cache_size()
+    before = engine.decode._cache_size()
     prompt = jnp.asarray([list(np.resize([5, 9, 14, 20, 7], 20)) + [0] * 44])
-    state = speculative.start(
+    state = engine.start(
         params, sp, config, drafter, gen, prompt, jnp.array([20]), jax.random.key(0), capacity=320, chunk=32
     )
     for limit in (2, 5, 9, 14):  # state, step limit and draft state change; the program does not
-        state = speculative.decode(params, sp, config, drafter, gen, state, jnp.int32(limit))
-    assert speculative.decode._cache_size() - before == 1
+        state = engine.decode(params, sp, config, drafter, gen, state, jnp.int32(limit))
+    assert engine.decode._cache_size() - before == 1
 
 
 @dataclasses.dataclass
@@ -188,7 +186,7 @@ def test_checkpoints_and_registry(tmp_path):
 def test_real_smollm2_streams_greedy_equals_ar(ours, tree):
     """On the real model (untrained streams: what is tested is the engine, not the drafts) at ~1K tokens."""
     from lsjax.bench.prompts import stdlib_code_prompt
-    from lsjax.generation import Generator
+    from lsjax.engine.host import Generator
 
     ids = ours.tokenizer.encode(stdlib_code_prompt(ours.tokenizer, 1024).text)
     gen = GenerateConfig(max_new_tokens=32, ignore_eos=True)

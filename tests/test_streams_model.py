@@ -12,10 +12,10 @@ import pytest
 
 from lsjax.cache import KVCache
 from lsjax.config import ConfigError
-from lsjax.models import streams as ss
+from lsjax.engine.verify import tapped_tree_forward
+from lsjax.methods.streams import model as ss
 from lsjax.models import target
 from lsjax.tree import TreeConfig, chain_parents, make_tree
-from lsjax.verify import tapped_tree_forward
 from tests.tiny import tiny_model
 
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from lsjax.config import ConfigError, GenerateConfig, ModelConfig, from_dict, to_dict
-from lsjax.drafters.base import ARDrafter
-from lsjax.drafters.streams import load_streams_drafter
+from lsjax.engine.types import ARDrafter
+from lsjax.methods.streams.drafter import load_streams_drafter
+from lsjax.methods.streams.train import StreamsTrainConfig, fit_streams, sample_positions
 from lsjax.models import target as target_lib
 from lsjax.train import feature_cache as fcm
-from lsjax.train.streams import StreamsTrainConfig, fit_streams, sample_positions
 
 CFG = ModelConfig(
     vocab_size=61, hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64
@@ -84,7 +84,7 @@ def test_training_lowers_the_loss_and_only_trains_stream_params(trained):
     assert np.mean(losses[-10:]) < 0.85 * np.mean(losses[:10]), losses
     # The optimizer holds the stream params and nothing else, and every one of them moved. (The target is an
     # argument of the step that is never differentiated: it cannot change.)
-    from lsjax.models import streams as ss
+    from lsjax.methods.streams import model as ss
 
     params = out["state"].params
     assert set(params) == set(ss.param_specs(config, cfg.streams))

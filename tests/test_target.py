@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lsjax import decoding, speculative
+from lsjax import engine
 from lsjax.cache import KVCache
 from lsjax.config import GenerateConfig
-from lsjax.drafters.base import ARDrafter
+from lsjax.engine.types import ARDrafter
 from lsjax.models import target
 from tests.tiny import tiny_model
 
@@ -64,8 +64,8 @@ def tiny_hf(tmp_path, kind: str, tie: bool, rope: str = "default", seed: int = 0
 
 
 forward = jax.jit(target.forward, static_argnames=("config", "backend"))
-prefill = jax.jit(decoding.prefill, static_argnames=("config", "chunk", "backend"))
-_spec_run = jax.jit(speculative.run, static_argnames=("config", "gen", "drafter", "capacity", "chunk", "backend"))
+prefill = jax.jit(engine.prefill, static_argnames=("config", "chunk", "backend"))
+_spec_run = jax.jit(engine.run, static_argnames=("config", "gen", "drafter", "capacity", "chunk", "backend"))
 
 
 def generate_ar(params, config, tokens, lengths, gen, key):
@@ -139,8 +139,8 @@ def test_decode_layout_equals_training_layout(tiny):
     a cache gives the same logits and K/V as the stacked layout, with and without qkv biases."""
     import dataclasses
 
+    from lsjax.engine.verify import tree_forward
     from lsjax.tree import TreeConfig, make_tree
-    from lsjax.verify import tree_forward
 
     config, params = tiny
     for cfg in (dataclasses.replace(config, qkv_bias=True),):  # biases: the fused b_qkv too
@@ -226,21 +226,21 @@ def test_no_recompilation_per_token_or_prompt_length(tiny):
 
     def counted(params, tokens, lengths):
         traces["n"] += 1
-        return decoding.prefill(params, config, tokens, lengths, KVCache.zeros(config, 1, 512), chunk=64)
+        return engine.prefill(params, config, tokens, lengths, KVCache.zeros(config, 1, 512), chunk=64)
 
     counted_prefill = jax.jit(counted)
     gen = GenerateConfig(max_new_tokens=40, ignore_eos=True)
     drafter = ARDrafter()
-    decode_traces_before = speculative.decode._cache_size()
+    decode_traces_before = engine.decode._cache_size()
     for n in (5, 64, 65, 200):  # one bucket (256): one trace whatever the length
         buf = np.zeros((1, 256), np.int32)
         buf[0, :n] = 7
         last, cache = counted_prefill(params, jnp.asarray(buf), jnp.array([n]))
-        state = decoding.init_state(config, gen, cache, last, jax.random.key(0), gen.max_new_tokens)
+        state = engine.init_state(config, gen, cache, last, jax.random.key(0), gen.max_new_tokens)
         for limit in (3, 10, 25):  # streaming: raising the step limit must not retrace
-            state = speculative.decode(params, (), config, drafter, gen, state, jnp.int32(limit))
+            state = engine.decode(params, (), config, drafter, gen, state, jnp.int32(limit))
     assert traces["n"] == 1
-    assert speculative.decode._cache_size() - decode_traces_before == 1
+    assert engine.decode._cache_size() - decode_traces_before == 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,7 +268,7 @@ def test_real_smollm2_matches_transformers(real):
     logits = full_logits(params, config, np.array([ids]))[0]
     assert np.abs(logits - ref).max() <= 1e-3
 
-    bucket = decoding.prompt_bucket(P)
+    bucket = engine.prompt_bucket(P)
     buf = np.zeros((1, bucket), np.int32)
     buf[0, :P] = ids
     gen = GenerateConfig(max_new_tokens=32, ignore_eos=True)

@@ -11,12 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lsjax import speculative
+from lsjax import engine
 from lsjax.artifacts import BF16
 from lsjax.config import GenerateConfig, SamplingConfig
-from lsjax.drafters.base import ARDrafter
-from lsjax.drafters.tokenswift import TokenSwiftConfig, TokenSwiftDrafter
-from lsjax.models import tokenswift_heads as th
+from lsjax.engine.types import ARDrafter
+from lsjax.methods.tokenswift import model as th
+from lsjax.methods.tokenswift.drafter import TokenSwiftConfig, TokenSwiftDrafter
 from tests.test_speculative import repetitive_prompts, run
 from tests.tiny import tiny_model
 
@@ -63,24 +63,24 @@ def test_one_compile_and_partial_cache_memory_is_the_budget():
     drafter = DRAFTERS["partial"]
     dp = heads_params(params, config, drafter)
     gen = GenerateConfig(max_new_tokens=30, ignore_eos=True)
-    before = speculative.decode._cache_size()
+    before = engine.decode._cache_size()
     sizes = []
     for prompt_len in (20, 60):  # one prompt bucket: the same compiled program
         prompt = jnp.asarray([list(np.resize([5, 9, 14, 20, 7], prompt_len)) + [0] * (64 - prompt_len)])
-        state = speculative.start(
+        state = engine.start(
             params, dp, config, drafter, gen, prompt, jnp.array([prompt_len]), jax.random.key(0), capacity=320, chunk=32
         )
         for limit in (2, 5, 9):
-            state = speculative.decode(params, dp, config, drafter, gen, state, jnp.int32(limit))
+            state = engine.decode(params, dp, config, drafter, gen, state, jnp.int32(limit))
         sizes.append(state.draft.pcache.nbytes())
-    assert speculative.decode._cache_size() - before == 1
+    assert engine.decode._cache_size() - before == 1
     slots = config.num_layers * config.num_kv_heads * drafter.cfg.kv_budget  # batch 1
     assert sizes[0] == sizes[1] == slots * (2 * config.head_dim * 4 + 4) + 4 + 4 + 1  # k, v, pos; counters
 
 
 def test_heads_checkpoint_roundtrip_and_named_errors(tmp_path):
-    from lsjax.drafters.tokenswift import load_heads, load_tokenswift, save_heads
     from lsjax.errors import CorruptFileError, ModelNotFoundError, ShapeMismatchError
+    from lsjax.methods.tokenswift.drafter import load_heads, load_tokenswift, save_heads
 
     config, params = tiny_model()
     hp = th.init_params(config, th.HeadsConfig(3), params, key=jax.random.key(0))
@@ -109,8 +109,8 @@ def test_real_smollm2_greedy_tokenswift_equals_ar(ours, draft_pass):
     """On the real model, a ~1K-token code prompt and a 256-entry partial cache (selection and rebuilds on a
     real context), untrained heads: the output is AR's."""
     from lsjax.bench.prompts import stdlib_code_prompt
-    from lsjax.drafters.tokenswift import load_tokenswift
-    from lsjax.generation import Generator
+    from lsjax.engine.host import Generator
+    from lsjax.methods.tokenswift.drafter import load_tokenswift
 
     ids = ours.tokenizer.encode(stdlib_code_prompt(ours.tokenizer, 1024).text)
     gen = GenerateConfig(max_new_tokens=48, ignore_eos=True)
@@ -124,7 +124,7 @@ def test_real_smollm2_greedy_tokenswift_equals_ar(ours, draft_pass):
 
 
 def test_registry_options_reach_the_config():
-    from lsjax.drafters import registry
+    from lsjax.methods import registry
 
     config, params = tiny_model()
     model = type("Model", (), {"config": config, "params": params, "path": "tiny.gguf"})

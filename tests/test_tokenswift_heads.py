@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from lsjax.config import ConfigError
+from lsjax.methods.tokenswift import model as th
 from lsjax.models import target
-from lsjax.models import tokenswift_heads as th
 from tests.tiny import tiny_model
 
 

@@ -14,10 +14,10 @@ import pytest
 
 from lsjax.artifacts import BF16
 from lsjax.config import from_dict, load_yaml, to_dict
-from lsjax.models import tokenswift_heads as th
+from lsjax.methods.longspec.train import load_target
+from lsjax.methods.tokenswift import model as th
+from lsjax.methods.tokenswift.train import HeadsTrainConfig, export_heads, fit_heads, heads_losses
 from lsjax.train.features import target_features, target_logits
-from lsjax.train.heads import HeadsTrainConfig, export_heads, fit_heads, heads_losses
-from lsjax.train.loop import load_target
 from tests.tiny import tiny_model
 
 
@@ -92,7 +92,7 @@ def test_tiny_training_lowers_the_loss_and_exports(tmp_path):
     assert np.mean(losses[-5:]) < 0.92 * np.mean(losses[:5]), losses
     assert out["final"]["acc1"] > 0.5 and out["final"]["dev_acc1"] > 0.3  # chance: 1 / 97
     export_heads(cfg, tmp_path / "heads")
-    from lsjax.drafters.tokenswift import load_heads
+    from lsjax.methods.tokenswift.drafter import load_heads
 
     got, hcfg, meta = load_heads(tmp_path / "heads", config)
     stored = np.asarray(out["state"].params["w"], BF16).astype(np.float32)  # exported in bf16

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from lsjax.config import SamplingConfig
-from lsjax.drafters.tokenswift_tree import build_tree, union_config
-from lsjax.verify import accept
+from lsjax.engine.verify import accept
+from lsjax.methods.tokenswift.tree import build_tree, union_config
 
 
 def paths_of(tree, b):

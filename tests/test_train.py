@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 import yaml
 
-from lsjax import data as data_lib
 from lsjax import train as tr
 from lsjax.config import ConfigError, ModelConfig, from_dict, load_yaml, to_dict
-from lsjax.models import draft as draft_lib
+from lsjax.methods.longspec import model as draft_lib
+from lsjax.methods.longspec import train as train_loop
 from lsjax.models import target as target_lib
-from lsjax.train import loop as train_loop
+from lsjax.train import data as data_lib
 from lsjax.train.config import TrainConfig
 from lsjax.tree import TreeConfig
 
@@ -213,7 +213,7 @@ def test_flash_noisy_lags_cover_exactly_the_configured_range(gamma):
 
 
 def test_export_refuses_a_tree_deeper_than_the_trained_lags(tmp_path):
-    from lsjax.train.export import check_tree_lags
+    from lsjax.methods.longspec.export import check_tree_lags
 
     check_tree_lags(tiny_cfg(loss__gamma=6), TreeConfig((4, 16, 16, 16, 16)))
     with pytest.raises(ConfigError, match="loss.gamma"):
@@ -331,7 +331,8 @@ SHARDED = textwrap.dedent(
     assert jax.device_count() == 8
     from test_train import TINY, tiny_cfg, _batch
     from lsjax import sharding, train as tr
-    from lsjax.models import draft as draft_lib, target as target_lib
+    from lsjax.models import target as target_lib
+    from lsjax.methods.longspec import model as draft_lib
     cfg = tiny_cfg(data__batch_size=8, mesh__data=2, mesh__fsdp=4, loss__distill="kl", loss__distill_weight=0.5)
     tp = target_lib.init_params(TINY, jax.random.PRNGKey(0), scale=0.3)
     dp = draft_lib.init_draft_params(TINY, cfg.draft, tp)
@@ -387,9 +388,9 @@ def test_every_train_config_parses(path):
     raw = yaml.safe_load(path.read_text()) or {}
     kind = TrainConfig
     if "streams" in raw:  # Speculative Streaming's own trainer
-        from lsjax.train.streams import StreamsTrainConfig as kind
+        from lsjax.methods.streams.train import StreamsTrainConfig as kind
     elif raw.get("kind") == "tokenswift-heads":
-        from lsjax.train.heads import HeadsTrainConfig as kind
+        from lsjax.methods.tokenswift.train import HeadsTrainConfig as kind
     cfg = load_yaml(kind, path)
     assert from_dict(kind, to_dict(cfg)) == cfg
     hash(cfg)
@@ -451,7 +452,7 @@ def test_cli_end_to_end_tiny(tmp_path):
     # --export: the run as a draft directory decode.py loads, with its training summary and default tree
     out = _cli(["--config", str(cfg), "--export", str(tmp_path / "draft"), "--tree", "2,1"], tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    from lsjax.drafters.checkpoints import load_draft
+    from lsjax.methods.longspec.checkpoint import load_draft
 
     params, dcfg, meta = load_draft(tmp_path / "draft")
     assert meta["tree"] == [2, 1] and meta["training"]["steps"] == 4 and meta["training"]["final_loss"] > 0
@@ -459,7 +460,7 @@ def test_cli_end_to_end_tiny(tmp_path):
     # per device: the CPU's measured tree stored under its name, other devices fall back to their preset
     out = _cli(["--config", str(cfg), "--export", str(tmp_path / "d2"), "--tree", "cpu=1;tpu=2,1"], tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
-    from lsjax.drafters.checkpoints import shipped_tree
+    from lsjax.methods.longspec.checkpoint import shipped_tree
 
     meta = load_draft(tmp_path / "d2")[2]
     assert meta["tree"] == {"cpu": [1], "tpu": [2, 1]} and shipped_tree(meta, "cpu").widths == (1,)

@@ -32,7 +32,7 @@ def _run(capsys, *args) -> tuple[int, str, str]:
 
 
 def test_registry_names_every_trainer():
-    assert kinds.names() == ("longspec", "block", "local_head", "tokenswift-heads", "streams")
+    assert kinds.names() == ("longspec", "block", "local_head", "streams", "tokenswift-heads")
     assert kinds.kind_of({}) == kinds.DEFAULT == "longspec"
     assert kinds.kind_of({"kind": "block"}) == "block"
     with pytest.raises(ConfigError, match="^kind: unknown kind 'nope'; known kinds: longspec, block"):
@@ -47,7 +47,7 @@ def test_each_registered_kind_parses_its_config(name):
     cfg = from_dict(kind.config_class, {"kind": name})
     assert cfg.kind == name
     assert from_dict(kind.config_class, to_dict(cfg)) == cfg
-    assert callable(kinds._load(kind.trainer)) and callable(kinds._load(kind.exporter))
+    assert callable(kinds.load(kind.trainer)) and callable(kinds.load(kind.exporter))
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs" / "train").glob("*.yaml")), ids=lambda p: p.stem)

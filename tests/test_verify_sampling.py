@@ -24,24 +24,25 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from lsjax import speculative
+from lsjax import engine
 from lsjax.cache import KVCache
 from lsjax.config import BlockConfig, DraftConfig, GenerateConfig, LocalHeadConfig, SamplingConfig
-from lsjax.drafters.auto import AutoDrafter, AutoPolicy, auto_params
-from lsjax.drafters.base import Drafter
-from lsjax.drafters.block import BlockDrafter, prepare_dels_params
-from lsjax.drafters.hybrid import HybridDrafter
-from lsjax.drafters.longspec import LongSpecDrafter
-from lsjax.drafters.pld import PLDDrafter
-from lsjax.drafters.streams import StreamsDrafter
-from lsjax.drafters.tokenswift import TokenSwiftConfig, TokenSwiftDrafter
-from lsjax.models import local_head, target
-from lsjax.models import tokenswift_heads as th
-from lsjax.models.block_draft import init_block_params
-from lsjax.models.streams import StreamsConfig
+from lsjax.engine.types import Drafter
+from lsjax.engine.verify import accept
+from lsjax.methods.auto.drafter import AutoDrafter, AutoPolicy, auto_params
+from lsjax.methods.dels import local_head
+from lsjax.methods.dels.drafter import BlockDrafter, prepare_dels_params
+from lsjax.methods.dels.model import init_block_params
+from lsjax.methods.hybrid.drafter import HybridDrafter
+from lsjax.methods.longspec.drafter import LongSpecDrafter
+from lsjax.methods.pld.drafter import PLDDrafter
+from lsjax.methods.streams.drafter import StreamsDrafter
+from lsjax.methods.streams.model import StreamsConfig
+from lsjax.methods.tokenswift import model as th
+from lsjax.methods.tokenswift.drafter import TokenSwiftConfig, TokenSwiftDrafter
+from lsjax.models import target
 from lsjax.sampling import processed_logprobs
 from lsjax.tree import Tree, TreeConfig, make_tree
-from lsjax.verify import accept
 from tests.filters_ref import reference_probs
 from tests.test_speculative import RandomTreeDrafter, longspec_params
 from tests.test_streams_drafter import stream_params
@@ -116,9 +117,9 @@ def distribution_pvalue(samples: np.ndarray, probs: dict, top_cells: int = 8) ->
 
 @functools.partial(jax.jit, static_argnames=("config", "drafter", "gen"))
 def _first_step_then_rest(params, dp, config, drafter, gen, tokens, lengths, key):
-    state = speculative.start(params, dp, config, drafter, gen, tokens, lengths, key, capacity=32, chunk=8)
-    ctx = speculative.context(params, dp, config, gen, 32)
-    step = functools.partial(speculative.spec_step, ctx, drafter, gen)
+    state = engine.start(params, dp, config, drafter, gen, tokens, lengths, key, capacity=32, chunk=8)
+    ctx = engine.context(params, dp, config, gen, 32)
+    step = functools.partial(engine.spec_step, ctx, drafter, gen)
     state = step(state)
     first = state.num_out  # 1 (prefill) + tokens of the first step
     state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, state)

@@ -12,10 +12,10 @@ import pytest
 
 from lsjax.cache import KVCache, commit
 from lsjax.config import GenerateConfig
-from lsjax.drafters.base import ARDrafter, Drafter
+from lsjax.engine.types import ARDrafter, Drafter
+from lsjax.engine.verify import tapped_tree_forward, tree_forward
 from lsjax.models import target
 from lsjax.tree import Tree, TreeConfig, make_tree
-from lsjax.verify import tapped_tree_forward, tree_forward
 from tests.test_speculative import RandomTreeDrafter, repetitive_prompts, run
 from tests.tiny import tiny_model
 

@@ -82,8 +82,8 @@ def arm_config(base, arm: str):
 
 def dev_sequences(cfg, tokenizer, eos: int, vocab_size: int, seq_len: int, n: int, log=print):
     """n DEV sequences of seq_len tokens, evenly spaced over the packed sources: tokens, mask [n, T]."""
-    from lsjax import data as data_lib
     from lsjax.config import ConfigError
+    from lsjax.train import data as data_lib
 
     d = dataclasses.replace(cfg.data, split="dev", seq_len=seq_len, max_sequences=0)
     seqs, mask = data_lib.load_sequences(dataclasses.replace(cfg, data=d), tokenizer, eos, vocab_size, log=log)
@@ -118,7 +118,7 @@ def make_position_eval(config, draft_cfg, edges: tuple[int, ...], chunk_size: in
     import jax.numpy as jnp
 
     from lsjax import train as tr
-    from lsjax.models import draft as draft_lib
+    from lsjax.methods.longspec import model as draft_lib
 
     def evaluate(draft_params, target_params, vocab_ids, seq):
         tokens = seq["tokens"]
@@ -186,7 +186,7 @@ def position_metrics(evaluate, draft_params: dict, target_params, seqs: list[dic
     """{"overall": rates, "buckets": [{"lo", "hi", **rates}]} pooled over the sequences."""
     import jax
 
-    from lsjax.drafters.longspec import split_vocab
+    from lsjax.methods.longspec.drafter import split_vocab
 
     params, vocab_ids = split_vocab(draft_params)
     total = None
@@ -217,8 +217,8 @@ def measure_tau(config, target_params, drafts: dict[str, Path], tree, prompts: l
     import jax.numpy as jnp
 
     from lsjax.config import GenerateConfig
-    from lsjax.drafters import registry
-    from lsjax.generation import Generator
+    from lsjax.engine.host import Generator
+    from lsjax.methods import registry
 
     gen = GenerateConfig(max_new_tokens=max_new, ignore_eos=True)  # equal lengths for every arm
     target = types.SimpleNamespace(config=config, params=target_params, path=None)
@@ -371,8 +371,8 @@ def run(argv=None) -> dict:
     from lsjax import train as tr
     from lsjax.bench.run import machine_info
     from lsjax.config import ConfigError, to_dict
-    from lsjax.drafters.checkpoints import load_draft
-    from lsjax.train.export import export_run
+    from lsjax.methods.longspec.checkpoint import load_draft
+    from lsjax.methods.longspec.export import export_run
     from lsjax.tree import parse_tree
 
     base = load_base(args.config, args.set)

@@ -69,7 +69,7 @@ def main(argv=None) -> None:
     import transformers
 
     from lsjax.config import GenerateConfig
-    from lsjax.generation import Generator
+    from lsjax.engine.host import Generator
     from lsjax.loading import load_model
 
     torch.set_num_threads(args.threads)

@@ -50,10 +50,10 @@ def main(argv=None) -> int:
 
     from lsjax.bench.suites import encode, load_suite
     from lsjax.config import GenerateConfig, SamplingConfig
-    from lsjax.drafters import registry
-    from lsjax.drafters.base import ARDrafter
-    from lsjax.generation import Generator
+    from lsjax.engine.host import Generator
+    from lsjax.engine.types import ARDrafter
     from lsjax.loading import load_model
+    from lsjax.methods import registry
     from lsjax.models import target
 
     model = load_model()

@@ -30,9 +30,9 @@ def sweep(model, drafter, dels_params, prompts: dict[str, list[int]], alphas, be
     import jax.numpy as jnp
 
     from lsjax.bench.run import prompt_seed
-    from lsjax.drafters.base import ARDrafter
-    from lsjax.drafters.block import with_weights
-    from lsjax.generation import Generator
+    from lsjax.engine.host import Generator
+    from lsjax.engine.types import ARDrafter
+    from lsjax.methods.dels.drafter import with_weights
 
     params = jax.tree.map(jnp.asarray, model.params)
     ar = Generator(model.config, params, ARDrafter())
@@ -135,9 +135,9 @@ def main(argv=None) -> int:
 
     from lsjax.bench.suites import encode, load_suite
     from lsjax.config import GenerateConfig, SamplingConfig
-    from lsjax.drafters import registry
     from lsjax.errors import LsjaxError
     from lsjax.loading import load_model
+    from lsjax.methods import registry
 
     try:
         model = load_model(None)

@@ -458,9 +458,9 @@ def layers_that_fit(capacity: int) -> int:
 
 def check_step(rep: Report, copy_bw: dict[int, float]) -> None:
     from lsjax.cache import KVCache
+    from lsjax.engine.verify import tree_forward
     from lsjax.models import target
     from lsjax.tree import TreeConfig, chain_parents, make_tree, root_only
-    from lsjax.verify import tree_forward
 
     cfg = rep.config
     sizes = sorted(set(cfg.step_sizes) | {1})
@@ -550,9 +550,9 @@ def _e2e_model(cfg: CheckConfig):
 def check_e2e(rep: Report) -> None:
     from lsjax.bench.profiling import time_split
     from lsjax.config import GenerateConfig
-    from lsjax.drafters import registry
+    from lsjax.engine.host import Generator
     from lsjax.errors import LsjaxError
-    from lsjax.generation import Generator
+    from lsjax.methods import registry
 
     cfg = rep.config
     try:

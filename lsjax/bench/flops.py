@@ -38,19 +38,19 @@ def step_flops(params, draft_params, config, drafter, max_new_tokens: int = 64, 
     import jax
     import jax.numpy as jnp
 
-    from lsjax import speculative
+    from lsjax import engine
     from lsjax.config import GenerateConfig, SamplingConfig
 
     gen = GenerateConfig(max_new_tokens, SamplingConfig(temperature=temperature), ignore_eos=True)
     tokens = jax.ShapeDtypeStruct((1, PROMPT), jnp.int32)
     lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
     key = jax.eval_shape(lambda: jax.random.key(0))
-    start = functools.partial(speculative.start, config=config, drafter=drafter, gen=gen, capacity=CONTEXT)
+    start = functools.partial(engine.start, config=config, drafter=drafter, gen=gen, capacity=CONTEXT)
     state = jax.eval_shape(start, params, draft_params, tokens=tokens, lengths=lengths, key=key)
 
     def one(tp, dp, s):
-        ctx = speculative.context(tp, dp, config, gen, CONTEXT)
-        return speculative.spec_step(ctx, drafter, gen, s)
+        ctx = engine.context(tp, dp, config, gen, CONTEXT)
+        return engine.spec_step(ctx, drafter, gen, s)
 
     cost = jax.jit(one).lower(params, draft_params, state).cost_analysis()
     if isinstance(cost, (list, tuple)):  # older jax: one dict per computation
@@ -61,7 +61,7 @@ def step_flops(params, draft_params, config, drafter, max_new_tokens: int = 64, 
 def method_costs(model, params, methods, cache: dict | None = None) -> dict[str, dict]:
     """{label: {"params", "step_flops"}} for AR (the reference) and `methods`: registry names, or a dict
     label -> (registry method, build options) for variants."""
-    from lsjax.drafters import registry
+    from lsjax.methods import registry
 
     specs = methods if isinstance(methods, dict) else {m: (m, {}) for m in methods}
     specs = {"ar": ("ar", {}), **specs}

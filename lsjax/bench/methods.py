@@ -14,7 +14,7 @@ from typing import Protocol
 
 from lsjax.bench.profiling import state_nbytes, time_split
 from lsjax.config import GenerateConfig
-from lsjax.generation import Generator
+from lsjax.engine.host import Generator
 
 
 @dataclasses.dataclass

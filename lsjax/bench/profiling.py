@@ -1,6 +1,6 @@
 """Profiling helpers for the benches: where a decode step's time goes (`time_split`, which lives in
-`lsjax.profiling` since `decode.py --json` reports it too; re-exported here), and how many bytes the decode
-state holds. They drive a `lsjax.generation.Generator` (its params, drafter and compile cache) but are not
+`lsjax.engine.profiling` since `decode.py --json` reports it too; re-exported here), and how many bytes the decode
+state holds. They drive a `lsjax.engine.host.Generator` (its params, drafter and compile cache) but are not
 part of generating text.
 """
 
@@ -12,21 +12,21 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from lsjax import decoding, speculative
+from lsjax import engine
 from lsjax.config import GenerateConfig
-from lsjax.generation import Generator
-from lsjax.profiling import _phases, time_split  # noqa: F401  (re-exported: the benches' imports)
+from lsjax.engine.host import Generator
+from lsjax.engine.profiling import _phases, time_split  # noqa: F401  (re-exported: the benches' imports)
 
 
 def state_nbytes(generator: Generator, prompt_len: int, gen: GenerateConfig) -> dict[str, int]:
     """Bytes of the decode state for a prompt of this length: the target's KV cache and the drafter's own
     state (ring cache, token history; 0 for AR). Shapes are static, so this is also their peak."""
     gen = dataclasses.replace(gen, max_new_tokens=min(gen.max_new_tokens, generator.config.max_position - prompt_len))
-    bucket = decoding.prompt_bucket(prompt_len)
-    capacity = speculative.required_capacity(bucket, gen, generator.drafter)
+    bucket = engine.prompt_bucket(prompt_len)
+    capacity = engine.required_capacity(bucket, gen, generator.drafter)
     shape = jax.eval_shape(
         functools.partial(
-            speculative.start,
+            engine.start,
             config=generator.config,
             drafter=generator.drafter,
             gen=gen,

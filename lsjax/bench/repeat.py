@@ -3,7 +3,7 @@ speed is divided by AR's from the same round (so machine noise between rounds ca
 
     python -m lsjax.bench.repeat --suite dev --per-cell 1 --max-new-tokens 64 --repeats 2 --temperatures 0 1
 
-Each round prefills the prompt once and starts every method from a copy of that cache (`speculative.begin`):
+Each round prefills the prompt once and starts every method from a copy of that cache (`engine.begin`):
 prefill is the same target computation for every method and is not what is compared, and on a long prompt it
 would take most of the run. Only the decode loop is timed: wall time (tok/s, the speedup) and this process's
 CPU time (a check that moves less when other jobs share the machine). Compiles and auto's cost profile happen
@@ -70,13 +70,13 @@ def main(argv=None) -> int:
     import jax
     import jax.numpy as jnp
 
-    from lsjax import decoding, speculative
+    from lsjax import engine
     from lsjax.bench.suites import encode, load_suite
     from lsjax.config import GenerateConfig, SamplingConfig
-    from lsjax.drafters import registry
-    from lsjax.drafters.auto_profile import profile_costs
-    from lsjax.generation import check_prompt
+    from lsjax.engine.host import check_prompt
     from lsjax.loading import load_model
+    from lsjax.methods import registry
+    from lsjax.methods.auto.profile import profile_costs
     from lsjax.models import target
 
     model = load_model()
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     built = {m: registry.build(method, model, cache=cache, **opts) for m, (method, opts) in specs.items()}
     drafters = {m: d for m, (d, _) in built.items()}
     base_params = {m: jax.tree.map(jnp.asarray, dp) if dp is not None else () for m, (_, dp) in built.items()}
-    begin = jax.jit(speculative.begin, static_argnames=("config", "drafter", "gen", "backend"))
+    begin = jax.jit(engine.begin, static_argnames=("config", "drafter", "gen", "backend"))
     auto_costs: dict = {}  # (method, bucket, T) -> that auto's measured costs (variants differ in candidates)
     warmed: set = set()
 
@@ -97,24 +97,24 @@ def main(argv=None) -> int:
         """Decode to the end; returns (state, wall s, cpu s)."""
         jax.block_until_ready(state)
         t, c = time.perf_counter(), time.process_time()
-        state = speculative.decode(params, draft_params, config, drafters[m], gen, state, jnp.int32(gen.max_new_tokens))
+        state = engine.decode(params, draft_params, config, drafters[m], gen, state, jnp.int32(gen.max_new_tokens))
         jax.block_until_ready(state)
         return state, time.perf_counter() - t, time.process_time() - c
 
     rows = []
     for prompt in prompts:
         ids = encode(model.tokenizer, prompt)
-        P, bucket = len(ids), decoding.prompt_bucket(len(ids))
+        P, bucket = len(ids), engine.prompt_bucket(len(ids))
         tokens = jnp.asarray(np.pad(np.asarray(ids, np.int32), (0, bucket - P))[None])
         lengths = jnp.asarray([P], jnp.int32)
         for t in args.temperatures:
             max_new = check_prompt(config, ids, args.max_new_tokens)
             gen = GenerateConfig(max_new, SamplingConfig(temperature=t), ignore_eos=True)
-            capacity = max(speculative.required_capacity(bucket, gen, d) for d in drafters.values())
+            capacity = max(engine.required_capacity(bucket, gen, d) for d in drafters.values())
             warm = (bucket, t) not in warmed
             warmed.add((bucket, t))
             for r in range(-1 if warm else 0, args.repeats):  # round -1: compile and profile, not recorded
-                logits, kv = decoding.prefill_jit(params, config, tokens, lengths, capacity)
+                logits, kv = engine.prefill_jit(params, config, tokens, lengths, capacity)
                 key = jax.random.key(max(r, 0))
                 outs = {}
                 for m in methods:
@@ -187,9 +187,9 @@ def _begin(begin, begun: tuple, kv, logits):
 
 
 def _decode(config, drafter, gen, params, draft_params, state, step_limit):
-    from lsjax import speculative
+    from lsjax import engine
 
-    return speculative.decode(params, draft_params, config, drafter, gen, state, step_limit)
+    return engine.decode(params, draft_params, config, drafter, gen, state, step_limit)
 
 
 def report(rows: list[dict], methods: list[str], temperatures) -> None:

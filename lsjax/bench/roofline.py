@@ -7,7 +7,7 @@ At batch 1 a decode step must read every weight once, so its floor on a CPU is
 the weight bytes over the memory bandwidth. This bench measures that floor
 here and now (GEMVs over the model's own weight matrices, the same bytes a step
 reads) and, interleaved in the same run, the verification forward (tree forward
-+ LM head on every node, as `lsjax.verify.tree_forward` runs it) at several
++ LM head on every node, as `lsjax.engine.verify.tree_forward` runs it) at several
 contexts and node counts, for two variants of the same code:
 
 * `before`: the forward as it was: the training layout (weights stacked over
@@ -40,10 +40,10 @@ import numpy as np
 from lsjax import attention
 from lsjax.cache import KVCache
 from lsjax.config import ModelConfig
-from lsjax.decoding import cache_capacity, prompt_bucket
+from lsjax.engine import cache_capacity, prompt_bucket
+from lsjax.engine.verify import tree_forward
 from lsjax.models import target
 from lsjax.tree import TreeConfig, chain_parents, make_tree, root_only
-from lsjax.verify import tree_forward
 
 VARIANTS = ("before", "stacked", "after")
 

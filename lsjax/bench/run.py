@@ -32,8 +32,8 @@ def _lsjax(name: str, method, draft_sampling: str | None = None, options: dict |
 
     def factory(ctx):
         from lsjax.bench.methods import LsjaxMethod
-        from lsjax.drafters import registry
-        from lsjax.generation import Generator
+        from lsjax.engine.host import Generator
+        from lsjax.methods import registry
 
         opts = {"draft": ctx["draft"], "tree": ctx["tree"], **(options or {})}
         drafter, draft_params = registry.build(method.name, ctx["model"], cache=ctx["drafts"], **opts)
@@ -65,7 +65,7 @@ _FACTORIES: dict[str, tuple] = {}
 def available_methods() -> dict[str, Callable]:
     """Every method the harness can run: the drafter registry's (in its order), then METHODS. Read at call time,
     so a drafter registered after this module was imported is offered too."""
-    from lsjax.drafters import registry
+    from lsjax.methods import registry
 
     out, variants = {}, {}
     for n in registry.names():
@@ -82,7 +82,7 @@ def available_methods() -> dict[str, Callable]:
 
 
 def _uses_draft(name: str) -> bool:
-    from lsjax.drafters import registry
+    from lsjax.methods import registry
 
     return name.startswith("lsjax-") and name[6:] in registry.names() and registry.get(name[6:]).uses_draft
 
@@ -138,7 +138,7 @@ def parse_args(argv):
     if args.max_new_tokens is not None and args.max_new_tokens < 2:
         p.error("--max-new-tokens must be >= 2 (the first token comes from prefill)")
     from lsjax.bench.methods import parse_variant
-    from lsjax.drafters import registry
+    from lsjax.methods import registry
 
     args.variants = {}
     for spec in args.variant:
@@ -204,7 +204,7 @@ def _context(model, args):
     import jax.numpy as jnp
 
     from lsjax.bench.methods import load_hf
-    from lsjax.drafters.checkpoints import default_draft_path
+    from lsjax.methods.longspec.checkpoint import default_draft_path
 
     draft = args.draft
     if draft is None:
@@ -254,7 +254,7 @@ def run(argv=None) -> dict:
     ctx = _shared(ctx_key, lambda: _context(model, args))
     factories = available_methods()
     for vname, (method, options) in variants.items():
-        from lsjax.drafters import registry
+        from lsjax.methods import registry
 
         factories[vname] = _lsjax(vname, registry.get(method), options=options)
     from lsjax.errors import LsjaxError
@@ -388,7 +388,7 @@ def run(argv=None) -> dict:
 def _draft_name(draft: str) -> str:
     """The draft as results and READMEs show it: a shipped draft by its path inside the package, so no
     machine's directory layout ends up in published tables."""
-    from lsjax.drafters.checkpoints import DRAFTS_DIR
+    from lsjax.methods.longspec.checkpoint import DRAFTS_DIR
 
     path = Path(draft)
     return f"lsjax/drafts/{path.name}" if path.parent.resolve() == DRAFTS_DIR.resolve() else draft

@@ -20,10 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from lsjax.cache import KVCache
+from lsjax.engine.verify import tree_forward
 from lsjax.loading import load_model
 from lsjax.models import target
 from lsjax.tree import TreeConfig, chain_parents, make_tree, root_only
-from lsjax.verify import tree_forward
 
 
 def main(argv=None) -> None:

@@ -27,8 +27,8 @@ def sweep(model, drafter_for, draft_params, prompts: dict[str, list[int]], trees
     import jax.numpy as jnp
 
     from lsjax.config import GenerateConfig
-    from lsjax.drafters.base import ARDrafter
-    from lsjax.generation import Generator
+    from lsjax.engine.host import Generator
+    from lsjax.engine.types import ARDrafter
     from lsjax.tree import parse_tree
 
     params = jax.tree.map(jnp.asarray, model.params)
@@ -85,9 +85,9 @@ def main(argv=None) -> int:
 
     import dataclasses
 
-    from lsjax.drafters import registry
     from lsjax.errors import LsjaxError
     from lsjax.loading import load_model
+    from lsjax.methods import registry
     from lsjax.tree import parse_tree
 
     try:

@@ -33,7 +33,7 @@ import numpy as np
 VARIANTS: dict[str, tuple[str, dict]] = {
     "ar": ("ar", {}),
     "pld": ("pld", {}),
-    "tokenswift": ("tokenswift", {}),  # the device's preset (lsjax.drafters.tokenswift.TS_PRESETS)
+    "tokenswift": ("tokenswift", {}),  # the device's preset (lsjax.methods.tokenswift.drafter.TS_PRESETS)
     "tokenswift-no-ngram": ("tokenswift", {"ngram_topk": 0}),
     "tokenswift-partial": ("tokenswift", {"draft_pass": "partial"}),  # the paper's self-drafting pass
     "tokenswift-full-cache": ("tokenswift", {"draft_pass": "full"}),  # ... without the partial cache
@@ -172,8 +172,8 @@ def distinct_n(tokens: list[int], n: int) -> float:
 
 
 def build_methods(args, model, params) -> dict:
-    from lsjax.drafters import registry
-    from lsjax.generation import Generator
+    from lsjax.engine.host import Generator
+    from lsjax.methods import registry
 
     heads = args.heads  # None: the shipped heads, else zero heads
     topk = tuple(int(k) for k in args.ts_topk.split(",")) if args.ts_topk else None

@@ -7,8 +7,8 @@
 
 The three parts used to share one dict. They are different things:
 
-* `weights` {name: Array}: the trained tensors, named as the model's `param_specs` (`lsjax.models.draft`;
-  `lsjax.models.block_draft` adds `mask_embed`). Trainers optimise exactly this dict.
+* `weights` {name: Array}: the trained tensors, named as the model's `param_specs` (`lsjax.methods.longspec.model`;
+  `lsjax.methods.dels.model` adds `mask_embed`). Trainers optimise exactly this dict.
 * `vocab_ids` [Vd] int or None: the pruned draft vocabulary (`lsjax.vocab`), metadata chosen before training
   and never trained. None = the target's whole vocabulary.
 * `vocab_head` [Vd, D] or None: the target's LM-head rows at `vocab_ids`, derived at load so drafting does not

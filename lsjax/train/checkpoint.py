@@ -20,6 +20,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from lsjax.models.draft_params import DraftParams
 from lsjax.train.step import TrainState
 
 
@@ -122,3 +123,11 @@ def load_draft_params(path: str | Path, step: int | None = None) -> dict:
     out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
     manager.close()
     return jax.tree.map(np.asarray, out["state"]["params"])
+
+
+def run_draft_params(cfg) -> DraftParams:
+    """A run's latest checkpointed weights (numpy) with the run's pruned vocabulary (vocab_ids.npy), if any."""
+    run_dir = Path(cfg.resolved_run_dir)
+    weights = {k: np.asarray(v) for k, v in load_draft_params(run_dir).items()}
+    vocab = run_dir / "vocab_ids.npy"
+    return DraftParams(weights, np.load(vocab) if vocab.is_file() else None)

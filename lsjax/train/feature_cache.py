@@ -284,9 +284,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    from lsjax.data import load_sequences
     from lsjax.loading import load_model
     from lsjax.train.config import DataConfig, TargetConfig, TrainConfig
+    from lsjax.train.data import load_sequences
 
     loaded = load_model(args.model or None)
     config = loaded.config

@@ -2,12 +2,12 @@
 
     config, target_params, tokenizer = load_target(cfg)
     seqs, mask, extra = shared_feature_inputs(cfg, log)        # a set of the shared target-feature cache
-    data = GrainBatches(iter(lsjax.data.batches(seqs, mask, cfg, ..., extra=extra).to_iter_dataset()))
+    data = GrainBatches(iter(lsjax.train.data.batches(seqs, mask, cfg, ..., extra=extra).to_iter_dataset()))
 
 Every trainer hands the shared step loop (`lsjax.train.runner.run_steps`) a `Batches`: `next()` is one
 optimizer step's batch (every field [A, B, ...] for A = data.grad_accum micro-batches of B sequences) and
 `get_state()` / `set_state()` its position as JSON, checkpointed with the params so a resumed run reads the
-same batches. The LongSpec, block and local-head trainers read `lsjax.data`'s grain pipeline (`GrainBatches`);
+same batches. The LongSpec, block and local-head trainers read `lsjax.train.data`'s grain pipeline (`GrainBatches`);
 the TokenSwift-heads and streams trainers read feature-cache rows in seeded epochs (`epoch_order`).
 """
 
@@ -32,7 +32,7 @@ class Batches(Protocol):
 
 
 class GrainBatches:
-    """A grain iterator over `lsjax.data.batches` as `Batches` (its bookkeeping field "index" dropped)."""
+    """A grain iterator over `lsjax.train.data.batches` as `Batches` (its bookkeeping field "index" dropped)."""
 
     def __init__(self, iterator):
         self.iterator = iterator
@@ -77,8 +77,8 @@ def shared_feature_inputs(cfg, log=print):
     TrainConfig (LongSpec or block). `extra` holds lazy views of the target's last-layer keys (pre-RoPE: the
     loss ropes them at the batch's positions, so anchor offsets may change every epoch), values and argmax,
     and with `loss.distill: kl` its final hidden states."""
-    from lsjax.data import describe
     from lsjax.train import feature_sets as fcm
+    from lsjax.train.data import describe
 
     fc = fcm.FeatureSets.open(cfg.features.set, cfg.data.max_sequences)
     if fc.seq_len != cfg.data.seq_len:

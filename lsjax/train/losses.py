@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from lsjax.config import ModelConfig
-from lsjax.models import draft as draft_lib
+from lsjax.methods.longspec import model as draft_lib
 from lsjax.train.config import TrainConfig
 from lsjax.train.feature_cache import rope_keys
 from lsjax.train.features import positions_from_offsets, target_features, target_logits

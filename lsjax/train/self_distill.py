@@ -78,7 +78,7 @@ def write_answers(
     """Writes one part per batch of prompts (resumable); returns the manifest."""
     from lsjax import api
     from lsjax.config import GenerateConfig, SamplingConfig
-    from lsjax.decoding import PREFILL_CHUNK
+    from lsjax.engine import PREFILL_CHUNK
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

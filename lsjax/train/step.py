@@ -5,7 +5,7 @@
     step = make_train_step(model_cfg, train_cfg, vocab_ids)      # pure: (state, target_params, batch, key)
     state, metrics = jax.jit(step, donate_argnums=0)(state, target_params, batch, key)
 
-A batch is what `lsjax.data.batches` yields ([A, B, T] for A micro-batches), optionally with cached
+A batch is what `lsjax.train.data.batches` yields ([A, B, T] for A micro-batches), optionally with cached
 target features ("target_k", "target_v" [A, B, K, T, H], "target_argmax" [A, B, T], "target_hidden"
 [A, B, T, D]); without them the frozen target runs once per micro-batch inside the step. The flash-noisy
 lag j ~ U[1, gamma) is an array (no retrace). Gradients of all micro-batches are summed (each micro-batch's

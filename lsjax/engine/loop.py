@@ -1,0 +1,244 @@
+"""Prefill, decode state and the on-device generation loop (AR).
+
+Everything here is a pure function of explicit state and runs under `jax.jit`:
+
+* `prefill` walks the prompt in fixed-size chunks inside a `lax.while_loop`
+  whose trip count is an array, so a prompt buffer of P tokens compiles once
+  whatever the real prompt lengths are (P comes from a small set of buckets).
+* `DecodeState` carries the cache, the pending root token (emitted, not yet in
+  the cache), the output buffer and counters; it is donated step to step.
+* `decode_loop` runs a step function under `lax.while_loop` until every row is
+  done or a step limit (an array: streaming callers raise it without
+  recompiling) is reached. The step is `lsjax.engine.step.spec_step`; AR
+  decoding is that step with a drafter that proposes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from lsjax.cache import KVCache, commit
+from lsjax.config import GenerateConfig, ModelConfig
+from lsjax.engine.step import context, emit, spec_step, stop_ids
+from lsjax.engine.types import ARDrafter, DecodeState, Drafter
+from lsjax.errors import LsjaxError
+from lsjax.models import target
+from lsjax.sampling import sample
+
+PREFILL_CHUNK = 256
+PROMPT_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+
+
+def prompt_bucket(length: int, chunk: int = PREFILL_CHUNK) -> int:
+    """Smallest bucket >= length (a multiple of chunk), so prompt shapes compile a bounded number of times."""
+    for b in PROMPT_BUCKETS:
+        if b >= length and b % chunk == 0:
+            return b
+    return -(-length // chunk) * chunk
+
+
+def cache_capacity(prompt_bucket_len: int, max_new_tokens: int, slack: int = PREFILL_CHUNK) -> int:
+    """Static cache size: prompt bucket + generation + room for one chunk/tree written past the length."""
+    need = prompt_bucket_len + max_new_tokens + slack
+    return -(-need // 256) * 256
+
+
+def prefill(
+    params: dict,
+    config: ModelConfig,
+    tokens: jax.Array,
+    lengths: jax.Array,
+    cache: KVCache,
+    *,
+    chunk: int = PREFILL_CHUNK,
+    backend: str = "auto",
+) -> tuple[jax.Array, KVCache]:
+    """Commits prompts tokens [B, P] (row b holds lengths[b] real tokens, P % chunk == 0) into an empty cache.
+
+    Returns (logits of each row's last prompt token [B, V], cache). Only the
+    chunks that hold real tokens are computed, and only one row of logits per
+    sequence goes through the LM head.
+    """
+    B, P = tokens.shape
+    if P % chunk:
+        raise ValueError(f"prompt buffer length {P} must be a multiple of the prefill chunk {chunk}")
+    lengths = lengths.astype(jnp.int32)
+    num_chunks = (jnp.max(lengths) + chunk - 1) // chunk
+
+    def body(carry):
+        i, cache, last_hidden = carry
+        start = i * chunk
+        toks = jax.lax.dynamic_slice_in_dim(tokens, start, chunk, axis=1)  # [B, C]
+        pos = start + jnp.broadcast_to(jnp.arange(chunk, dtype=jnp.int32), (B, chunk))
+        num_valid = jnp.clip(lengths - start, 0, chunk)
+        hidden, new_k, new_v = target.forward_hidden(params, config, toks, pos, cache, backend=backend)
+        cache = commit(cache, new_k, new_v, num_valid)
+        last = jnp.take_along_axis(hidden, jnp.clip(num_valid - 1, 0, chunk - 1)[:, None, None], axis=1)[:, 0]
+        ends_here = (lengths > start) & (lengths <= start + chunk)
+        last_hidden = jnp.where(ends_here[:, None], last, last_hidden)
+        return i + 1, cache, last_hidden
+
+    D = config.hidden_size
+    init = (jnp.int32(0), cache, jnp.zeros((B, D), jnp.dtype(config.dtype)))
+    _, cache, last_hidden = jax.lax.while_loop(lambda c: c[0] < num_chunks, body, init)
+    return target.lm_head(params, config, last_hidden), cache
+
+
+def init_state(
+    config: ModelConfig, gen: GenerateConfig, cache: KVCache, last_logits: jax.Array, key: jax.Array, out_len: int
+) -> DecodeState:
+    """Samples the first token from the prefill logits and emits it."""
+    B = last_logits.shape[0]
+    key, sub = jax.random.split(key)
+    # The first generated token has no generated tokens before it: an empty penalty window.
+    first = sample(sub, last_logits, gen.sampling, jnp.zeros(last_logits.shape, bool))
+    out = jnp.zeros((B, out_len), jnp.int32)
+    out, num_out, done, _ = emit(
+        out,
+        jnp.zeros((B,), jnp.int32),
+        jnp.zeros((B,), bool),
+        first[:, None],
+        jnp.ones((B,), jnp.int32),
+        gen,
+        stop_ids(config, gen),
+    )
+    return DecodeState(
+        cache=cache,
+        root=first,
+        out=out,
+        num_out=num_out,
+        done=done,
+        key=key,
+        # Separate zeros: one traced value returned thrice would come back as one buffer, donated thrice.
+        steps=jnp.zeros((), jnp.int32),
+        accepted=jnp.zeros((), jnp.int32),
+        active_steps=jnp.zeros((), jnp.int32),
+    )
+
+
+def decode_loop(step_fn, state: DecodeState, step_limit: jax.Array) -> DecodeState:
+    """Runs `step_fn(state) -> state` until every row is done or `state.steps >= step_limit`."""
+    return jax.lax.while_loop(lambda s: (~jnp.all(s.done)) & (s.steps < step_limit), step_fn, state)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "capacity", "chunk", "backend"))
+def prefill_jit(params, config: ModelConfig, tokens, lengths, capacity: int, chunk=PREFILL_CHUNK, backend="auto"):
+    cache = KVCache.zeros(config, tokens.shape[0], capacity)
+    return prefill(params, config, tokens, lengths, cache, chunk=chunk, backend=backend)
+
+
+class CapacityError(LsjaxError, ValueError):
+    """The KV cache cannot hold the prompt, the generation and one step's writes."""
+
+
+@functools.partial(jax.jit, static_argnames=("config", "drafter", "gen", "backend"), donate_argnames=("state",))
+def decode(
+    target_params, draft_params, config, drafter: Drafter, gen: GenerateConfig, state, step_limit, backend="auto"
+):
+    """Speculative (or AR) steps until every row is done or `state.steps >= step_limit` (an array)."""
+    ctx = context(target_params, draft_params, config, gen, state.cache.capacity, backend)
+    return decode_loop(functools.partial(spec_step, ctx, drafter, gen), state, step_limit)
+
+
+def check_capacity(capacity: int, prompt_len: int, gen: GenerateConfig, drafter: Drafter) -> None:
+    """Raises CapacityError unless the cache holds the prompt buffer, the generation and one step's writes
+    (a commit writes max_depth + 1 slots past the length; `dynamic_update_slice` would clamp, not fail)."""
+    need = prompt_len + gen.max_new_tokens + drafter.max_depth + 1
+    if capacity < need:
+        raise CapacityError(
+            f"capacity: {capacity} cache slots cannot hold a {prompt_len}-token prompt buffer + "
+            f"max_new_tokens={gen.max_new_tokens} + one {drafter.name} step ({drafter.max_depth + 1} slots); "
+            f"need >= {need} (or leave capacity unset)"
+        )
+
+
+def start(
+    target_params,
+    draft_params,
+    config,
+    drafter: Drafter,
+    gen: GenerateConfig,
+    tokens,
+    lengths,
+    key,
+    *,
+    capacity: int,
+    chunk: int = PREFILL_CHUNK,
+    backend: str = "auto",
+) -> DecodeState:
+    """Prefill prompts tokens [B, P] (lengths [B]), emit the first token, initialise the drafter."""
+    check_capacity(capacity, tokens.shape[1], gen, drafter)
+    cache = KVCache.zeros(config, tokens.shape[0], capacity)
+    logits, cache = prefill(target_params, config, tokens, lengths, cache, chunk=chunk, backend=backend)
+    return begin(
+        target_params, draft_params, config, drafter, gen, tokens, lengths, key, cache, logits, backend=backend
+    )
+
+
+def begin(
+    target_params,
+    draft_params,
+    config,
+    drafter: Drafter,
+    gen: GenerateConfig,
+    tokens,
+    lengths,
+    key,
+    cache,
+    logits,
+    *,
+    backend: str = "auto",
+) -> DecodeState:
+    """`start` after its prefill: emit the first token from the prompts' last logits [B, V] and initialise the
+    drafter. A bench running several methods on one prompt prefills once and begins each from a copy."""
+    state = init_state(config, gen, cache, logits, key, gen.max_new_tokens)
+    ctx = dataclasses.replace(
+        context(target_params, draft_params, config, gen, cache.capacity, backend),
+        prompt_tokens=tokens,
+        prompt_lengths=lengths,
+    )
+    return dataclasses.replace(state, draft=drafter.init(ctx, state))
+
+
+def required_capacity(prompt_len: int, gen: GenerateConfig, drafter: Drafter) -> int:
+    """Cache slots for the prompt, the generation, and one step's writes past the length."""
+    return cache_capacity(prompt_len, gen.max_new_tokens, slack=max(PREFILL_CHUNK, drafter.max_depth + 1))
+
+
+def run(
+    target_params,
+    draft_params,
+    config,
+    tokens,
+    lengths,
+    gen: GenerateConfig,
+    key,
+    drafter: Drafter = ARDrafter(),
+    *,
+    capacity: int | None = None,
+    chunk: int = PREFILL_CHUNK,
+    backend: str = "auto",
+) -> DecodeState:
+    """Prompts [B, P] -> final DecodeState (`out[:, :num_out]` are the new tokens). Jittable end to end
+    with config, gen, drafter, capacity, chunk and backend static."""
+    capacity = capacity or required_capacity(tokens.shape[1], gen, drafter)
+    state = start(
+        target_params,
+        draft_params,
+        config,
+        drafter,
+        gen,
+        tokens,
+        lengths,
+        key,
+        capacity=capacity,
+        chunk=chunk,
+        backend=backend,
+    )
+    ctx = context(target_params, draft_params, config, gen, capacity, backend)
+    step = functools.partial(spec_step, ctx, drafter, gen)
+    return decode_loop(step, state, jnp.int32(gen.max_new_tokens))

@@ -1,0 +1,214 @@
+"""The speculative engine: draft -> verify -> accept -> commit, jitted end to end with static shapes.
+
+    spec_step(ctx, drafter, gen, state) -> state     one step (any drafter; ARDrafter = plain AR)
+    decode(...)                                      jitted `lax.while_loop` of steps, state donated
+    run(...)                                         prefill + first token + decode, jittable end to end
+
+One step: the drafter proposes a tree rooted at the pending token; one target
+forward scores every node (hybrid tree attention: committed cache unmasked +
+tree under its ancestor mask); `accept` walks the tree; the accepted path's K/V
+(root included) go into cache slots [n, n + a + 1); the bonus token becomes the
+new root. AR and speculative decoding share every line of this loop, so
+comparisons between them measure the method, not two code paths.
+
+A drafter with `step_variants` (the adaptive `auto` policy) picks one variant
+per step with `lax.switch` (`switched_step`). Only drafting, verification and
+the walk run inside the switch, and each branch returns the same small result:
+the accepted path's tokens and K/V padded to the deepest variant's depth. The
+cache commit, the emit and the drafter's update run once, after the switch: a
+big buffer threaded through a conditional's outputs is copied at its boundary
+(XLA CPU copied the whole target cache ~8 times per step that way), while one
+only read inside the branches is not.
+
+For profiling, `draft_phase`, `verify_phase` and `commit_phase` are the same
+step cut in three jittable pieces (`lsjax.engine.host` times them separately).
+Each step's drafting and verification keys are derived from `state.key` by
+`step_keys`, so the pieces agree with the fused step and the drafting key is
+independent of the verification key (what keeps sampled trees lossless).
+
+A row that is done still rides along in the batch's forwards but commits
+nothing: its cache length, draft state and counters stop moving.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lsjax.cache import commit
+from lsjax.config import GenerateConfig, ModelConfig
+from lsjax.engine.types import DecodeState, DraftContext, Drafter, SwitchExtras, Verdict, step_keys
+from lsjax.engine.verify import _levels, _verify, verify_phase
+from lsjax.tree import Tree, chain_parents
+
+
+def draft_phase(ctx: DraftContext, drafter: Drafter, state: DecodeState) -> Tree:
+    return drafter.propose(ctx, state, state.draft, step_keys(state.key)[1])
+
+
+def stop_ids(config: ModelConfig, gen: GenerateConfig) -> tuple[int, ...]:
+    return tuple(gen.stop_token_ids) + (() if gen.ignore_eos else tuple(config.eos_token_ids))
+
+
+def emit(state_out, num_out, done, tokens, count, gen: GenerateConfig, stops):
+    """Appends tokens [B, A] (the first count[b] valid) to the output buffer, stopping rows at a stop token.
+
+    Returns (out, num_out, done, emitted [B]).
+    """
+    B, A = tokens.shape
+    M = state_out.shape[1]
+    idx = jnp.arange(A)[None, :]
+    valid = (idx < count[:, None]) & ~done[:, None]
+    is_stop = jnp.isin(tokens, jnp.asarray(stops, jnp.int32)) if stops else jnp.zeros_like(tokens, bool)
+    # A row stops after its first stop token or at max_new_tokens.
+    stop_before = jnp.cumsum(is_stop & valid, axis=1) - (is_stop & valid)
+    valid = valid & (stop_before == 0) & (num_out[:, None] + idx < gen.max_new_tokens)
+    n = jnp.sum(valid, axis=1).astype(jnp.int32)
+    pos = jnp.where(valid, num_out[:, None] + idx, M)  # out-of-range writes are dropped
+    out = state_out.at[jnp.arange(B)[:, None], pos].set(tokens, mode="drop")
+    hit_stop = jnp.any(is_stop & valid, axis=1)
+    num_out = num_out + n
+    done = done | hit_stop | (num_out >= gen.max_new_tokens)
+    return out, num_out, done, n
+
+
+def commit_phase(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState, verified) -> DecodeState:
+    verdict, path_k, path_v = verified
+    cache = commit(state.cache, path_k, path_v, verdict.count)  # root + accepted nodes; nothing for done rows
+    out, num_out, done, n = emit(
+        state.out,
+        state.num_out,
+        state.done,
+        verdict.emitted(),
+        verdict.count,
+        gen,
+        stop_ids(ctx.config, gen),
+    )
+    new_state = DecodeState(
+        cache=cache,
+        root=verdict.bonus,
+        out=out,
+        num_out=num_out,
+        done=done,
+        key=step_keys(state.key)[0],
+        steps=state.steps + 1,
+        accepted=state.accepted + jnp.sum(n),
+        active_steps=state.active_steps + jnp.sum(~state.done).astype(jnp.int32),
+        draft=state.draft,
+    )
+    draft = drafter.update(ctx, new_state, state.draft, verdict)
+    return dataclasses.replace(new_state, draft=draft)
+
+
+def fixed_step(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState) -> DecodeState:
+    tree = draft_phase(ctx, drafter, state)
+    verified = verify_phase(ctx, drafter, gen, state, tree)
+    return commit_phase(ctx, drafter, gen, state, verified)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PathResult:
+    """One switched variant's outcome, shaped alike for every variant: the accepted path padded to A =
+    the deepest variant's depth + 1 (entries past `count` are junk the commit writes past the length)."""
+
+    tokens: jax.Array  # [B, A] the path's tokens, root first
+    num_accepted: jax.Array  # [B]
+    bonus: jax.Array  # [B]
+    count: jax.Array  # [B] tokens to commit (0 for finished rows)
+    k: jax.Array  # [L, B, A, K, H] the path's K/V
+    v: jax.Array
+    root_logp: jax.Array  # [B] (`SwitchExtras.root_logp`)
+
+
+def _stochastic(tree: Tree, vocab_size: int) -> Tree:
+    """A deterministic tree in a sampled tree's layout: no sampled node (so verification runs sample-and-match
+    at every node, as for the tree itself) and an unused q."""
+    B, T = tree.tokens.shape
+    logq = jnp.full((B, T, vocab_size), -jnp.inf, jnp.float32)
+    return dataclasses.replace(tree, logq=logq, sampled=jnp.zeros((B, T), bool))
+
+
+def _group_path(ctx, gen, variants, depth: int, operand) -> PathResult:
+    """Variants with the same node count share one verification forward: an inner switch drafts the chosen
+    one's tree, one target forward over T nodes verifies it (tokens, depths and the mask are arrays)."""
+    state, member, wanted = operand
+    trees = [jax.eval_shape(functools.partial(draft_phase, ctx, v), state) for v in variants]
+    stochastic = any(t.stochastic for t in trees)
+
+    def draft(v, state):
+        tree = draft_phase(ctx, v, state)
+        return _stochastic(tree, ctx.config.vocab_size) if stochastic and not tree.stochastic else tree
+
+    if len(variants) == 1:
+        tree, max_depth, levels = draft(variants[0], state), variants[0].max_depth, _levels(variants[0])
+    else:
+        tree = jax.lax.switch(member, [functools.partial(draft, v) for v in variants], state)
+        max_depth, levels = max(v.max_depth for v in variants), None  # the walk checks every node's depth
+    verdict, path_k, path_v = _verify(ctx, gen, state, tree, max_depth, levels, None, wanted)
+    pad = depth - max_depth
+    kv_pad = ((0, 0), (0, 0), (0, pad), (0, 0), (0, 0))
+    return PathResult(
+        jnp.pad(verdict.path_tokens, ((0, 0), (0, pad))),
+        verdict.num_accepted,
+        verdict.bonus,
+        verdict.count,
+        jnp.pad(path_k, kv_pad),
+        jnp.pad(path_v, kv_pad),
+        verdict.extras,
+    )
+
+
+def chain_verdict(path: PathResult, extras=()) -> Verdict:
+    """The accepted path as the verdict of a chain tree: what a switched drafter's `update` sees (it reads the
+    accepted tokens, never the variant's node indices)."""
+    B, A = path.tokens.shape
+    idx = jnp.arange(A, dtype=jnp.int32)
+    valid = idx[None] <= path.num_accepted[:, None]
+    tree = Tree(
+        path.tokens,
+        jnp.broadcast_to(jnp.asarray(chain_parents(A)), (B, A)),
+        jnp.broadcast_to(idx, (B, A)),
+        valid,
+        (idx[:, None] >= idx[None, :])[None] & valid[:, :, None] & valid[:, None, :],
+    )
+    return Verdict(tree, jnp.where(valid, idx, 0), path.num_accepted, path.bonus, path.count, extras)
+
+
+def switched_step(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState) -> DecodeState:
+    """One step of a drafter with `step_variants`: the chosen variant drafts and verifies inside a `lax.switch`
+    (its own static tree: a small tree pays only its own verification; variants with equal node counts share
+    one compiled forward); the commit and `drafter.update` (with `chain_verdict(path, SwitchExtras(...))`) run once
+    after it (module doc: why the cache stays out)."""
+    variants = drafter.step_variants()
+    for v in variants:
+        if type(v).verify_extras is not Drafter.verify_extras:
+            raise TypeError(f"{drafter.name}: a step variant cannot ask for verify_extras ({type(v).__name__})")
+    depth = max(v.max_depth for v in variants)
+    sizes = list(dict.fromkeys(v.num_nodes for v in variants))  # one group per node count, in first-seen order
+    groups = [[i for i, v in enumerate(variants) if v.num_nodes == n] for n in sizes]
+    where = np.zeros((len(variants), 2), np.int32)  # variant -> (group, member)
+    for g, members in enumerate(groups):
+        for m, i in enumerate(members):
+            where[i] = (g, m)
+    index = drafter.choose(ctx, state)
+    at = jnp.asarray(where)[index]
+    branches = [functools.partial(_group_path, ctx, gen, [variants[i] for i in members], depth) for members in groups]
+    wanted = jnp.asarray(drafter.root_logp_wanted(ctx, state), bool)
+    path = jax.lax.switch(at[0], branches, (state, at[1], wanted))
+    verdict = chain_verdict(path, SwitchExtras(index, path.root_logp))
+    return commit_phase(ctx, drafter, gen, state, (verdict, path.k, path.v))
+
+
+def spec_step(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState) -> DecodeState:
+    if drafter.step_variants():
+        return switched_step(ctx, drafter, gen, state)
+    return fixed_step(ctx, drafter, gen, state)
+
+
+def context(target_params, draft_params, config, gen: GenerateConfig, capacity: int, backend: str = "auto"):
+    return DraftContext(target_params, draft_params, config, backend, capacity=capacity, sampling=gen.sampling)

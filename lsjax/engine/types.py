@@ -1,0 +1,235 @@
+"""The drafter contract: every proposer plugs into the same verify engine.
+
+A drafter is a frozen, hashable dataclass (static under `jax.jit`) whose methods are pure functions of
+explicit state `S` (any pytree; `()` for stateless drafters):
+
+    init(ctx, state) -> S                           after the prompt is prefilled and the first token emitted
+    propose(ctx, state, draft_state: S, key) -> Tree
+    verify_extras(ctx, tree, hidden, logits[, taps]) -> E   optional: extra per-node outputs of the verify forward
+    update(ctx, state, draft_state: S, verdict: Verdict[E]) -> S
+    step_variants() -> tuple[Drafter, ...]          optional: whole-step alternatives chosen per step
+    choose(ctx, state) -> int32 []                  (with step_variants) which variant runs this step
+    root_logp_wanted(ctx, state) -> bool []         (with step_variants) whether this step reports
+                                                    SwitchExtras.root_logp (T > 0; default: never)
+
+* `propose` builds a tree rooted at `state.root` (the last emitted token, not yet in the cache). `key` is the
+  drafting key: independent of the verification key by construction, so a tree sampled with it keeps
+  verification exactly lossless. Deterministic drafters ignore it.
+* `verify_extras` runs inside the verification forward on its final hidden states `[B, T, D]` and logits
+  `[B, T, V]` at every node (heads on verified hidden states need no forward of their own); what it returns
+  reaches `update` as `verdict.extras`.
+* A drafter that sets `extra_hidden_layer = l` (static) also gets `taps` (`lsjax.engine.verify.ForwardTaps`): the
+  residual stream entering layer l, the nodes' positions, the committed cache and the nodes' K/V at every
+  layer (what heads attending inside the target need, e.g. Speculative Streaming's streams). Such a drafter
+  may also `prune` the tree between layers l - 1 and l (early exit): the verified tree is then the pruned
+  one, and `tree` describes its shape. Drafters that leave it None run the plain forward, unchanged.
+* `update` sees the decode state after the commit (its cache already holds the accepted tokens) and the
+  `Verdict`: which nodes were accepted, how many tokens each row committed, the bonus token.
+
+* `step_variants` lets one drafter pick among trees of different static shapes at every step (the adaptive
+  `auto` policy): the engine runs `lax.switch(choose(ctx, state), ...)` over the variants' drafting and
+  verification only, so a small tree costs a small verification (no padding to the largest); variants with
+  the same node count share one compiled forward. The variants' `propose` read the drafter's state; their
+  `init`/`update` are never called. The commit and the drafter's own `update` run once after the switch, with
+  `lsjax.engine.step.chain_verdict`: the accepted path as a chain (`verdict.tree` holds the path's tokens,
+  `verdict.path` = 0, 1, ..., padded to the deepest variant) and `verdict.extras` = `SwitchExtras` (the
+  variant's index; at T > 0 the target's log-probability of the first emitted token at the root).
+  Variants cannot ask for `verify_extras`. Empty (the default): a fixed-shape step.
+
+`ctx` is a `DraftContext` bundling params, configs and static sizes, so signatures stay short and every
+drafter sees the same things.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+
+from lsjax.cache import KVCache
+from lsjax.config import ModelConfig, SamplingConfig
+from lsjax.tree import Tree, TreeConfig, root_only
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftContext:
+    target_params: Any
+    draft_params: Any
+    config: ModelConfig
+    backend: str = "auto"
+    # The target cache's static slot count: drafters that keep a token history size it like the cache.
+    capacity: int = 0
+    # The sampling the step verifies with: stochastic drafters read `sampling.sample_drafts` and build q with it.
+    sampling: SamplingConfig = SamplingConfig()
+    # Set for `init` only: the prompt as prefilled (tokens [B, P], lengths [B]).
+    prompt_tokens: jax.Array | None = None
+    prompt_lengths: jax.Array | None = None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SwitchExtras:
+    """`verdict.extras` of a step chosen among `step_variants` (`lsjax.engine.step.switched_step`)."""
+
+    index: jax.Array  # [] int32 the variant that ran
+    # [B] the target's processed log-probability, at the root, of the first token the step emitted (0 at
+    # T = 0). That token is a draw from exactly that distribution whatever the variant (verification is
+    # lossless), so a drafter can score what it *would* have proposed there without bias (`auto`'s shadows).
+    root_logp: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What verification decided for one step (every field per row)."""
+
+    tree: Tree  # the verified tree
+    path: jax.Array  # [B, max_depth + 1] node indices of the accepted path; path[:, 0] = 0 (the root)
+    num_accepted: jax.Array  # [B] tree nodes accepted beyond the root (0 for finished rows)
+    bonus: jax.Array  # [B] the token after the path: the next root
+    count: jax.Array  # [B] tokens committed to the cache: num_accepted + 1, or 0 for a row already finished
+    extras: Any = ()  # the drafter's `verify_extras` at every node
+
+    @property
+    def path_tokens(self) -> jax.Array:
+        """[B, max_depth + 1] tokens along the path (root first; entries past num_accepted are junk)."""
+        return jnp.take_along_axis(self.tree.tokens, self.path, axis=1)
+
+    def emitted(self) -> jax.Array:
+        """[B, max_depth + 1]: the accepted tokens after the root, then the bonus (the first count valid)."""
+        B = self.path.shape[0]
+        toks = jnp.concatenate([self.path_tokens[:, 1:], jnp.zeros((B, 1), jnp.int32)], axis=1)
+        return toks.at[jnp.arange(B), self.num_accepted].set(self.bonus)
+
+
+class Drafter:
+    """Base class. Subclasses are frozen dataclasses and set `tree` (the static tree shape)."""
+
+    name = "base"
+    tree: TreeConfig  # the shape of the tree verification walks
+    extra_hidden_layer: int | None = None
+
+    @property
+    def max_depth(self) -> int:
+        return self.tree.depth
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tree.num_nodes
+
+    def init(self, ctx: DraftContext, state) -> Any:
+        return ()
+
+    def propose(self, ctx: DraftContext, state, draft_state, key: jax.Array) -> Tree:
+        raise NotImplementedError
+
+    def verify_extras(self, ctx: DraftContext, tree: Tree, hidden: jax.Array, logits: jax.Array, taps=None) -> Any:
+        return ()
+
+    def prune(self, ctx: DraftContext, tree: Tree, mid_hidden: jax.Array) -> tuple[Tree, jax.Array] | None:
+        """With `extra_hidden_layer` set: (the tree to verify, idx [B, T'] of its nodes in `tree`), chosen from
+        the residual stream entering that layer; None keeps the proposed tree."""
+        return None
+
+    def update(self, ctx: DraftContext, state, draft_state, verdict: Verdict) -> Any:
+        return draft_state
+
+    def step_variants(self) -> tuple[Drafter, ...]:
+        return ()
+
+    def choose(self, ctx: DraftContext, state) -> jax.Array:
+        raise NotImplementedError
+
+    def root_logp_wanted(self, ctx: DraftContext, state) -> jax.Array | bool:
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
+class ARDrafter(Drafter):
+    """Proposes nothing: the speculative step degenerates to one AR step."""
+
+    name = "ar"
+
+    @property
+    def max_depth(self) -> int:
+        return 0
+
+    @property
+    def num_nodes(self) -> int:
+        return 1
+
+    def propose(self, ctx: DraftContext, state, draft_state, key) -> Tree:
+        return root_only(state.root)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeState:
+    cache: KVCache
+    root: jax.Array  # [B] last emitted token, not yet in the cache
+    out: jax.Array  # [B, M] emitted tokens
+    num_out: jax.Array  # [B] int32
+    done: jax.Array  # [B] bool
+    key: jax.Array
+    steps: jax.Array  # [] int32 decode steps run (target forwards after prefill)
+    accepted: jax.Array  # [] int32 tokens emitted by decode steps (for tau)
+    # [] int32 row-steps of rows still generating: tau = accepted / active_steps (a finished row in a batch
+    # rides along in the remaining forwards but neither commits nor counts).
+    active_steps: jax.Array
+    draft: Any = ()  # the drafter's state (a pytree; () for AR)
+
+    @property
+    def mean_accepted(self) -> jax.Array:
+        """tau: tokens emitted per active row-step of decoding."""
+        return self.accepted / jnp.maximum(self.active_steps, 1)
+
+
+def step_keys(key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(next state key, drafting key, verification key) for one step."""
+    k = jax.random.split(key, 3)
+    return k[0], k[1], k[2]
+
+
+# ------------------------------------------------------------------------------------------- host protocols
+# What a drafter may offer the host driver (`lsjax.engine.host`), which knows no method by name.
+
+
+@dataclasses.dataclass(frozen=True)
+class HostRun:
+    """One prompt bucket's compiled run, as `HostTuned.host_params` sees it before the timed decode:
+    `decode(params, draft_params, state, step_limit)` is the compiled loop and `state` the prefilled state."""
+
+    model_name: str
+    backend: str
+    params: Any
+    draft_params: Any
+    gen: Any  # GenerateConfig
+    bucket: int
+    state: DecodeState
+    decode: Any
+
+
+@runtime_checkable
+class HostTuned(Protocol):
+    """A drafter whose params depend on the device and the prompt bucket, found on the host before the timed
+    decode, once per (bucket, sampling) (`auto`: its candidates' per-device step costs, an array, so a new
+    profile never recompiles)."""
+
+    def host_params(self, run: HostRun) -> Any: ...
+
+
+@runtime_checkable
+class Summarized(Protocol):
+    """A drafter that reports diagnostics from its final state (`auto`: the steps each candidate ran)."""
+
+    def summary(self, draft_state) -> dict: ...
+
+
+@runtime_checkable
+class SwitchProfiled(Protocol):
+    """A drafter whose steps are variants chosen on device, so one step has no single draft/verify/commit
+    split: it reports its own (`lsjax.engine.profiling.time_split`)."""
+
+    def switch_split(self, generator, prompt_ids: list[int], gen, seed: int) -> dict: ...

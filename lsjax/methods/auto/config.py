@@ -1,0 +1,125 @@
+"""auto's decode options and its policy's constants."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from lsjax.config import ConfigError
+from lsjax.methods.hybrid.config import COMBINED_TREE
+from lsjax.methods.longspec.config import LongSpecOptions
+from lsjax.methods.pld.config import PLD_NGRAM
+from lsjax.methods.registry import option
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoPolicy:
+    # Tuned on scripted acceptances (tests/test_auto.py's simulator; copy, chain, tree, nothing, and changes
+    # of text): a ~20-observation memory and a narrow confidence width kept >= 0.89 of the best's speed in all.
+    decay: float = 0.95  # per observation of a family
+    prior_weight: float = 1.5  # pseudo-observations behind each prior rate
+    probe_min: int = 8  # steps between probes of a family that may be better
+    probe_max: int = 64  # ... and of one that was confirmed worse, after doubling
+    optimism: float = 0.25  # confidence width (binomial std units) a probe's optimistic score adds
+    # The never-slower budget (module doc): a run may spend at most `budget` of its AR-equivalent time, plus
+    # `initial_slack` AR steps, on steps that accept less than they cost. Held-out prompts lost up to 18% to
+    # exploration without it (README, "Never slower"). With shadow drafts (~0.2 AR steps each) 1% of a 64-token
+    # run and half a step still buy ~5 looks at the draft; with probes (3%, 1 step) it bought 2-3 probes.
+    budget: float = 0.01
+    initial_slack: float = 0.5
+    # ... except a candidate that pays even at the low end of its rates' confidence range (binomial std units):
+    # that is evidence, not exploration (prompt lookup, observed every step for free, gets there within a few
+    # steps of copying text; without this exception the budget kept pld-8 off a held-out code prompt: 1.44x
+    # instead of 1.60x). 2 std: at 1, a 0.2 rate seen ~10 times cleared its low end by chance often enough to
+    # overdraw the 1% budget in the simulator.
+    confidence: float = 2.0
+    # ... once its family's depth-1 rate rests on this many observations beyond the prior (one lucky look at a
+    # family is not evidence).
+    evidence: float = 3.0
+    # Explore the draft's candidates with shadow drafts (`lsjax.methods.auto.shadow`: draft only, check the
+    # proposal against the tokens that follow; ~0.2 AR steps) instead of probes that run them (a failed probe
+    # costs 1.3-2.3x an AR step for one token). Shadows are scheduled like probes (probe_min .. probe_max).
+    shadow: bool = True
+    # The profile times each candidate forced, in isolation; mixed into a run, speculative steps cost more than
+    # that, so each step's cost above AR's is scaled by 1 + cost_margin, in choosing and in the budget alike.
+    # Fitted on dev runs (2026-11-26, 14 runs with >= 3 AR steps of speculative extra: the margin that makes
+    # the profile predict the measured speed): median 0.24, spread -0.1 .. 1.0.
+    cost_margin: float = 0.2
+    # At T > 0 with sampled drafts, shadows score the draft chain's first depth as the probability that
+    # rejection sampling accepts it (`DraftShadow.first_accept`); False: as the greedy token's match (biased low).
+    sampled_first: bool = True
+
+    def __post_init__(self):
+        if not 0.0 < self.decay < 1.0:
+            raise ConfigError(f"auto.decay: must be in (0, 1), got {self.decay!r}")
+        if not self.prior_weight > 0:
+            raise ConfigError(f"auto.prior_weight: must be > 0, got {self.prior_weight!r}")
+        if not (isinstance(self.probe_min, int) and isinstance(self.probe_max, int) and self.probe_min >= 1):
+            raise ConfigError(f"auto.probe_min/probe_max: must be integers >= 1, got {self.probe_min!r}")
+        if self.probe_max < self.probe_min:
+            raise ConfigError(f"auto.probe_max: must be >= probe_min={self.probe_min}, got {self.probe_max}")
+        if not self.optimism >= 0:
+            raise ConfigError(f"auto.optimism: must be >= 0, got {self.optimism!r}")
+        if not (isinstance(self.budget, (int, float)) and 0.0 < self.budget <= 1.0):
+            raise ConfigError(f"auto.budget: must be a float in (0, 1], got {self.budget!r}")
+        if not (isinstance(self.confidence, (int, float)) and self.confidence >= 0):
+            raise ConfigError(f"auto.confidence: must be a float >= 0 (std units), got {self.confidence!r}")
+        if not (isinstance(self.initial_slack, (int, float)) and self.initial_slack >= 0):
+            raise ConfigError(f"auto.initial_slack: must be a float >= 0 (AR steps), got {self.initial_slack!r}")
+        if not (isinstance(self.cost_margin, (int, float)) and 0.0 <= self.cost_margin <= 10.0):
+            raise ConfigError(f"auto.cost_margin: must be a float in [0, 10], got {self.cost_margin!r}")
+        if not (isinstance(self.evidence, (int, float)) and self.evidence >= 0):
+            raise ConfigError(f"auto.evidence: must be a float >= 0 (observations), got {self.evidence!r}")
+        for name in ("shadow", "sampled_first"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"auto.{name}: must be a bool, got {getattr(self, name)!r}")
+
+
+def _ints(v):
+    """A candidate set: a lone number (a flag, a bench variant) is a one-element tuple; '4/8' as well."""
+    if isinstance(v, str):
+        return tuple(int(x) for x in v.replace("/", ",").split(",") if x)
+    return (v,) if isinstance(v, int) else v
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoOptions(LongSpecOptions):
+    tree: str | None = option(None, f"the draft's tree candidate, as for longspec (default {COMBINED_TREE} on a CPU)")
+    pld_tokens: tuple[int, ...] | None = option(
+        None, "prompt-lookup chain lengths among the candidates (4,8)", parse=_ints
+    )
+    pld_ngram: int = option(PLD_NGRAM, "longest n-gram matched")
+    chains: tuple[int, ...] | None = option(None, "LongSpec chain depths among the candidates", flag=False)
+    hybrid_pld: int | None = option(None, "the hybrid candidate's chain length; 0 = none", flag=False)
+    cost_profile: str = option(
+        "cached",
+        "per-candidate step costs of this device; cached = measured once per prompt bucket (~15 s, in "
+        "$LSJAX_PROFILE_DIR or ~/.cache/lsjax/profiles) then reused; measure = measure again; prior = the "
+        "built-in estimate, never measure",
+        choices=("cached", "measure", "prior"),
+    )
+    policy: AutoPolicy = option(
+        AutoPolicy(), "the policy's constants (bench variants: auto:shadow=0,budget=0.03)", flag=False
+    )
+
+    EXTRA_OPTIONS: ClassVar[tuple[str, ...]] = tuple(f.name for f in dataclasses.fields(AutoPolicy))
+
+    def __post_init__(self):
+        for name in ("pld_tokens", "chains"):
+            v = getattr(self, name)
+            if v is not None:
+                object.__setattr__(self, name, _ints(v))
+        if self.cost_profile not in ("cached", "measure", "prior"):
+            raise ConfigError(f"cost_profile: must be cached, measure or prior, got {self.cost_profile!r}")
+
+    @classmethod
+    def from_values(cls, **values) -> AutoOptions:
+        """Options from flat values: a name of an AutoPolicy field sets the policy ("auto:shadow=0,budget=0.03")."""
+        fields = {f.name: f.type for f in dataclasses.fields(AutoPolicy)}
+        policy = {}
+        for k in [k for k in values if k in fields]:  # bench variants pass numbers as int or float, flags as 0 / 1
+            v = values.pop(k)
+            t = fields[k]
+            policy[k] = bool(v) if t == "bool" else int(v) if t == "int" else float(v)
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known}, policy=AutoPolicy(**policy))

@@ -1,0 +1,396 @@
+"""`--method auto`: an adaptive, hardware-aware speculation policy that picks a whole step per iteration.
+
+A small static tuple of candidate steps is compiled once into the engine's loop (`Drafter.step_variants`;
+the engine `lax.switch`es over their drafting and verification, so a small tree costs only its own small
+verification, and candidates with equal node counts share one compiled forward):
+
+    ar                   one token per forward
+    pld-4, pld-8         prompt-lookup chains
+    ls-chain1, 2, 4      the LongSpec draft's greedy (T > 0: sampled) chains
+    ls-tree              a tree of the draft ((2, 1, 1) unless --tree says otherwise)
+    hybrid               that tree plus a 6-token prompt-lookup chain, verified together
+
+Each step runs the candidate with the highest expected tokens per second,
+
+    E[accepted + 1] / cost,    cost = the device's measured seconds per step of that candidate (`costs`)
+
+Acceptance is estimated online: per *family* and depth d, a decayed count of "node d accepted | node d - 1
+accepted" (truncations of one family share it: pld-4 teaches pld-8's first four depths). Prompt lookup's
+family is keyed by the n-gram its match used (a 3-gram match is far more reliable than a 1-gram one), and
+the match is found before choosing, so a step without one never pays for an empty chain. Families start from
+a prior (a few pseudo-observations) and forget with a ~20-observation window.
+
+Prompt lookup learns from every step, whichever candidate ran (`lookup_shadow`): its would-be proposal is
+compared with the tokens the step emitted, which are the target's own, so acceptance up to the step's length
+is observed exactly and for free. The draft's families are explored by shadow drafts
+(`lsjax.methods.auto.shadow`, the default): when exploration is due, the draft alone proposes its tree at the
+new root (~0.2 AR steps on a 2-core CPU), the proposal waits until the tokens after that root are committed,
+and is then walked against them as verification would walk it, teaching ls-tree, ls-chain (read off the beam
+tree) and hybrid at once (at T > 0 with sampled drafts, the chain's first depth is scored as the probability
+that rejection sampling accepts a child drawn from the draft's q, from q and the target's p of the emitted
+token: `DraftShadow.first_accept`). With `AutoPolicy.shadow=False` they are probed instead: a group's most hopeful
+candidate (rates + a binomial confidence width) runs once, a full verification that costs 1.3-2.3x an AR
+step when it accepts nothing. Either way, exploration that leaves every group ranked below the rest doubles
+its interval (8 .. 64 steps) and one that makes a group win resets it. This bounds what exploration costs
+when AR is best and notices when the text changes (prose, then code). Everything is a deterministic
+function of the decode state: the same seed gives the same choices.
+
+Never slower: the run keeps a slack, in AR steps, of (1 + budget) x the tokens it has emitted minus what
+its steps cost (from the profile, priced with `cost_margin`), starting at `initial_slack`. A candidate runs,
+greedy or as a probe (a shadow draft likewise), only if the slack covers its extra cost should it accept
+nothing, or if it beats AR even at the low end of its rates' confidence range (evidence, not exploration).
+Steps that pay earn slack for later exploration; where nothing pays, the run falls back to AR and explores
+only with the 3% it is allowed to lose.
+
+Lossless whatever it picks: every candidate is a valid tree drafted without the verification key, and the
+choice only looks at the committed history. Every sub-drafter's state (PLD's token history, LongSpec's ring)
+is updated once per step from the committed path, whichever candidate ran (`update`).
+
+Costs reach the jitted step as an array in the draft params (`draft_params["costs"]`, one entry per
+candidate, then an AR step with a shadow draft: `cost_names`), so a measured profile replaces the prior
+without recompiling (`lsjax.methods.auto.profile`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lsjax.config import ConfigError
+from lsjax.engine.types import DraftContext, Drafter, Verdict
+from lsjax.methods.auto.candidates import (
+    Candidate,
+    CandidateStep,
+    candidates_of,
+    families_of,
+    sub_context,
+)
+from lsjax.methods.auto.config import AutoPolicy
+from lsjax.methods.auto.policy import PolicyRules, PolicyState
+from lsjax.methods.auto.shadow import DraftShadow, LookupShadow
+from lsjax.methods.auto.shadow import accepts as shadow_accepts
+from lsjax.methods.longspec.drafter import LongSpecDrafter
+from lsjax.methods.pld.drafter import History, PLDDrafter, find_continuation
+from lsjax.tree import Tree, TreeConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AutoState:
+    pld: History
+    ring: Any  # LongSpec's RingCache; () without a draft
+    policy: PolicyState
+    shadow: Any  # DraftShadow; () without a draft
+    match: tuple  # (n, start, avail) [B] each: `_match` of the history, kept so a step computes it once
+    lookup: LookupShadow  # a prompt-lookup proposal waiting for the tokens after its root
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoDrafter(PolicyRules, Drafter):
+    longspec: LongSpecDrafter | None = None  # the draft and its own tree; None: AR and prompt lookup only
+    pld_tokens: tuple[int, ...] = (4, 8)
+    pld_ngram: int = 3
+    # LongSpec chain depths. One node is what the draft pays for most often on a CPU (dev, every task kind:
+    # 1.03x AR as a fixed tree, where 2 nodes gave 0.96x); with it auto's worst dev prompt at T=0 went 0.97x -> 1.00x.
+    chains: tuple[int, ...] = (1, 2, 4)
+    hybrid_pld: int = 6  # the hybrid's chain length; 0 = no hybrid candidate
+    policy: AutoPolicy = AutoPolicy()
+    # How the host finds this device's per-candidate costs (`AutoOptions.cost_profile`): cached | measure | prior.
+    cost_profile: str = "cached"
+
+    name = "auto"
+
+    def __post_init__(self):
+        for field, vals in (("pld_tokens", self.pld_tokens), ("chains", self.chains)):
+            if not isinstance(vals, tuple) or not all(isinstance(v, int) and v >= 1 for v in vals):
+                raise ConfigError(f"auto.{field}: must be a tuple of integers >= 1, got {vals!r}")
+        if not (isinstance(self.pld_ngram, int) and self.pld_ngram >= 1):
+            raise ConfigError(f"auto.pld_ngram: must be an integer >= 1, got {self.pld_ngram!r}")
+        if not (isinstance(self.hybrid_pld, int) and self.hybrid_pld >= 0):
+            raise ConfigError(f"auto.hybrid_pld: must be an integer >= 0, got {self.hybrid_pld!r}")
+        if self.longspec is not None and not isinstance(self.longspec, LongSpecDrafter):
+            raise ConfigError(f"auto.longspec: must be a LongSpecDrafter or None, got {type(self.longspec).__name__}")
+
+    # ------------------------------------------------------------------------------------------ layout
+
+    @property
+    def candidates(self) -> tuple[Candidate, ...]:
+        return candidates_of(self)
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        return families_of(self)
+
+    @property
+    def max_depth(self) -> int:
+        return max(c.drafter.max_depth for c in self.candidates)
+
+    @property
+    def num_nodes(self) -> int:
+        return max(c.drafter.num_nodes for c in self.candidates)
+
+    @property
+    def tree(self) -> TreeConfig:  # the deepest step's shape, for capacity checks
+        return TreeConfig((1,) * self.max_depth)
+
+    def step_variants(self) -> tuple[Drafter, ...]:
+        return tuple(CandidateStep(self, i) for i in range(len(self.candidates)))
+
+    @property
+    def shadows(self) -> bool:
+        """Whether the draft's candidates are explored by shadow drafts (else by probes)."""
+        return self.policy.shadow and self.longspec is not None
+
+    @property
+    def cost_names(self) -> tuple[str, ...]:
+        """What `costs` holds, in order: every candidate's step, then an AR step with a shadow draft."""
+        return tuple(c.name for c in self.candidates) + (("shadow",) if self.longspec is not None else ())
+
+    @property
+    def _shadow_depth(self) -> int:
+        """Committed tokens a shadow waits for: its tree's depth or the hybrid's chain, the longer."""
+        return max(self.longspec.max_depth, self.hybrid_pld)
+
+    def _costs(self, ctx: DraftContext) -> jax.Array:
+        """The costs (`cost_names`) in the draft params (the built-in prior when none were given), with each
+        cost above AR's scaled by 1 + `cost_margin`."""
+        if isinstance(ctx.draft_params, dict) and "costs" in ctx.draft_params:
+            costs = ctx.draft_params["costs"]
+        else:
+            from lsjax.methods.auto.profile import prior_costs
+
+            costs = jnp.asarray(prior_costs(self), jnp.float32)
+        return self.priced(costs)
+
+    def priced(self, costs: jax.Array) -> jax.Array:
+        """Profiled costs as the policy prices them: AR's as measured, every other's extra over AR's scaled by
+        1 + `cost_margin`."""
+        m = self.policy.cost_margin
+        extra = costs - costs[0]  # a cost below AR's (a test pricing AR out) is taken as given, not scaled
+        return costs if not m else costs[0] + jnp.where(extra > 0, extra * (1.0 + m), extra)
+
+    def _pld(self, num_tokens: int) -> PLDDrafter:
+        return PLDDrafter(num_tokens=num_tokens, ngram_max=self.pld_ngram)
+
+    # ------------------------------------------------------------------------------------------ state
+
+    def init(self, ctx: DraftContext, state) -> AutoState:
+        pld = self._pld(max(self.pld_tokens)).init(ctx, state)
+        ring = self.longspec.init(sub_context(ctx), state) if self.longspec is not None else ()
+        B = state.root.shape[0]
+        scored = ctx.sampling.sample_drafts and self.policy.sampled_first
+        V = ctx.config.vocab_size if scored else 0  # the shadow keeps q at its root
+        shadow = DraftShadow.empty(B, self.longspec.num_nodes, self.hybrid_pld, V) if self.longspec is not None else ()
+        pol = self.init_policy(ctx.sampling.greedy or not ctx.sampling.sample_drafts)
+        D = max(self.pld_tokens)
+        lookup = LookupShadow.empty(B, D + 1, D)  # an AR step frees a slot every step: D + 1 never collide
+        return AutoState(pld, ring, pol, shadow, self._match(pld), lookup)
+
+    def host_params(self, run) -> dict:
+        """`HostTuned`: the draft params with this device's per-candidate costs at the run's bucket (measured
+        once and cached on disk, measured again, or the prior: `cost_profile`)."""
+        from lsjax.methods.auto.profile import profile_costs
+
+        costs = profile_costs(
+            self,
+            run.model_name,
+            run.backend,
+            run.params,
+            run.draft_params,
+            run.gen,
+            run.bucket,
+            run.state,
+            run.decode,
+            self.cost_profile,
+        )
+        return {**run.draft_params, "costs": jnp.asarray(costs, jnp.float32)}
+
+    def switch_split(self, generator, prompt_ids, gen, seed: int) -> dict:
+        """`SwitchProfiled`: ms per step of each candidate, forced in the compiled loop on this prompt."""
+        from lsjax.methods.auto.profile import candidate_split
+
+        return candidate_split(generator, prompt_ids, gen, seed)
+
+    def summary(self, draft_state: AutoState) -> dict:
+        """Steps each candidate ran (host side, after decoding)."""
+        uses = np.asarray(draft_state.policy.uses)
+        out = {"steps_by_candidate": {c.name: int(u) for c, u in zip(self.candidates, uses) if u}}
+        if self.shadows:
+            out["shadow_drafts"] = int(draft_state.policy.shadows)
+        pol = draft_state.policy
+        rates = np.asarray(pol.succ[:, 0]) / np.maximum(np.asarray(pol.trials[:, 0]), 1e-6)
+        # What the policy believed at the end: each family's first-depth rate (prior included).
+        out["first_depth_rates"] = {f: round(float(r), 3) for f, r in zip(self.families, rates)}
+        return out
+
+    def propose(self, ctx, state, draft_state, key) -> Tree:
+        raise NotImplementedError("auto runs one of its step_variants() per step (the engine switches over them)")
+
+    # ------------------------------------------------------------------------------------------ policy
+
+    def _match(self, hist: History):
+        """(n [B] the n-gram of the most recent prompt-lookup match, 0 for none; where its continuation starts;
+        tokens available after it)."""
+        n = jnp.zeros(hist.length.shape, jnp.int32)
+        start = jnp.zeros(hist.length.shape, jnp.int32)
+        for g in range(self.pld_ngram, 0, -1):  # longer n-grams first, as PLDDrafter does
+            f, s = find_continuation(hist.tokens, hist.length, g, 1)
+            take = (n == 0) & f
+            n, start = jnp.where(take, g, n), jnp.where(take, s, start)
+        return n, start, jnp.maximum(hist.length - start, 0)
+
+    def choose(self, ctx: DraftContext, state) -> jax.Array:
+        ds: AutoState = state.draft
+        n, _, avail = ds.match
+        active = (~state.done).astype(jnp.float32)
+        return self.decide(ds.policy, self._costs(ctx), n, avail, active, state.steps)
+
+    def root_logp_wanted(self, ctx: DraftContext, state) -> jax.Array | bool:
+        """Only the step right after a shadow was drafted at T > 0 (`DraftShadow.first_accept`)."""
+        shadow = state.draft.shadow
+        return self.shadows and shadow.logq.shape[1] > 0 and jnp.any(shadow.fresh)
+
+    def update(self, ctx: DraftContext, state, ds: AutoState, verdict: Verdict) -> AutoState:
+        """After the engine's commit (once per step, whichever candidate ran; `verdict` is the accepted path as
+        a chain, `verdict.extras` a `SwitchExtras`: the candidate's index): every sub-drafter sees the committed
+        tokens, the candidate that ran updates its family's rates, and prompt lookup learns from the committed
+        tokens."""
+        pld = self._pld(max(self.pld_tokens)).update(ctx, state, ds.pld, verdict)
+        ring = self.longspec.update(sub_context(ctx), state, ds.ring, verdict) if self.longspec is not None else ()
+        n, start, avail = ds.match  # the match the step was chosen and drafted with (old history)
+        costs = self._costs(ctx)
+        active = verdict.count > 0
+        # One small branch per candidate: the policy state is a few hundred floats, so this switch is cheap.
+        learners = [functools.partial(self._learn_at, i) for i in range(len(self.candidates))]
+        operands = (ds.policy, costs, n, avail, verdict.num_accepted, active, state.steps)
+        ran = verdict.extras.index
+        pol = jax.lax.switch(ran, learners, *operands)
+        # What prompt lookup would have proposed, against what was emitted (a prompt-lookup step taught itself).
+        D = self.max_depth
+        proposal = _window(ds.pld, start, D)
+        shadowed = self.lookup_shadow(pol, n, avail, proposal, verdict.emitted()[:, :D], verdict.count)
+        ran_pld = jnp.asarray([c.kind == "pld" for c in self.candidates])[ran]
+        pol = jax.tree.map(lambda a, b: jnp.where(ran_pld, a, b), pol, shadowed)
+        match = self._match(pld)  # the next step's
+        pol, lookup = self._lookup_step(state, pld, ds.lookup, pol, match)
+        if not self.shadows:
+            return AutoState(pld, ring, pol, ds.shadow, match, lookup)
+        shadow = ds.shadow.score_first(verdict.emitted()[:, 0], verdict.extras.root_logp, active)
+        pol, shadow = self._shadow_step(ctx, state, pld, ring, shadow, pol, costs, match)
+        return AutoState(pld, ring, pol, shadow, match, lookup)
+
+    def _lookup_step(self, state, pld: History, lookup: LookupShadow, pol: PolicyState, match):
+        """Put-aside prompt-lookup proposals whose tokens are all committed teach their deeper depths; then the
+        new root's match, if there is one, is put aside in this step's slot of the ring (if that slot is free)."""
+        B, R, D = lookup.tokens.shape
+        ready = lookup.pending & (pld.length[:, None] >= lookup.base + D)  # [B, R]
+
+        def observe(pol):
+            following = _window(pld, lookup.base, D).reshape(B * R, D)
+            n = jnp.where(ready, lookup.n, 0).reshape(-1)
+            tokens, avail = lookup.tokens.reshape(B * R, D), lookup.avail.reshape(-1)
+            return self.lookup_shadow(pol, n, avail, tokens, following, jnp.full_like(n, D), 2)
+
+        pol = jax.lax.cond(jnp.any(ready), observe, lambda pol: pol, pol)
+        pending = lookup.pending & ~ready
+        n, start, avail = match
+        slot = state.steps % R
+        fresh = ~pending[:, slot] & (n > 0) & ~state.done  # [B]
+        proposal = _window(pld, start, D)
+
+        def put(old, new):  # old [B, R, ...], new [B, ...]: row b's slot gets new where fresh
+            keep = fresh.reshape((-1,) + (1,) * (new.ndim - 1))
+            return old.at[:, slot].set(jnp.where(keep, new, old[:, slot]))
+
+        lookup = LookupShadow(
+            put(lookup.tokens, proposal),
+            put(lookup.n, n),
+            put(lookup.avail, avail),
+            put(lookup.base, pld.length),
+            put(pending, jnp.ones_like(fresh)),
+        )
+        return pol, lookup
+
+    def _shadow_step(self, ctx, state, pld: History, ring, shadow: DraftShadow, pol: PolicyState, costs, match):
+        """After the commit: a shadow whose tokens are all committed teaches the draft's families; then, when
+        one is due and affordable, the draft proposes at the new root and its proposal is put aside."""
+        D = self._shadow_depth
+        n, start, avail = match
+        ready = shadow.pending & (pld.length >= shadow.base + D)
+
+        def observe(pol):
+            following = _window(pld, shadow.base, D)
+            got = shadow_accepts(shadow, following, self.longspec.tree.level_offsets())
+            live = (~state.done).astype(jnp.float32)
+            return self.observe_shadow(pol, costs, n, avail, live, ready, got, state.steps)
+
+        # Most steps resolve no shadow: skip the bookkeeping then (an AR step is ~70 ms; every op counts).
+        pol = jax.lax.cond(jnp.any(ready), observe, lambda pol: pol, pol)
+        shadow = dataclasses.replace(shadow, pending=shadow.pending & ~ready)
+        waiting = jnp.any(shadow.pending & ~state.done)
+        due = (pol.force < 0) & ~waiting & self.shadow_due(pol, costs, state.steps)
+        run = ((pol.force == len(self.candidates)) | due) & jnp.any(~state.done)
+
+        def draft(args):
+            pol, shadow = args
+            # The deterministic tree at every temperature: its match with the emitted tokens is what
+            # verification accepts at T = 0 (and what sample-and-match accepts at T > 0).
+            sub = sub_context(ctx)
+            sub = dataclasses.replace(sub, sampling=dataclasses.replace(sub.sampling, draft_sampling="greedy"))
+            if shadow.logq.shape[1]:  # sampled drafts: also q at the root (`DraftShadow.first_accept`)
+                tree, logq = self.longspec.propose_with_root_q(sub, state, ring, state.key)
+            else:
+                tree, logq = self.longspec.propose(sub, state, ring, state.key), shadow.logq
+            H = self.hybrid_pld
+            chain = _window(pld, start, H)
+            return self.start_shadow(pol, costs), DraftShadow.record(tree, chain, n, avail, pld.length, logq)
+
+        return jax.lax.cond(run, draft, lambda args: args, (pol, shadow))
+
+
+def _window(hist: History, start: jax.Array, n: int) -> jax.Array:
+    """[B, ..., n] history tokens from index start [B, ...] on (clipped to the buffer; callers mask what is past
+    it)."""
+    idx = jnp.clip(start[..., None] + jnp.arange(n), 0, hist.tokens.shape[1] - 1)
+    flat = jnp.take_along_axis(hist.tokens, idx.reshape(idx.shape[0], -1), axis=1)
+    return flat.reshape(idx.shape)
+
+
+def auto_params(drafter: AutoDrafter, longspec_params=None, costs=None) -> dict:
+    """The draft params `auto` runs with: the LongSpec draft's, and the per-candidate costs (the built-in prior
+    unless given; `lsjax.methods.auto.profile` measures them)."""
+    from lsjax.methods.auto.profile import prior_costs
+
+    if costs is not None and np.shape(costs) != (len(drafter.cost_names),):
+        raise ConfigError(
+            f"auto costs: need one per entry of {drafter.cost_names} (shape ({len(drafter.cost_names)},)), "
+            f"got shape {np.shape(costs)}"
+        )
+    out = {"costs": jnp.asarray(prior_costs(drafter) if costs is None else costs, jnp.float32)}
+    if longspec_params is not None:
+        out["longspec"] = longspec_params
+    return out
+
+
+def build_auto(model, opts, cache) -> tuple[AutoDrafter, dict]:
+    """`--method auto` (`lsjax.methods.auto.config.AutoOptions`): the draft given or shipped for the target, or
+    AR and prompt lookup alone where there is none."""
+    from lsjax.methods import registry
+    from lsjax.methods.hybrid.config import combined_tree
+    from lsjax.methods.longspec.checkpoint import default_draft_path
+
+    shape = {k: getattr(opts, k) for k in ("pld_tokens", "chains", "hybrid_pld") if getattr(opts, k) is not None}
+    if opts.draft is None and (model.path is None or default_draft_path(model.path) is None):
+        ls, params = None, None  # no draft shipped for this target: AR and prompt lookup only (decode.py says so)
+    else:  # a draft given (or shipped) is used, or its error (missing, corrupt, another target's) is raised
+        # The tree candidate (and the shadow the chains are read from): not the draft's shipped tree (see there).
+        ls, params = registry.build("longspec", model, cache=cache, draft=opts.draft, tree=combined_tree(opts.tree))
+    drafter = AutoDrafter(
+        longspec=ls, pld_ngram=opts.pld_ngram, policy=opts.policy, cost_profile=opts.cost_profile, **shape
+    )
+    return drafter, auto_params(drafter, params)

@@ -1,0 +1,204 @@
+"""The per-device cost profile `auto` chooses with: seconds per step of each candidate, cached on disk.
+
+    costs = prior_costs(drafter)                               # built-in, relative to an AR step
+    costs = profile_costs(drafter, model_name, backend, params, draft_params, gen, bucket, state, decode)
+
+A profile is measured with the very program that decodes: the compiled `auto` loop run with one candidate
+forced (`PolicyState.force`) for a few steps on a copy of the prefilled state, candidates interleaved and
+repeated, median per candidate. So it costs no compile and sees the real context length, cache layout and
+sampling. Files live in `$LSJAX_PROFILE_DIR` (default `~/.cache/lsjax/profiles/`), one per device kind,
+model, backend and candidate set, holding one entry per context bucket and sampling mode (greedy or
+sampled trees verify differently). A missing, corrupt or stale file (other candidates, other format version)
+is measured again and rewritten, never fatal.
+
+Only ratios matter to the policy (it maximises tokens per second), so the prior is in units of one AR step:
+verification ratios measured with `lsjax.bench.tree_cost` on a 2-core CPU (1.34x / 1.52x / 1.72x / 2.36x a
+1-token forward at 2 / 4 / 8 / 16 nodes) plus drafting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+# 2: T > 0 steps got cheaper (lsjax.sampling.draw), so profiles of format 1 overstate them. 3: + the shadow draft.
+FORMAT = 3
+STEPS = 4  # forced steps per timing
+REPEATS = 5
+# Verification cost vs nodes (log2 scale), in 1-token forwards; drafting in the same unit.
+_NODES = (1, 2, 4, 8, 16, 32)
+_VERIFY = (1.0, 1.34, 1.52, 1.72, 2.36, 3.8)
+PLD_DRAFT = 0.03
+LS_LEVEL = 0.08
+
+
+def prior_costs(drafter) -> np.ndarray:
+    """A guess at each of `drafter.cost_names` (every candidate's step, then an AR step with a shadow draft) in
+    AR steps, for a device never profiled."""
+    out = []
+    for c in drafter.candidates:
+        verify = float(np.interp(np.log2(c.drafter.num_nodes), np.log2(_NODES), _VERIFY))
+        draft = {"ar": 0.0, "pld": PLD_DRAFT, "ls": 0.0, "hybrid": PLD_DRAFT}[c.kind]
+        if c.kind in ("ls", "hybrid"):
+            draft += LS_LEVEL * drafter.longspec.max_depth if c.kind == "hybrid" else LS_LEVEL * c.drafter.max_depth
+        out.append(verify + draft)
+    if drafter.longspec is not None:  # an AR step with a shadow draft of the draft's tree
+        out.append(1.0 + LS_LEVEL * drafter.longspec.max_depth)
+    return np.asarray(out, np.float32)
+
+
+def profile_dir() -> Path:
+    return Path(os.environ.get("LSJAX_PROFILE_DIR") or Path.home() / ".cache" / "lsjax" / "profiles")
+
+
+def profile_path(device_kind: str, model: str, backend: str, candidates: tuple[str, ...]) -> Path:
+    """One file per (device kind, model, backend, candidate set); context buckets are entries inside."""
+    sig = hashlib.sha1(",".join(candidates).encode()).hexdigest()[:10]
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{device_kind}--{model}--{backend}")
+    return profile_dir() / f"{safe}--{sig}.json"
+
+
+def entry_key(bucket: int, greedy: bool) -> str:
+    return f"{bucket}/{'greedy' if greedy else 'sampled'}"
+
+
+def read_profile(path: Path, candidates: tuple[str, ...]) -> dict:
+    """{entry key: [C] seconds}; {} when the file is missing, corrupt or for another candidate set."""
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != FORMAT or tuple(data.get("candidates", ())) != candidates:
+            return {}
+        entries = {}
+        for k, v in data["entries"].items():
+            arr = np.asarray(v, np.float64)
+            if arr.shape == (len(candidates),) and np.all(np.isfinite(arr)) and np.all(arr > 0):
+                entries[k] = arr.tolist()
+        return entries
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return {}
+
+
+def write_profile(path: Path, candidates: tuple[str, ...], entries: dict, meta: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"format": FORMAT, "candidates": list(candidates), "entries": entries, **meta}))
+    tmp.replace(path)  # atomic: a reader never sees half a file
+
+
+def cached_costs(path: Path, candidates: tuple[str, ...], key: str, measure) -> tuple[np.ndarray, bool]:
+    """(costs [C], measured now): the cached entry, else `measure()` -> [C] seconds, written back."""
+    entries = read_profile(path, candidates)
+    if key in entries:
+        return np.asarray(entries[key], np.float32), False
+    costs = np.asarray(measure(), np.float64)
+    try:
+        write_profile(path, candidates, {**entries, key: costs.tolist()}, {"written": time.time()})
+    except OSError as e:  # a read-only cache dir costs a re-measure next time, nothing more
+        print(f"[lsjax] could not write the cost profile {path}: {e}", file=sys.stderr)
+    return costs.astype(np.float32), True
+
+
+def measure_costs(
+    decode, params, draft_params, state, prior: np.ndarray, progress: bool = True, names: tuple[str, ...] = ()
+) -> np.ndarray:
+    """[C] median seconds per step of each candidate, run forced in the compiled loop `decode` on copies of
+    `state` (interleaved over candidates, REPEATS times, after one warm-up each). `names`: the candidates'
+    (`cost_names`), shown on the progress bar as each runs."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+    from tqdm import tqdm
+
+    def run(c: int, steps: int):
+        if names:
+            bar.set_postfix_str(names[c], refresh=False)
+        s = jax.tree.map(jnp.copy, state)  # decode donates its state: the caller's stays intact
+        pol = dataclasses.replace(s.draft.policy, force=jnp.int32(c))
+        s = dataclasses.replace(s, draft=dataclasses.replace(s.draft, policy=pol))
+        s0 = int(s.steps)
+        jax.block_until_ready(s)
+        t = time.perf_counter()
+        s = jax.block_until_ready(decode(params, draft_params, s, jnp.int32(s0 + steps)))
+        return time.perf_counter() - t, int(s.steps) - s0
+
+    num_candidates = len(prior)
+    times = [[] for _ in range(num_candidates)]
+    bar = tqdm(
+        total=num_candidates * (REPEATS + 1),
+        desc="[lsjax] profiling auto's candidates",
+        unit="run",
+        file=sys.stderr,
+        disable=not progress,
+        leave=False,
+    )
+    for c in range(num_candidates):
+        run(c, 1)
+        bar.update()
+    for _ in range(REPEATS):
+        for c in range(num_candidates):
+            dt, n = run(c, STEPS)
+            if n > 0:
+                times[c].append(dt / n)
+            bar.update()
+    bar.close()
+    if not times[0]:  # the row is already finished: nothing to time
+        return np.asarray(prior, np.float64)
+    # A candidate that could not step keeps the prior's ratio to AR.
+    base = np.median(times[0]) / prior[0]
+    return np.asarray([np.median(t) if t else base * p for t, p in zip(times, prior)], np.float64)
+
+
+def profile_costs(
+    drafter, model_name: str, backend: str, params, draft_params, gen, bucket: int, state, decode, mode: str = "cached"
+) -> np.ndarray:
+    """[C] costs of `drafter`'s candidates at this prompt bucket and sampling, for the compiled loop
+    `decode(params, draft_params, state, step_limit)` and a prefilled `state`: `mode` "prior" (never measure),
+    "cached" (the cached profile, measured once when missing) or "measure" (measure again)."""
+    import jax
+
+    prior = prior_costs(drafter)
+    if mode == "prior":
+        return prior
+    names = drafter.cost_names
+    path = profile_path(jax.devices()[0].device_kind, model_name, backend, names)
+    key = entry_key(bucket, gen.sampling.greedy or not gen.sampling.sample_drafts)
+
+    def measure():
+        return measure_costs(decode, params, draft_params, state, prior, names=names)
+
+    if mode == "measure":
+        entries = read_profile(path, names)
+        entries.pop(key, None)
+        with contextlib.suppress(OSError):
+            write_profile(path, names, entries, {"written": time.time()})
+    return cached_costs(path, names, key, measure)[0]
+
+
+def candidate_split(generator, prompt_ids: list[int], gen, seed: int = 0) -> dict:
+    """auto: ms per step of each candidate (`cost_names`: every candidate, then an AR step with a shadow draft),
+    each run forced in the compiled loop on this prompt. "step_ms_source" says where they come from: "profile",
+    the device's cost profile the run chose with (`cost_profile` cached or measure: already measured, free), or
+    "measured" now the same way (`cost_profile` prior: its costs are a guess in AR steps, not times)."""
+    from lsjax.engine.profiling import _prefilled
+
+    drafter = generator.drafter
+    gen, bucket, state, (_, decode, _) = _prefilled(generator, prompt_ids, gen, seed)
+    if bool(state.done[0]):
+        return {}  # prefill ended the row: no step to time
+    if drafter.cost_profile == "prior":
+        prior = prior_costs(drafter)
+        secs, source = measure_costs(decode, generator.params, generator.draft_params, state, prior, False), "measured"
+    else:
+        secs, source = np.asarray(generator._draft_params(gen, bucket, state, decode)["costs"]), "profile"
+    return {
+        "step_ms_by_candidate": {n: round(float(s) * 1e3, 3) for n, s in zip(drafter.cost_names, secs)},
+        "step_ms_source": source,
+    }

@@ -1,0 +1,68 @@
+"""block and dels: DeLS-Spec's block-parallel draft (one forward drafts a chain of s tokens), alone or with its
+logits fused with a local head and a unigram prior."""
+
+from lsjax.methods.dels.config import BlockOptions, DelsOptions
+from lsjax.methods.registry import Kind, register, register_kind
+
+
+def _cached(cache, key, build):
+    if cache is not None and key in cache:
+        return cache[key]
+    out = build()
+    if cache is not None:
+        cache[key] = out
+    return out
+
+
+@register(
+    "block",
+    BlockOptions,
+    help="block-parallel draft: one forward drafts a chain of s tokens (DFlash's role)",
+    uses_draft=True,
+)
+def build_block(model, opts: BlockOptions, cache):
+    from lsjax.methods.dels.drafter import BlockDrafter, load_block
+
+    key = ("block", opts.block_draft, opts.block_size)
+    params, dcfg, bcfg = _cached(cache, key, lambda: load_block(model, opts.block_draft, opts.block_size))
+    return BlockDrafter(block=bcfg, draft=dcfg, branches=opts.branches), params
+
+
+@register(
+    "dels",
+    DelsOptions,
+    help="DeLS-Spec: the block draft's logits fused with a local head and a unigram prior",
+    uses_draft=True,
+)
+def build_dels(model, opts: DelsOptions, cache):
+    from lsjax.methods.dels.drafter import BlockDrafter, load_block, load_dels_params, with_weights
+
+    key = ("block", opts.block_draft, opts.block_size)
+    params, dcfg, bcfg = _cached(cache, key, lambda: load_block(model, opts.block_draft, opts.block_size))
+    hcfg, dels_params = _cached(
+        cache, ("dels", *key, opts.local_head), lambda: load_dels_params(model, params, opts.local_head)
+    )
+    drafter = BlockDrafter(block=bcfg, draft=dcfg, branches=opts.branches, local=hcfg)
+    return drafter, with_weights(dels_params, opts.alpha, opts.beta)
+
+
+_TRAIN_CONFIG = "lsjax.train.config:TrainConfig"
+_EXPORT = "lsjax.methods.dels.export:export_kind"
+register_kind(
+    Kind(
+        "block",
+        "DeLS-Spec's block-parallel draft, from the shared target-feature cache",
+        _TRAIN_CONFIG,
+        "lsjax.methods.dels.train:fit_block",
+        _EXPORT,
+    )
+)
+register_kind(
+    Kind(
+        "local_head",
+        "DeLS-Spec's local head (GRU or Markov) and unigram prior, without the target",
+        _TRAIN_CONFIG,
+        "lsjax.methods.dels.train_local_head:fit_local_head",
+        _EXPORT,
+    )
+)

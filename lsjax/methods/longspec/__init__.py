@@ -1,0 +1,29 @@
+"""longspec: the LongSpec draft model's tree (window self-attention + cross-attention on the target's cache)."""
+
+from lsjax.methods.longspec.config import LongSpecOptions
+from lsjax.methods.registry import Kind, register, register_kind
+
+
+@register("longspec", LongSpecOptions, help="the LongSpec draft model's tree", uses_draft=True)
+def build(model, opts: LongSpecOptions, cache):
+    from lsjax.methods.longspec.checkpoint import load_checked
+
+    key = ("longspec", opts.draft, opts.tree)
+    if cache is not None and key in cache:
+        return cache[key]
+    out = load_checked(model, opts.draft, opts.tree)
+    if cache is not None:
+        cache[key] = out
+    return out
+
+
+register_kind(
+    Kind(
+        "longspec",
+        "the LongSpec draft (window self-attention + cross-attention on the target's cache)",
+        "lsjax.train.config:TrainConfig",
+        "lsjax.methods.longspec.train:fit",
+        "lsjax.methods.longspec.export:export_kind",
+        flags=("tree",),
+    )
+)

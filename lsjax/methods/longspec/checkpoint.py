@@ -1,0 +1,132 @@
+"""LongSpec draft checkpoints on the decode side: find, read and check a draft, build its drafter.
+
+A draft directory (`lsjax.artifacts`, kind "longspec") holds `model.safetensors` (the draft's tensors in
+bfloat16, plus `vocab_ids` when the vocabulary is pruned) and `config.json` (the DraftConfig, the target's
+name, the default tree and the training summary); a draft written before 2026-11-26 (`params.npz` +
+`draft.json`) still loads. Training writes them (`lsjax.methods.longspec.export`); nothing here imports the trainer, so
+decoding never loads optax, orbax or grain. `load_draft` returns the file's arrays (floating ones as
+float32); `load_longspec` turns them into the `DraftParams` the drafter runs with (weights, vocab_ids, and
+the vocabulary's head gathered once).
+
+A bad draft is a named one-line error: a truncated or corrupt file is a `CorruptFileError`, a draft made for
+another target (its tensors do not fit this target's shapes) a `ShapeMismatchError`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from lsjax import artifacts
+from lsjax.config import DraftConfig, from_dict
+from lsjax.errors import MissingTensorError, ModelNotFoundError, ShapeMismatchError
+from lsjax.methods.longspec.drafter import LongSpecDrafter
+from lsjax.methods.longspec.model import init_draft_params, param_specs
+from lsjax.models.draft_params import VOCAB_IDS, DraftParams
+from lsjax.tree import TreeConfig, for_device, parse_tree
+
+DEFAULT_TARGET = "SmolLM2-135M-Instruct"  # the name drafts of the bundled target are filed under
+DRAFTS_DIR = Path(__file__).resolve().parents[2] / "drafts"
+
+
+def load_draft(path: str | Path) -> tuple[dict, DraftConfig, dict]:
+    """(the draft's arrays {name: numpy array}, DraftConfig, its metadata) of a draft directory;
+    `DraftParams.from_arrays` makes the first the typed structure."""
+    params, meta = artifacts.load_weights(path, "longspec")
+    dcfg = artifacts.parse_config(
+        path, "longspec", lambda: from_dict(DraftConfig, meta["draft_config"], "draft_config")
+    )
+    return params, dcfg, meta
+
+
+def check_draft_fits(
+    params: dict, dcfg: DraftConfig, config, where: str, made_for: str = "", specs: dict | None = None
+) -> None:
+    """Raises ShapeMismatchError (MissingTensorError) when the draft's tensors (the file's arrays) do not fit
+    target `config`: a draft trained for another target would otherwise fail deep inside jit with an XLA shape
+    error. The expected tensors are the model's schema, `specs` (default the LongSpec draft's `param_specs`)."""
+    expected = param_specs(config) if specs is None else specs
+    note = f" (it was made for {made_for})" if made_for else ""
+    for name, spec in expected.items():
+        if name not in params:
+            raise MissingTensorError(f"draft {where}: tensor {name} is missing{note}")
+        if tuple(params[name].shape) != tuple(spec.shape):
+            raise ShapeMismatchError(
+                f"draft {where} does not fit target {config.name}: tensor {name} has shape "
+                f"{tuple(params[name].shape)}, this target needs {tuple(spec.shape)}{note}"
+            )
+    ids = params.get(VOCAB_IDS)
+    if ids is not None and (ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= config.vocab_size):
+        raise ShapeMismatchError(
+            f"draft {where} does not fit target {config.name}: its vocab_ids lie outside [0, {config.vocab_size}){note}"
+        )
+    del dcfg  # the window sizes the ring, not a tensor: any window fits any target
+
+
+def target_key(model_path: str | Path) -> str:
+    """The name drafts are filed under: the checkpoint's name without quantization and extension
+    ("SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct"; an HF directory's name)."""
+    return Path(model_path).name.split(".")[0]
+
+
+def default_draft_path(model_path: str | Path) -> Path | None:
+    """The draft shipped in the package for this target, if any."""
+    p = DRAFTS_DIR / target_key(model_path)
+    return p if artifacts.has_weights(p, "longspec") else None
+
+
+def load_longspec(model, draft: str | None, tree_spec: str | TreeConfig | None):
+    """(drafter, DraftParams) for a loaded model (config, params, path): `draft` is a checkpoint directory,
+    "random" (initialised from the target's last layer, untrained), or None (the shipped draft for this target).
+    `tree_spec`: a preset or widths ("2,1"), a TreeConfig, or None (the draft's own tree, else the device's)."""
+    if draft == "random":
+        dcfg = DraftConfig()
+        params = DraftParams(init_draft_params(model.config, dcfg, jax.tree.map(jnp.asarray, model.params)))
+        meta = {}
+    else:
+        path = Path(draft) if draft else default_draft_path(model.path)
+        if path is None:
+            raise ModelNotFoundError(
+                f"no shipped LongSpec draft for {target_key(model.path)}; pass --draft DIR (or --draft random)"
+            )
+        arrays, dcfg, meta = load_draft(path)
+        check_draft_fits(arrays, dcfg, model.config, str(path), meta.get("target", ""))
+        params = (
+            DraftParams.from_arrays(arrays).in_dtype(model.config.dtype).with_vocab_head(model.params, model.config)
+        )
+    if isinstance(tree_spec, TreeConfig):
+        tree = tree_spec
+    elif tree_spec:
+        tree = parse_tree(tree_spec)
+    else:
+        tree = shipped_tree(meta, jax.default_backend())
+    return LongSpecDrafter(tree=tree, draft=dcfg), params
+
+
+def shipped_tree(meta: dict, backend: str) -> TreeConfig:
+    """The tree a draft's metadata names for `backend`: `"tree"` is widths for every device or a mapping
+    backend -> widths or preset (the tree was measured on that device: `lsjax.bench.trees`); without one,
+    the device's preset."""
+    tree = for_device(meta.get("tree"), backend)
+    if tree:
+        return parse_tree(tree if isinstance(tree, str) else tuple(tree))
+    return parse_tree("cpu" if backend == "cpu" else "paper")
+
+
+def load_checked(model, draft: str | None, tree_spec: str | TreeConfig | None):
+    """`load_longspec`, then a tree the draft cannot propose (a level wider than its vocabulary: top_k would
+    fail inside the compiled step) or absurd for the context is a one-line ConfigError before anything
+    compiles."""
+    from lsjax.tree import check_fits
+
+    drafter, params = load_longspec(model, draft, tree_spec)
+    vocab_ids = getattr(params, "vocab_ids", None)
+    vocab, name = (
+        (model.config.vocab_size, "the target's vocabulary")
+        if vocab_ids is None
+        else (len(vocab_ids), "its pruned vocabulary")
+    )
+    check_fits(drafter.tree, vocab, model.config.max_position, tree_spec, name)
+    return drafter, params

@@ -1,0 +1,182 @@
+"""The LongSpec draft's training run (a stage): data, feature cache, vocabulary, params, dev eval.
+
+out = fit(train_cfg)            # what `python train.py --config configs/train/X.yaml` runs
+
+The step loop (resume, checkpoints, logs, plots) is the one every trainer shares (`lsjax.train.runner`); the
+frozen target and the batch readers come from `lsjax.train.inputs`. Configs of another kind (block,
+local_head) are handed to their own trainer (`lsjax.train.kinds`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lsjax.config import ConfigError
+from lsjax.methods.longspec import model as draft_lib
+from lsjax.train.config import TrainConfig
+from lsjax.train.features import build_feature_cache
+from lsjax.train.inputs import GrainBatches, eos_id, load_target, shared_feature_inputs
+from lsjax.train.runner import prepare_run_dir, run_steps
+from lsjax.train.step import init_state, make_eval_step, make_optimizer, make_train_step
+from lsjax.vocab import pruned_vocab
+
+__all__ = ["eos_id", "fit", "load_target"]  # the frozen target's helpers, where trainers and tests found them
+
+
+def fit(
+    cfg: TrainConfig,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    stop_after: int | None = None,
+    log=print,
+    progress: bool | None = None,
+    config_dict: dict | None = None,
+) -> dict:
+    """Runs (or resumes) one training stage; returns a summary dict (`lsjax.train.runner.run_steps`).
+
+    Writes <run_dir>/metrics.jsonl, checkpoints/, vocab_ids.npy (pruned vocabulary), loss.png and
+    config.yaml. `stop_after` ends the run after that many optimizer steps without the final
+    checkpoint, as a kill would (tests use it). Raises `lsjax.train.runner.TrainingDiverged` on a non-finite
+    loss.
+    """
+    if cfg.kind != "longspec":  # DeLS-Spec's parts have their own data and losses
+        from lsjax.train.kinds import get
+
+        opts = {"resume": resume, "overwrite": overwrite, "stop_after": stop_after, "log": log, "progress": progress}
+        return get(cfg.kind).fit(cfg, config_dict=config_dict, **opts)
+
+    from lsjax import sharding
+    from lsjax.train import checkpoint as ckpt_lib
+    from lsjax.train import data as data_lib
+
+    sharding.maybe_initialize_distributed()
+    run_dir = prepare_run_dir(cfg, config_dict, resume=resume, overwrite=overwrite)
+    config, target_params, tokenizer = load_target(cfg)
+    if tokenizer is None and any(s != "synthetic" for s in cfg.data.sources):
+        raise ValueError("data.sources: a random-init target has no tokenizer; use the synthetic source")
+
+    # --- data
+    eos, V, T = eos_id(config), config.vocab_size, cfg.data.seq_len
+    extra = None
+    fixed = cfg.features.enabled and not cfg.features.set
+    if cfg.features.set:
+        seqs, mask, extra = shared_feature_inputs(cfg, log)
+    else:
+        seqs, mask = data_lib.load_sequences(cfg, tokenizer, eos, V, log=log)
+        log(f"data: {data_lib.describe(seqs, mask)} ({', '.join(cfg.data.sources)}, {cfg.data.split})")
+    if fixed:
+        high = data_lib.max_offset(cfg.positions, T, config.max_position)
+        offsets = data_lib.offsets_for(cfg.data.seed, np.arange(len(seqs)), high)
+        extra = build_feature_cache(
+            target_params,
+            config,
+            seqs,
+            offsets,
+            cfg.features.dir or run_dir / "features",
+            num_anchors=cfg.positions.num_anchors,
+            batch_size=cfg.features.batch_size,
+            with_hidden=cfg.loss.distill == "kl",
+            fingerprint=f"{config.name}:{config.num_layers}:{config.hidden_size}:{cfg.target.path}",
+            log=log,
+        )
+    dataset = data_lib.batches(seqs, mask, cfg, config.max_position, fixed_offsets=fixed, extra=extra)
+
+    # --- vocabulary, params, optimizer
+    vocab_ids, exported = None, _exported_draft(cfg)
+    if exported is not None:  # continuing a shipped draft: its vocabulary comes with it
+        vocab_ids = exported.vocab_ids
+    elif cfg.draft.draft_vocab_size:
+        counts = np.bincount(seqs[mask > 0].reshape(-1), minlength=V)
+        vocab_ids = pruned_vocab(config, cfg.draft.draft_vocab_size, token_counts=counts)
+    if vocab_ids is not None:
+        np.save(run_dir / "vocab_ids.npy", vocab_ids)
+    if exported is not None:
+        draft_params = jax.tree.map(jnp.asarray, exported.weights)
+        log(f"draft: initialised from the exported draft {cfg.checkpoint.init_from}")
+    elif cfg.checkpoint.init_from:
+        draft_params = jax.tree.map(jnp.asarray, ckpt_lib.load_draft_params(cfg.checkpoint.init_from))
+        log(f"draft: initialised from {cfg.checkpoint.init_from}")
+    else:
+        draft_params = draft_lib.init_draft_params(config, cfg.draft, target_params, jax.random.PRNGKey(cfg.seed))
+    optimizer = make_optimizer(cfg.optim)
+    state = init_state(draft_params, optimizer)
+
+    # --- the step, on a mesh when there are several devices
+    step_fn = make_train_step(config, cfg, vocab_ids, optimizer)
+    compile = None
+    if jax.device_count() > 1:
+        example = GrainBatches(iter(dataset.to_iter_dataset())).next()
+
+        def compile(step, state, target_params):
+            mesh = sharding.make_mesh(cfg.mesh)
+            jitted, state_sh, target_sh, _ = sharding.shard_train_step(step, mesh, state, target_params, example)
+            return jitted, sharding.place(state, state_sh), sharding.place(target_params, target_sh)
+
+    evaluate = (
+        _make_dev_eval(cfg, config, target_params, tokenizer, eos, vocab_ids, log) if cfg.log.eval_every else None
+    )
+    return run_steps(
+        cfg,
+        state,
+        step_fn,
+        target_params,
+        GrainBatches(iter(dataset.to_iter_dataset())),
+        jax.random.PRNGKey(cfg.seed),
+        run_dir=run_dir,
+        log=log,
+        resume=resume,
+        stop_after=stop_after,
+        progress=progress,
+        config_dict=config_dict,
+        tokens_per_step=cfg.data.batch_size * cfg.data.grad_accum * T,
+        evaluate=evaluate,
+        compile=compile,
+    )
+
+
+def _exported_draft(cfg: TrainConfig):
+    """The DraftParams of `checkpoint.init_from` when it is an exported LongSpec draft directory
+    (`lsjax.artifacts`, either layout), else None."""
+    from lsjax import artifacts
+
+    src = Path(cfg.checkpoint.init_from) if cfg.checkpoint.init_from else None
+    if src is None or not artifacts.has_weights(src, "longspec"):
+        return None
+    from lsjax.methods.longspec.checkpoint import load_draft
+    from lsjax.models.draft_params import DraftParams
+
+    arrays, dcfg, _ = load_draft(src)
+    for field in ("window", "draft_vocab_size"):
+        want, got = getattr(dcfg, field), getattr(cfg.draft, field)
+        if want != got:
+            raise ConfigError(f"draft.{field}: must equal the init_from draft's {want}, got {got}")
+    return DraftParams.from_arrays(arrays)
+
+
+def _make_dev_eval(cfg: TrainConfig, config, target_params, tokenizer, eos, vocab_ids, log):
+    """Dev-split loss at plain positions and the smallest lag (what inference sees), fixed batches."""
+    from lsjax.train import data as data_lib
+
+    dev_cfg = dataclasses.replace(
+        cfg,
+        positions=dataclasses.replace(cfg.positions, anchor_offset=False),
+        data=dataclasses.replace(cfg.data, split="dev"),
+    )
+    seqs, mask = data_lib.load_sequences(dev_cfg, tokenizer, eos, config.vocab_size, log=log)
+    ds = data_lib.batches(seqs, mask, dev_cfg, config.max_position, shuffle=False)
+    batches = [{k: v for k, v in ds[i].items() if k != "index"} for i in range(min(cfg.log.eval_batches, len(ds)))]
+    ev = jax.jit(make_eval_step(config, dev_cfg, vocab_ids))
+    shift = jnp.asarray(1 if cfg.loss.flash_noisy else 0, jnp.int32)
+
+    def evaluate(params):
+        sums = [jax.device_get(ev(params, target_params, b, shift)) for b in batches]
+        w = max(sum(float(s["weight"]) for s in sums), 1.0)
+        return {"dev_ce": sum(float(s["ce"]) for s in sums) / w, "dev_acc": sum(float(s["correct"]) for s in sums) / w}
+
+    return evaluate

@@ -1,0 +1,329 @@
+"""Speculative Streaming (lossless mode): the verify forward drafts the next tree, no draft forward at all.
+
+Each step's verification forward also yields the gamma speculative streams (`lsjax.methods.streams.model`): the
+engine hands the drafter the residual stream entering layer L = N - N_s, the nodes' K/V and the committed
+cache (`extra_hidden_layer`). With `streams_at="nodes"` (the paper's layout) `verify_extras` runs the top
+N_s layers' streams at every node; with "accepted" (default) `update` runs them at the last accepted node
+only, over the cache that now holds every key it may see (same outputs, gamma rows instead of gamma x T).
+`update` keeps the top-k tokens of each stream at the last accepted node, and the next `propose` builds its
+tree from those alone: stream d's candidates fill depth d (stream d at node t predicts the token
+at t + 1 + d, and the next root, the bonus, sits at t + 1). A beam over the product of the streams' top-k
+(cumulative stream log-probability) keeps `widths[d]` nodes per depth.
+
+Parallel tree pruning (§2.3), optional: with `prune_to`, the proposed tree goes into the verify forward,
+and at layer L the early-exit head (low-rank adapter + LM head on the residual there) scores each parent ->
+child transition; a beam over the cumulative early-exit log-probability keeps `prune_to[d]` nodes per depth
+(ancestor-closed, static shape) and only those run through the top layers, the streams and the LM head.
+
+Lossless: the tree depends on the context only (never on the verification key), and is deterministic, so
+T > 0 verification is sample-and-match (`lsjax.engine.verify`); the main stream is the plain target.
+
+Stream checkpoints (`lsjax.artifacts` kind "streams": bfloat16 `model.safetensors` + `config.json`; the old
+`params.npz` + `streams.json` still load), written by `lsjax.methods.streams.train`: `load_streams` here; the one
+shipped for a target lives in `lsjax/drafts/<target>/streams/`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lsjax import artifacts
+from lsjax.config import ConfigError, from_dict
+from lsjax.engine.types import DraftContext, Drafter, Verdict
+from lsjax.errors import ModelNotFoundError, ShapeMismatchError
+from lsjax.methods.longspec.checkpoint import DRAFTS_DIR, target_key
+from lsjax.methods.streams import model as ss
+from lsjax.models import target
+from lsjax.tree import Tree, TreeConfig, for_device, make_tree
+
+STREAMS_AT = ("accepted", "nodes")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class StreamTopK:
+    """The draft state: each stream's top-k at the last accepted node (constant size)."""
+
+    tokens: jax.Array  # [B, S, k] int32
+    logprobs: jax.Array  # [B, S, k] float32
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamsDrafter(Drafter):
+    streams: ss.StreamsConfig = ss.StreamsConfig()
+    widths: tuple[int, ...] = (2, 2, 2)  # proposed nodes per depth (depth <= gamma)
+    prune_to: tuple[int, ...] | None = None  # nodes per depth kept by early-exit pruning (None: no pruning)
+    layer: int = 26  # L = N - N_s of the target (`for_target` sets it)
+    # Where the streams run: "nodes" = at every verified node inside verification (the paper's layout, free
+    # when fused into the target's batched forward on an accelerator); "accepted" = after acceptance, at the
+    # last accepted node only, over the committed cache (the same stream outputs: that node's keys are all
+    # committed by then; on a CPU, gamma rows instead of gamma x T through the top layers).
+    streams_at: str = "accepted"
+
+    name = "streams"
+
+    def __post_init__(self):
+        if self.streams_at not in STREAMS_AT:
+            raise ConfigError(f"streams_at: must be one of {'|'.join(STREAMS_AT)}, got {self.streams_at!r}")
+        TreeConfig(self.widths)
+        if len(self.widths) > self.streams.num_streams:
+            raise ConfigError(
+                f"streams tree: {len(self.widths)} levels need as many streams, got {self.streams.num_streams}"
+            )
+        if self.prune_to is not None:
+            TreeConfig(self.prune_to)
+            ok = len(self.prune_to) == len(self.widths) and all(
+                p <= w for p, w in zip(self.prune_to, self.widths, strict=True)
+            )
+            if not ok:
+                raise ConfigError(
+                    f"streams tree: pruned widths {self.prune_to} must have one width <= each of {self.widths}"
+                )
+
+    @classmethod
+    def for_target(
+        cls, config, streams: ss.StreamsConfig, widths=(2, 2, 2), prune_to=None, streams_at="accepted"
+    ) -> StreamsDrafter:
+        prune_to = tuple(prune_to) if prune_to else None
+        return cls(streams, tuple(widths), prune_to, streams.first_layer(config), streams_at)
+
+    @property
+    def extra_hidden_layer(self) -> int:
+        return self.layer
+
+    @property
+    def proposed(self) -> TreeConfig:
+        return TreeConfig(self.widths)
+
+    @property
+    def tree(self) -> TreeConfig:  # what verification walks
+        return TreeConfig(self.prune_to) if self.prune_to else self.proposed
+
+    @property
+    def topk(self) -> int:
+        return max(self.widths)
+
+    # ------------------------------------------------------------------ the contract
+
+    def init(self, ctx: DraftContext, state) -> StreamTopK:
+        """The streams at the last prompt token (prefill does not run them): the layers below L for that token
+        once more, then the streams over the committed prompt."""
+        cfg, tp = ctx.config, ctx.target_params
+        lengths = ctx.prompt_lengths
+        last = jnp.take_along_axis(ctx.prompt_tokens, (lengths - 1)[:, None], axis=1)  # [B, 1]
+        pos = (lengths - 1)[:, None]
+        below = dataclasses.replace(state.cache, lengths=lengths - 1)  # the token sees the prompt before it
+        if self.layer > 0:
+            mid, _, _ = target.forward_hidden(tp, cfg, last, pos, below, backend=ctx.backend, layers=(0, self.layer))
+        else:
+            mid = target.embed(tp, last).astype(jnp.dtype(cfg.dtype))
+        return self._topk(ctx, self._streams_over_cache(ctx, state.cache, mid, pos))
+
+    def _streams_over_cache(self, ctx: DraftContext, cache, mid, pos) -> jax.Array:
+        """Streams [B, S, D] of the newest committed token (mid [B, 1, D] entering layer L, pos [B, 1]): every
+        key it may see is in the cache, its own included."""
+
+        def main(i):
+            return ("cache", cache.k, cache.v, cache.lengths, i)
+
+        s = ss.stream_hidden(
+            ctx.draft_params, ctx.target_params, ctx.config, self.streams, mid, pos, main, backend=ctx.backend
+        )
+        return s[:, 0]
+
+    def propose(self, ctx: DraftContext, state, draft_state: StreamTopK, key=None) -> Tree:
+        tc = self.proposed
+        B = state.root.shape[0]
+        offsets = tc.level_offsets()
+        tokens = [state.root[:, None].astype(jnp.int32)]
+        parents = [jnp.full((B, 1), -1, jnp.int32)]
+        scores = jnp.zeros((B, 1), jnp.float32)
+        for d, w in enumerate(tc.widths):
+            # Every node of depth d gets the same candidate children: stream d + 1's top-k.
+            lp = draft_state.logprobs[:, d, :w]  # [B, w]: within each parent's top-w lies the global top-w
+            cand = (scores[:, :, None] + lp[:, None, :]).reshape(B, -1)
+            best, flat = jax.lax.top_k(cand, w)
+            tokens.append(jnp.take_along_axis(draft_state.tokens[:, d, :w], flat % w, axis=1))
+            parents.append((offsets[d] + flat // w).astype(jnp.int32))
+            scores = best
+        tokens, parents = jnp.concatenate(tokens, 1), jnp.concatenate(parents, 1)
+        return make_tree(tokens, parents, jnp.ones_like(tokens, bool), tc)
+
+    def prune(self, ctx: DraftContext, tree: Tree, mid_hidden: jax.Array):
+        if self.prune_to is None:
+            return None
+        return prune_tree(
+            tree, self.proposed, self.tree, ss.exit_logits(ctx.draft_params, ctx.target_params, ctx.config, mid_hidden)
+        )
+
+    def verify_extras(self, ctx: DraftContext, tree: Tree, hidden, logits, taps=None) -> jax.Array:
+        """ "nodes": the streams' final residuals [B, T, S, D] at every verified node (the head runs in `update`,
+        at the one node that matters); "accepted": the residual entering layer L [B, T, D]."""
+        if self.streams_at == "accepted":
+            return taps.mid_hidden
+        return ss.stream_hidden(
+            ctx.draft_params,
+            ctx.target_params,
+            ctx.config,
+            self.streams,
+            taps.mid_hidden,
+            taps.positions,
+            ss.tree_main_kv(taps, tree.mask),
+            backend=ctx.backend,
+        )
+
+    def update(self, ctx: DraftContext, state, draft_state: StreamTopK, verdict: Verdict) -> StreamTopK:
+        last = jnp.take_along_axis(verdict.path, verdict.num_accepted[:, None], axis=1)[:, 0]  # [B]
+        if self.streams_at == "accepted":
+            mid = jnp.take_along_axis(verdict.extras, last[:, None, None], axis=1)  # [B, 1, D]
+            pos = (state.cache.lengths - 1)[:, None]  # the cache now ends with the last accepted node
+            s = self._streams_over_cache(ctx, state.cache, mid, pos)
+        else:
+            s = jnp.take_along_axis(verdict.extras, last[:, None, None, None], axis=1)[:, 0]  # [B, S, D]
+        new = self._topk(ctx, s)
+        # A finished row keeps its state (its verdict is empty).
+        keep = (verdict.count == 0)[:, None, None]
+        return StreamTopK(
+            jnp.where(keep, draft_state.tokens, new.tokens), jnp.where(keep, draft_state.logprobs, new.logprobs)
+        )
+
+    def _topk(self, ctx: DraftContext, s: jax.Array) -> StreamTopK:
+        logits = ss.stream_logits(ctx.target_params, ctx.config, s[:, : len(self.widths)])  # [B, depth, V]
+        lp, ids = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), self.topk)
+        return StreamTopK(ids.astype(jnp.int32), lp)
+
+
+def prune_tree(tree: Tree, full: TreeConfig, kept: TreeConfig, exit_logits: jax.Array):
+    """Early-exit pruning: a beam over cumulative early-exit log-probabilities of parent -> child transitions,
+    `kept.widths[d]` nodes per depth among the children of the nodes kept at depth d - 1. Returns (the
+    pruned tree, idx [B, T'] of its nodes in `tree`): ancestor-closed, root first, level by level."""
+    B, T = tree.tokens.shape
+    logp = jax.nn.log_softmax(exit_logits, axis=-1)  # [B, T, V]: the next token after each node, early
+    trans = logp[jnp.arange(B)[:, None], jnp.maximum(tree.parents, 0), tree.tokens]  # [B, T]: log p(child | parent)
+    f_off = full.level_offsets()
+    score = jnp.zeros((B, T), jnp.float32)
+    alive = jnp.zeros((B, T), bool).at[:, 0].set(True)
+    idx = [jnp.zeros((B, 1), jnp.int32)]
+    for d, w in enumerate(kept.widths):
+        lo, hi = f_off[d + 1], f_off[d + 1] + full.widths[d]
+        par = tree.parents[:, lo:hi]
+        ok = jnp.take_along_axis(alive, par, axis=1) & tree.valid[:, lo:hi]
+        cum = jnp.take_along_axis(score, par, axis=1) + trans[:, lo:hi]
+        best, pick = jax.lax.top_k(jnp.where(ok, cum, -jnp.inf), w)
+        chosen = lo + pick
+        rows = jnp.arange(B)[:, None]
+        alive = alive.at[rows, chosen].set(jnp.isfinite(best))
+        score = score.at[rows, chosen].set(best)
+        idx.append(chosen.astype(jnp.int32))
+    idx = jnp.concatenate(idx, axis=1)  # [B, T']
+    inv = jnp.zeros((B, T), jnp.int32).at[jnp.arange(B)[:, None], idx].set(jnp.arange(idx.shape[1])[None])
+    par = jnp.take_along_axis(tree.parents, idx, axis=1)
+    parents = jnp.where(par >= 0, jnp.take_along_axis(inv, jnp.maximum(par, 0), axis=1), -1)
+    valid = jnp.take_along_axis(alive, idx, axis=1)
+    return make_tree(jnp.take_along_axis(tree.tokens, idx, axis=1), parents, valid, kept), idx
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def default_streams_path(model_path) -> Path | None:
+    p = DRAFTS_DIR / target_key(model_path) / "streams"
+    return p if artifacts.has_weights(p, "streams") else None
+
+
+def save_streams(directory, params: dict, scfg: ss.StreamsConfig, meta: dict | None = None) -> Path:
+    from lsjax.config import to_dict
+
+    artifacts.save_weights(directory, params, {"streams_config": to_dict(scfg), **(meta or {})}, kind="streams")
+    return Path(directory)
+
+
+def load_streams(path) -> tuple[dict, ss.StreamsConfig, dict]:
+    """(params as float32 numpy, StreamsConfig, metadata) of a stream checkpoint directory."""
+    params, meta = artifacts.load_weights(path, "streams")
+    scfg = artifacts.parse_config(
+        path, "streams", lambda: from_dict(ss.StreamsConfig, meta["streams_config"], "streams_config")
+    )
+    return params, scfg, meta
+
+
+def check_streams_fit(params: dict, config, scfg: ss.StreamsConfig, where: str) -> None:
+    for name, spec in ss.param_specs(config, scfg).items():
+        got = params.get(name)
+        if got is None or tuple(got.shape) != spec.shape:
+            shape = None if got is None else tuple(got.shape)
+            raise ShapeMismatchError(
+                f"streams {where} does not fit target {config.name}: tensor {name} has shape {shape}, "
+                f"this target needs {spec.shape}"
+            )
+
+
+def parse_stream_tree(spec) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """ "2,2,2" (proposed widths) or "3,4,4:2,2,2" (proposed, then kept by early-exit pruning)."""
+    from lsjax.tree import parse_tree
+
+    if isinstance(spec, TreeConfig):
+        return spec.widths, None
+    if isinstance(spec, (tuple, list, int)):
+        return parse_tree(spec).widths, None
+    full, _, kept = str(spec).partition(":")
+    return parse_tree(full).widths, (parse_tree(kept).widths if kept else None)
+
+
+def load_streams_drafter(model, draft=None, num_streams=None, msa_layers=None, tree=None, streams_at="accepted"):
+    """(drafter, stream params) for a loaded model: `draft` a checkpoint directory, "random" (untrained:
+    lossless, accepts little) or None (the shipped checkpoint for this target)."""
+    config = model.config
+    given = Path(draft) if draft not in (None, "random") else None
+    if given is not None and artifacts.stored_kind(given) == "longspec":
+        # A LongSpec draft, handed to every method alike (the bench does): use the streams' own checkpoint.
+        draft = None if default_streams_path(model.path) else "random"
+        print(f"[lsjax] streams: {given} is a LongSpec draft; using {draft or 'the shipped streams'}", file=sys.stderr)
+    if draft == "random":
+        scfg = ss.StreamsConfig(num_streams=num_streams or 3, msa_layers=msa_layers or min(4, config.num_layers))
+        params = jax.tree.map(np.asarray, ss.init_params(config, scfg, jax.random.key(0)))
+        meta = {}
+    else:
+        path = Path(draft) if draft else default_streams_path(model.path)
+        if path is None:
+            raise ModelNotFoundError(
+                f"no shipped stream checkpoint for {target_key(model.path)}; pass --draft DIR (or --draft random)"
+            )
+        params, scfg, meta = load_streams(path)
+        check_streams_fit(params, config, scfg, str(path))
+        if msa_layers is not None and msa_layers != scfg.msa_layers:
+            raise ConfigError(
+                f"msa_layers: the checkpoint at {path} has {scfg.msa_layers} MSA layers, got {msa_layers}"
+            )
+        if num_streams is not None and num_streams != scfg.num_streams:
+            # Stream j attends to streams <= j only, so the first gamma' of them are exact without the rest.
+            if num_streams > scfg.num_streams:
+                raise ConfigError(
+                    f"streams: the checkpoint at {path} has {scfg.num_streams} streams, cannot run {num_streams}"
+                )
+            params = dict(params, stream_embed=params["stream_embed"][:num_streams])
+            scfg = dataclasses.replace(scfg, num_streams=num_streams)
+    shipped = for_device(meta.get("tree"), jax.default_backend())
+    widths, kept = parse_stream_tree(tree or shipped or default_tree(scfg))
+    widths = widths[: scfg.num_streams]
+    kept = kept[: len(widths)] if kept else None
+    if len(widths) < scfg.num_streams:
+        # A shallower tree reads only the first streams, and stream j attends to streams <= j only: running
+        # just those is exact and spares the rest's rows through the top layers.
+        params = dict(params, stream_embed=params["stream_embed"][: len(widths)])
+        scfg = dataclasses.replace(scfg, num_streams=len(widths))
+    return StreamsDrafter.for_target(config, scfg, widths, kept, streams_at), params
+
+
+def default_tree(scfg: ss.StreamsConfig) -> str:
+    # On a CPU one stream node: each verified node costs (lsjax.bench.tree_cost) more than the streams'
+    # acceptance returns (README, Speculative Streaming); wider elsewhere.
+    if jax.default_backend() == "cpu":
+        return "1"
+    return ",".join(["4"] * scfg.num_streams)
