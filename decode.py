@@ -107,9 +107,7 @@ def ignored_flags(args: argparse.Namespace, method: str) -> list[str]:
 
     parser, dests = build_parser()
     reads = registry.get(method).options()
-    return [
-        "--" + d.replace("_", "-") for d in dests if getattr(args, d) != parser.get_default(d) and d not in reads
-    ]
+    return ["--" + d.replace("_", "-") for d in dests if getattr(args, d) != parser.get_default(d) and d not in reads]
 
 
 def method_options(args: argparse.Namespace) -> dict:

@@ -16,17 +16,12 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lsjax.config import ConfigError, MeshConfig
-from lsjax.methods.dels import model as block_draft
-from lsjax.methods.longspec import model as draft
-from lsjax.models import target
-from lsjax.models.layers import ParamSpec
+from lsjax.models.layers import LOGICAL_AXES, ParamSpec
 
 BATCH = ("data", "fsdp")
 
-# Logical axes of every named leaf (target, draft, block draft); target layer leaves carry a leading "layers"
-# axis. They come from the models' schemas (each module's `param_specs` and the AXES it is built from); a name
-# the target and the draft share (w_gate, mlp_norm, final_norm, ...) has the same axes in both.
-LOGICAL_AXES: dict[str, tuple[str, ...]] = {**target.AXES, **draft.AXES, **block_draft.AXES}
+# A named leaf's logical axes come from the models' schemas (`lsjax.models.layers.LOGICAL_AXES`, which each
+# model module declares beside its `param_specs`); target layer leaves carry a leading "layers" axis.
 
 # Logical axis -> mesh axis. FSDP shards the model width of every matrix (and the vocabulary rows of the
 # embedding through "embed"); the small per-head axes and norms stay whole.

@@ -87,6 +87,7 @@ def test_position_eval_matches_the_dev_eval():
     from lsjax import train as tr
     from lsjax.config import DraftConfig
     from lsjax.methods.longspec import model as draft_lib
+    from lsjax.methods.longspec import step as ls_step
     from lsjax.models import target as target_lib
     from lsjax.train.config import TrainConfig
 
@@ -104,7 +105,7 @@ def test_position_eval_matches_the_dev_eval():
 
     cfg = TrainConfig(draft=dcfg, loss=dataclasses.replace(TrainConfig().loss, chunk_size=16))
     batch = {"tokens": tokens[None], "loss_mask": mask[None], "offset": jnp.zeros((1, 1), jnp.int32)}
-    ref = tr.make_eval_step(TINY, cfg, vocab)(dp, tp, batch, jnp.int32(1))
+    ref = ls_step.make_eval_step(TINY, cfg, vocab)(dp, tp, batch, jnp.int32(1))
     np.testing.assert_allclose(float(sums["ce"].sum()), float(ref["ce"]), rtol=1e-5)
     assert float(sums["correct"].sum()) == float(ref["correct"])
     assert float(sums["ce_tokens"].sum()) == float(ref["weight"])

@@ -186,9 +186,9 @@ def test_no_recompilation_per_step():
 def test_real_smollm2_greedy_equals_ar(ours, method):
     """On the real model, a ~1K-token dev code prompt and the shipped GRU local head, the block drafter (the
     LongSpec draft as a block draft) and DeLS-Spec reproduce AR exactly."""
-    from lsjax.bench.prompts import stdlib_code_prompt
     from lsjax.engine.host import Generator
     from lsjax.methods import registry
+    from lsjax.prompts import stdlib_code_prompt
 
     ids = ours.tokenizer.encode(stdlib_code_prompt(ours.tokenizer, 1024).text)
     gen = GenerateConfig(max_new_tokens=48, ignore_eos=True)

@@ -12,7 +12,7 @@ import tarfile
 import pytest
 
 from lsjax import corpora, corpus_fetch
-from lsjax.bench import prompts as P
+from lsjax import prompts as P
 from lsjax.corpora import CorpusError, Document, split_of
 
 

@@ -5,7 +5,6 @@ one line, progress while compiling, the persistent compilation cache, and auto's
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import signal
 import subprocess

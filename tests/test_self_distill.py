@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from lsjax import api
-from lsjax.bench.prompts import Prompt
 from lsjax.config import GenerateConfig, ModelConfig
 from lsjax.errors import LsjaxError
 from lsjax.models import target as target_lib
+from lsjax.prompts import Prompt
 from lsjax.train import self_distill as sd
 
 CFG = ModelConfig(

@@ -390,9 +390,9 @@ def test_no_recompilation_per_step(drafter):
 @pytest.mark.parametrize("method", ["pld", "longspec"])
 def test_real_smollm2_greedy_speculative_equals_ar(ours, method):
     """On the real model and a dev code prompt (~1K tokens), every drafter reproduces AR exactly."""
-    from lsjax.bench.prompts import stdlib_code_prompt
     from lsjax.engine.host import Generator
     from lsjax.methods.longspec.checkpoint import load_longspec
+    from lsjax.prompts import stdlib_code_prompt
 
     ids = ours.tokenizer.encode(stdlib_code_prompt(ours.tokenizer, 1024).text)
     gen = GenerateConfig(max_new_tokens=48, ignore_eos=True)
@@ -409,6 +409,7 @@ def test_trained_draft_greedy_equals_ar(tmp_path):
     """A draft trained by lsjax.train (tiny target, synthetic data, 30 steps) is as lossless as any other."""
     from lsjax import train as tr
     from lsjax.config import from_dict, to_dict
+    from lsjax.methods.longspec import train as ls_train
     from lsjax.train.config import TrainConfig
 
     tiny_cfg, _ = tiny_model()
@@ -425,7 +426,7 @@ def test_trained_draft_greedy_equals_ar(tmp_path):
             "log": {"progress": False, "plot": False, "tensorboard": False},
         },
     )
-    out = tr.fit(cfg, log=lambda *_: None)
+    out = ls_train.fit(cfg, log=lambda *_: None)
     assert np.mean(out["losses"][-5:]) < np.mean(out["losses"][:5])  # it did learn something
     config, target_params, _ = tr.load_target(cfg)
     drafter = LongSpecDrafter(TreeConfig((2, 2, 2)), cfg.draft)

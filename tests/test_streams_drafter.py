@@ -185,8 +185,8 @@ def test_checkpoints_and_registry(tmp_path):
 @pytest.mark.parametrize("tree", ["2,2,2", "3,4,4:2,2,2"])
 def test_real_smollm2_streams_greedy_equals_ar(ours, tree):
     """On the real model (untrained streams: what is tested is the engine, not the drafts) at ~1K tokens."""
-    from lsjax.bench.prompts import stdlib_code_prompt
     from lsjax.engine.host import Generator
+    from lsjax.prompts import stdlib_code_prompt
 
     ids = ours.tokenizer.encode(stdlib_code_prompt(ours.tokenizer, 1024).text)
     gen = GenerateConfig(max_new_tokens=32, ignore_eos=True)

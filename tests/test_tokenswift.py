@@ -108,9 +108,9 @@ def test_heads_checkpoint_roundtrip_and_named_errors(tmp_path):
 def test_real_smollm2_greedy_tokenswift_equals_ar(ours, draft_pass):
     """On the real model, a ~1K-token code prompt and a 256-entry partial cache (selection and rebuilds on a
     real context), untrained heads: the output is AR's."""
-    from lsjax.bench.prompts import stdlib_code_prompt
     from lsjax.engine.host import Generator
     from lsjax.methods.tokenswift.drafter import load_tokenswift
+    from lsjax.prompts import stdlib_code_prompt
 
     ids = ours.tokenizer.encode(stdlib_code_prompt(ours.tokenizer, 1024).text)
     gen = GenerateConfig(max_new_tokens=48, ignore_eos=True)

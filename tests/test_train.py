@@ -20,7 +20,10 @@ import yaml
 
 from lsjax import train as tr
 from lsjax.config import ConfigError, ModelConfig, from_dict, load_yaml, to_dict
+from lsjax.methods.longspec import losses as ls_losses
 from lsjax.methods.longspec import model as draft_lib
+from lsjax.methods.longspec import step as ls_step
+from lsjax.methods.longspec import train as ls_train
 from lsjax.methods.longspec import train as train_loop
 from lsjax.models import target as target_lib
 from lsjax.train import data as data_lib
@@ -125,11 +128,11 @@ def test_chunked_ce_equals_dense(tiny_models, pruned):
     vocab = jnp.arange(0, TINY.vocab_size, 2, dtype=jnp.int32) if pruned else None  # odd labels fall outside
 
     def chunked(p, h):
-        s = tr.lm_losses(p, tp, TINY, h, labels, weights, chunk_size=4, vocab_ids=vocab)
+        s = ls_losses.lm_losses(p, tp, TINY, h, labels, weights, chunk_size=4, vocab_ids=vocab)
         return s["ce"] / s["weight"]
 
     def dense(p, h):
-        s = tr.dense_lm_losses(p, tp, TINY, h, labels, weights, vocab_ids=vocab)
+        s = ls_losses.dense_lm_losses(p, tp, TINY, h, labels, weights, vocab_ids=vocab)
         return s["ce"] / s["weight"]
 
     v1 = jax.value_and_grad(chunked, argnums=(0, 1))(dp, hidden)
@@ -137,7 +140,7 @@ def test_chunked_ce_equals_dense(tiny_models, pruned):
     np.testing.assert_allclose(v1[0], v2[0], rtol=1e-5)
     for a, b in zip(jax.tree.leaves(v1[1]), jax.tree.leaves(v2[1])):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-    s = tr.lm_losses(dp, tp, TINY, hidden, labels, weights, chunk_size=4, vocab_ids=vocab)
+    s = ls_losses.lm_losses(dp, tp, TINY, hidden, labels, weights, chunk_size=4, vocab_ids=vocab)
     expect = float(jnp.sum(weights * ((labels % 2 == 0) if pruned else 1)))
     assert float(s["weight"]) == expect  # labels outside the pruned vocabulary are ignored
 
@@ -150,13 +153,13 @@ def test_distillation_losses(tiny_models):
     w = jnp.ones((B, T))
     labels = jnp.zeros((B, T), jnp.int32)
     tlabels = jnp.argmax(tr.target_logits(tp, TINY, th, None), -1)
-    a = tr.lm_losses(dp, tp, TINY, th, labels, w, chunk_size=4, distill="argmax", target_hidden=th)
-    b = tr.dense_lm_losses(dp, tp, TINY, th, tlabels, w)
+    a = ls_losses.lm_losses(dp, tp, TINY, th, labels, w, chunk_size=4, distill="argmax", target_hidden=th)
+    b = ls_losses.dense_lm_losses(dp, tp, TINY, th, tlabels, w)
     np.testing.assert_allclose(a["distill"], b["ce"], rtol=1e-5)
     same = {**dp, "final_norm": tp["final_norm"]}
-    kl = tr.lm_losses(same, tp, TINY, th, labels, w, chunk_size=4, distill="kl", target_hidden=th)
+    kl = ls_losses.lm_losses(same, tp, TINY, th, labels, w, chunk_size=4, distill="kl", target_hidden=th)
     assert abs(float(kl["distill"])) < 1e-4
-    kl2 = tr.lm_losses(same, tp, TINY, th[:, ::-1], labels, w, chunk_size=4, distill="kl", target_hidden=th)
+    kl2 = ls_losses.lm_losses(same, tp, TINY, th[:, ::-1], labels, w, chunk_size=4, distill="kl", target_hidden=th)
     assert float(kl2["distill"]) > 1e-3
 
 
@@ -179,19 +182,19 @@ def test_stage3_loss_is_on_assistant_tokens_only(ours, tiny_models):
     assert "two plus two" in rest and "Four" not in rest and "Six" not in rest
 
     # Position t predicts token t + 1 with weight mask[t + 1]: the weighted labels are the assistant tokens.
-    labels, weights = tr.next_token_targets(jnp.asarray(ids)[None], jnp.asarray(mask)[None])
+    labels, weights = ls_losses.next_token_targets(jnp.asarray(ids)[None], jnp.asarray(mask)[None])
     np.testing.assert_array_equal(np.asarray(labels[0])[np.asarray(weights[0]) > 0], ids[1:][mask[1:] == 1])
     tp, dp = tiny_models
     hidden = jax.random.normal(jax.random.PRNGKey(0), (1, len(ids), TINY.hidden_size))
     small = labels % TINY.vocab_size
-    s = tr.lm_losses(dp, tp, TINY, hidden, small, weights, chunk_size=16)
+    s = ls_losses.lm_losses(dp, tp, TINY, hidden, small, weights, chunk_size=16)
     assert float(s["weight"]) == mask[1:].sum()
     # A wrong label where the mask is 0 changes nothing; one under the mask does.
     user_pos = int(np.flatnonzero(np.asarray(weights[0]) == 0)[0])
     asst_pos = int(np.flatnonzero(np.asarray(weights[0]) > 0)[0])
     for pos, changes in ((user_pos, False), (asst_pos, True)):
         other = small.at[0, pos].set((small[0, pos] + 1) % TINY.vocab_size)
-        s2 = tr.lm_losses(dp, tp, TINY, hidden, other, weights, chunk_size=16)
+        s2 = ls_losses.lm_losses(dp, tp, TINY, hidden, other, weights, chunk_size=16)
         assert (abs(float(s2["ce"]) - float(s["ce"])) > 1e-6) == changes
 
 
@@ -208,7 +211,7 @@ def _batch(cfg, n=1):
 def test_flash_noisy_lags_cover_exactly_the_configured_range(gamma):
     # Level i of a tree drafts at lag i: gamma = depth + 1 must train every lag 1..depth and nothing else.
     cfg = tiny_cfg(loss__gamma=gamma)
-    draws = jax.vmap(lambda k: tr.draw_shift(k, cfg))(jax.random.split(jax.random.PRNGKey(0), 2000))
+    draws = jax.vmap(lambda k: ls_step.draw_shift(k, cfg))(jax.random.split(jax.random.PRNGKey(0), 2000))
     assert set(np.asarray(draws).tolist()) == set(range(1, gamma))
 
 
@@ -225,7 +228,7 @@ def test_flash_noisy_shift_is_traced_not_static(tiny_models):
     tp, dp = tiny_models
     cfg = tiny_cfg(loss__gamma=4, data__grad_accum=1)
     traces = []
-    inner = tr.make_train_step(TINY, cfg)
+    inner = ls_step.make_train_step(TINY, cfg)
 
     def step(*a):
         traces.append(1)
@@ -241,7 +244,7 @@ def test_flash_noisy_shift_is_traced_not_static(tiny_models):
     assert len(traces) == 1
     assert len(shifts) > 1 and shifts <= {1.0, 2.0, 3.0}  # j ~ U[1, gamma)
     no_noise = tiny_cfg(loss__flash_noisy=False)
-    assert int(tr.draw_shift(jax.random.PRNGKey(0), no_noise)) == 0
+    assert int(ls_step.draw_shift(jax.random.PRNGKey(0), no_noise)) == 0
 
 
 def test_lag_changes_what_the_draft_sees(tiny_models):
@@ -250,7 +253,7 @@ def test_lag_changes_what_the_draft_sees(tiny_models):
     cfg = tiny_cfg()
     (batch,) = _batch(cfg)
     micro = jax.tree.map(lambda x: x[0], batch)
-    f = jax.jit(lambda shift: tr.micro_losses(dp, tp, TINY, cfg, micro, shift)["ce"])
+    f = jax.jit(lambda shift: ls_losses.micro_losses(dp, tp, TINY, cfg, micro, shift)["ce"])
     l1, l3 = f(jnp.int32(1)), f(jnp.int32(3))
     assert abs(float(l1) - float(l3)) > 1e-4
 
@@ -268,7 +271,7 @@ def test_loss_decreases(tmp_path):
         checkpoint__every=30,
         draft__init_head_scale=1.0,
     )
-    out = tr.fit(cfg, log=lambda *_: None)
+    out = ls_train.fit(cfg, log=lambda *_: None)
     losses = out["losses"]
     assert len(losses) == 30
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.3, losses
@@ -279,10 +282,11 @@ def test_loss_decreases(tmp_path):
 @pytest.mark.slow  # ~24 s; resume is also exercised by the streams and DeLS trainers' tests
 def test_exact_resume(tmp_path):
     quiet = dict(log=lambda *_: None)
-    full = tr.fit(tiny_cfg(tmp_path / "a", optim__total_steps=4), **quiet)
-    killed = tr.fit(tiny_cfg(tmp_path / "b", optim__total_steps=4), stop_after=3, **quiet)  # saved at 2, dies after 3
+    full = ls_train.fit(tiny_cfg(tmp_path / "a", optim__total_steps=4), **quiet)
+    # saved at 2, dies after 3
+    killed = ls_train.fit(tiny_cfg(tmp_path / "b", optim__total_steps=4), stop_after=3, **quiet)
     assert killed["last_checkpoint"] == 2
-    resumed = tr.fit(tiny_cfg(tmp_path / "b", optim__total_steps=4), resume=True, **quiet)
+    resumed = ls_train.fit(tiny_cfg(tmp_path / "b", optim__total_steps=4), resume=True, **quiet)
     assert resumed["start"] == 2
     assert resumed["losses"] == full["losses"][2:]  # bit-identical from step 3 on
     assert killed["losses"][:3] == full["losses"][:3]
@@ -299,7 +303,7 @@ def test_exact_resume(tmp_path):
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
-    real = tr.make_train_step
+    real = ls_step.make_train_step
 
     def poisoned(*a, **k):
         step = real(*a, **k)
@@ -313,7 +317,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(train_loop, "make_train_step", poisoned)
     with pytest.raises(tr.TrainingDiverged, match=r"non-finite loss .* at step 3; .*last good checkpoint: step 2"):
-        tr.fit(tiny_cfg(tmp_path / "r"), log=lambda *_: None)
+        ls_train.fit(tiny_cfg(tmp_path / "r"), log=lambda *_: None)
     from lsjax.train.checkpoint import Checkpointer
 
     assert Checkpointer(tmp_path / "r" / "checkpoints").latest_step() == 2
@@ -338,7 +342,7 @@ SHARDED = textwrap.dedent(
     dp = draft_lib.init_draft_params(TINY, cfg.draft, tp)
     opt = tr.make_optimizer(cfg.optim)
     (batch,) = _batch(cfg)
-    step = tr.make_train_step(TINY, cfg)
+    step = ls_step.make_train_step(TINY, cfg)
     key = jax.random.PRNGKey(1)
     single = jax.jit(step)
     s1, m1 = single(tr.init_state(dp, opt), tp, batch, key)
@@ -596,11 +600,11 @@ def test_feature_cache_builds_once_and_reuses(tmp_path):
     exactly as the run that built it (same losses), without running the target again."""
     quiet = dict(log=lambda *_: None)
     common = dict(steps=8, optim__total_steps=8, features__enabled=True, checkpoint__every=8)
-    built = tr.fit(tiny_cfg(tmp_path / "a", **common), **quiet)
+    built = ls_train.fit(tiny_cfg(tmp_path / "a", **common), **quiet)
     cache = tmp_path / "a" / "features"
     assert {"target_k.npy", "target_v.npy", "meta.json"} <= {p.name for p in cache.iterdir()}
     assert all(np.isfinite(built["losses"]))
-    reused = tr.fit(tiny_cfg(tmp_path / "b", features__dir=str(cache), **common), **quiet)
+    reused = ls_train.fit(tiny_cfg(tmp_path / "b", features__dir=str(cache), **common), **quiet)
     assert reused["losses"] == built["losses"]
 
 
@@ -624,12 +628,12 @@ def test_shared_feature_set_trains_like_live_features(tmp_path):
     micro = {**micro, "tokens": jnp.asarray(rows["tokens"]), "loss_mask": jnp.ones((4, 16), jnp.float32)}
     dp = draft_lib.init_draft_params(TINY, cfg.draft, tp, jax.random.PRNGKey(1))
     shift = jnp.asarray(2, jnp.int32)
-    live = tr.micro_losses(dp, tp, TINY, cfg, micro, shift)
+    live = ls_losses.micro_losses(dp, tp, TINY, cfg, micro, shift)
     cached = {**micro, "target_k_raw": rows["k"], "target_v": rows["v"], "target_argmax": rows["topk_ids"][..., 0]}
-    from_cache = tr.micro_losses(dp, tp, TINY, cfg, cached, shift)
+    from_cache = ls_losses.micro_losses(dp, tp, TINY, cfg, cached, shift)
     np.testing.assert_allclose(float(from_cache["ce"]), float(live["ce"]), rtol=2e-3)
 
-    out = tr.fit(shared, log=lambda *_: None)
+    out = ls_train.fit(shared, log=lambda *_: None)
     assert all(np.isfinite(out["losses"])) and len(out["losses"]) == 6
     both = fcm.FeatureSets.open(f"{fc.directory},{tmp_path / 'set2'}")
     assert both.num_sequences == 40 and both.describe() == "set 24/24, set2 16/16"
@@ -647,4 +651,4 @@ def test_shared_feature_set_trains_like_live_features(tmp_path):
     with pytest.raises(fcm.FeatureCacheError, match="asks for 20 sequences, 16 are built"):
         fcm.FeatureSets.open(f"{fc.directory}:20")
     with pytest.raises(ConfigError, match="data.seq_len"):
-        tr.fit(tiny_cfg(tmp_path / "bad", data__seq_len=32, features__set=str(fc.directory)), log=lambda *_: None)
+        ls_train.fit(tiny_cfg(tmp_path / "bad", data__seq_len=32, features__set=str(fc.directory)), log=lambda *_: None)

@@ -18,7 +18,7 @@ Metrics, after training:
                a pruned draft vocabulary counts as a miss). `plain` trained on positions < data.seq_len only.
   tau          tokens per target forward and decode tok/s of greedy LongSpec decoding with each arm's exported
                draft (<run_dir>/<arm>/draft) at one --tree, on --tau-prompts DEV code prompts of ~--tau-len
-               tokens (lsjax.bench.prompts; dev token sequences when the target has no tokenizer).
+               tokens (lsjax.prompts; dev token sequences when the target has no tokenizer).
 Outputs in --out: ablation.json (configs, metrics, wall times, date, command), ablation.md (printed) and
 ablation.png (accuracy by position bucket; tau per arm).
 """
@@ -94,12 +94,12 @@ def dev_sequences(cfg, tokenizer, eos: int, vocab_size: int, seq_len: int, n: in
 
 
 def tau_prompts(cfg, tokenizer, eos: int, vocab_size: int, n: int, length: int) -> list[list[int]]:
-    """n real DEV code-completion prompts of ~length tokens (lsjax.bench.prompts); without a tokenizer (a
+    """n real DEV code-completion prompts of ~length tokens (lsjax.prompts); without a tokenizer (a
     random target), DEV token sequences of `length` tokens."""
     if tokenizer is None:
         return [row.tolist() for row in dev_sequences(cfg, None, eos, vocab_size, length, n)[0]]
-    from lsjax.bench.prompts import stdlib_code_prompt
     from lsjax.bench.suites import encode
+    from lsjax.prompts import stdlib_code_prompt
 
     return [encode(tokenizer, stdlib_code_prompt(tokenizer, length, seed=i)) for i in range(n)]
 
@@ -117,7 +117,7 @@ def make_position_eval(config, draft_cfg, edges: tuple[int, ...], chunk_size: in
     import jax
     import jax.numpy as jnp
 
-    from lsjax import train as tr
+    from lsjax.methods.longspec import losses as ls_losses
     from lsjax.methods.longspec import model as draft_lib
 
     def evaluate(draft_params, target_params, vocab_ids, seq):
@@ -135,13 +135,13 @@ def make_position_eval(config, draft_cfg, edges: tuple[int, ...], chunk_size: in
             seq["target_v"],
             jnp.int32(1),
         )  # [B, T, D]
-        labels, weights = tr.next_token_targets(tokens, seq["loss_mask"])
+        labels, weights = ls_losses.next_token_targets(tokens, seq["loss_mask"])
         rows = []
         for lo, hi in zip(edges[:-1], edges[1:]):
             w = weights[:, lo:hi]
 
             def sums(y, lo=lo, hi=hi, w=w):
-                return tr.lm_losses(
+                return ls_losses.lm_losses(
                     draft_params,
                     target_params,
                     config,
@@ -371,6 +371,7 @@ def run(argv=None) -> dict:
     from lsjax import train as tr
     from lsjax.bench.run import machine_info
     from lsjax.config import ConfigError, to_dict
+    from lsjax.methods.longspec import train as ls_train
     from lsjax.methods.longspec.checkpoint import load_draft
     from lsjax.methods.longspec.export import export_run
     from lsjax.tree import parse_tree
@@ -407,7 +408,7 @@ def run(argv=None) -> dict:
             f"{cfg.positions.anchor_offset}, flash_noisy={cfg.loss.flash_noisy})",
             flush=True,
         )
-        out = tr.fit(cfg, resume=args.resume, overwrite=args.overwrite, progress=False, config_dict=to_dict(cfg))
+        out = ls_train.fit(cfg, resume=args.resume, overwrite=args.overwrite, progress=False, config_dict=to_dict(cfg))
         summary = tr.training_summary(cfg.resolved_run_dir)
         print(f"[ablation] {arm}: trained, loss {summary.get('final_loss')}, {out['wall_s']:.0f} s", flush=True)
         result["arms"][arm] = {

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lsjax.bench.prompts import stdlib_code_prompt
+from lsjax.prompts import stdlib_code_prompt
 
 
 def measure_bandwidth(num_bytes: int = 512 * 2**20, repeats: int = 5) -> float:

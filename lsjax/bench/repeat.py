@@ -26,7 +26,7 @@ import numpy as np
 
 
 def main(argv=None) -> int:
-    from lsjax.bench.prompts import BUCKETS, TASKS
+    from lsjax.prompts import BUCKETS, TASKS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--methods", nargs="+", default=["auto", "pld", "longspec", "hybrid"])

@@ -100,8 +100,8 @@ class EqualityError(RuntimeError):
 
 
 def parse_args(argv):
-    from lsjax.bench.prompts import BUCKETS, TASKS
     from lsjax.bench.suites import SUITES
+    from lsjax.prompts import BUCKETS, TASKS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", choices=SUITES, default="quick")
@@ -226,10 +226,10 @@ def run(argv=None) -> dict:
     from tqdm import tqdm
 
     from lsjax.bench import plots, report
-    from lsjax.bench.prompts import BUCKETS
     from lsjax.bench.suites import encode, load_suite
     from lsjax.config import GenerateConfig, SamplingConfig
     from lsjax.loading import load_model
+    from lsjax.prompts import BUCKETS
 
     suite = "file" if args.prompts else args.suite
     default_new, default_methods, split_temps = SUITE_DEFAULTS[args.suite]

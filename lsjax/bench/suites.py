@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lsjax.bench.prompts import (
+from lsjax.prompts import (
     BUCKETS,
     TASKS,
     Prompt,

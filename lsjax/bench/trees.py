@@ -8,7 +8,7 @@ each run's output must equal AR's, else the sweep exits 1. Reports tau (tokens p
 tok/s and the speedup over the AR run of the same prompt, pooled per tree over the prompts (total tokens /
 total seconds). The draft's cost grows with depth and the verification's with the node count (see
 `lsjax.bench.tree_cost`); what wins depends on the device, so measure on a quiet machine. Prompt files are
-encoded as given (already rendered chat prompts stay as they are: `lsjax.bench.prompts --out` writes such).
+encoded as given (already rendered chat prompts stay as they are: `lsjax.prompts --out` writes such).
 """
 
 from __future__ import annotations

@@ -17,6 +17,19 @@ from lsjax.errors import ShapeMismatchError
 INITS = ("normal", "ones", "zeros")
 
 
+# Logical axes of every named weight leaf, declared by each model module (`declare_axes`, beside its
+# `param_specs`): what `lsjax.sharding` maps to mesh axes by a leaf's name. A name two models share (w_gate,
+# mlp_norm, final_norm, ...) must have the same axes in both.
+LOGICAL_AXES: dict[str, tuple[str, ...]] = {}
+
+
+def declare_axes(axes: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    for name, ax in axes.items():
+        if LOGICAL_AXES.setdefault(name, tuple(ax)) != tuple(ax):
+            raise ValueError(f"logical axes of {name!r}: {ax} differ from those declared before, {LOGICAL_AXES[name]}")
+    return axes
+
+
 @dataclasses.dataclass(frozen=True)
 class ParamSpec:
     """One parameter: its shape, dtype, one logical axis name per dimension, and how random init fills it."""

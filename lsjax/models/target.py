@@ -29,7 +29,7 @@ import numpy as np
 from lsjax import attention
 from lsjax.cache import KVCache, commit
 from lsjax.config import ModelConfig
-from lsjax.models.layers import ParamSpec, embed, head_logits, init_from_specs, mlp, rms_norm
+from lsjax.models.layers import ParamSpec, declare_axes, embed, head_logits, init_from_specs, mlp, rms_norm
 from lsjax.rope import apply_rope, inverse_frequencies, rope_angles
 
 __all__ = [
@@ -46,23 +46,25 @@ __all__ = [
 
 
 # Logical axes of every parameter (the "layers" axis of stacked leaves is added by param_specs).
-AXES: dict[str, tuple[str, ...]] = {
-    "embed": ("vocab", "embed"),
-    "final_norm": ("norm",),
-    "lm_head": ("embed", "vocab"),
-    "attn_norm": ("norm",),
-    "wq": ("embed", "heads", "head_dim"),
-    "wk": ("embed", "kv_heads", "head_dim"),
-    "wv": ("embed", "kv_heads", "head_dim"),
-    "bq": ("heads", "head_dim"),
-    "bk": ("kv_heads", "head_dim"),
-    "bv": ("kv_heads", "head_dim"),
-    "wo": ("heads", "head_dim", "embed"),
-    "mlp_norm": ("norm",),
-    "w_gate": ("embed", "mlp"),
-    "w_up": ("embed", "mlp"),
-    "w_down": ("mlp", "embed"),
-}
+AXES: dict[str, tuple[str, ...]] = declare_axes(
+    {
+        "embed": ("vocab", "embed"),
+        "final_norm": ("norm",),
+        "lm_head": ("embed", "vocab"),
+        "attn_norm": ("norm",),
+        "wq": ("embed", "heads", "head_dim"),
+        "wk": ("embed", "kv_heads", "head_dim"),
+        "wv": ("embed", "kv_heads", "head_dim"),
+        "bq": ("heads", "head_dim"),
+        "bk": ("kv_heads", "head_dim"),
+        "bv": ("kv_heads", "head_dim"),
+        "wo": ("heads", "head_dim", "embed"),
+        "mlp_norm": ("norm",),
+        "w_gate": ("embed", "mlp"),
+        "w_up": ("embed", "mlp"),
+        "w_down": ("mlp", "embed"),
+    }
+)
 
 
 def param_specs(config: ModelConfig) -> dict[str, ParamSpec]:

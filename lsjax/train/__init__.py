@@ -7,14 +7,10 @@
     features.py   the frozen target's features: live in the step, or cached once on disk (npy memmaps)
     feature_cache.py  the target-feature cache shared by several trainers: the build pass and its CLI
     feature_sets.py   reading it (one set, several sets as one, one field lazily)
-    losses.py     chunked LM-head cross-entropy and distillation; one micro-batch's loss sums
     step.py       the optimizer (optax AdamW, warmup-cosine, clipping), gradient accumulation over
-                  micro-batches and the update every trainer's step ends with; the LongSpec draft's step
+                  micro-batches and the update every trainer's step ends with
     checkpoint.py orbax checkpoints: params, optimizer state, step, RNG and data-iterator state
     runner.py     the step loop every trainer shares: resume, checkpoints, metrics, dev eval, limits, plots
-    loop.py       `fit`: the LongSpec draft's run (a stage): data, vocabulary, params, dev eval
-    block.py, local_head.py, heads.py, streams.py   the other kinds' data, losses and steps
-    export.py     a run's latest checkpoint -> a draft directory decode.py loads (dels_export.py: DeLS-Spec's)
 
 Decoding never imports this package (optax, orbax and grain stay unloaded). The names below are loaded
 on first use, so `import lsjax.train.config` stays light.
@@ -28,16 +24,9 @@ _EXPORTS = {
     "TrainState": "step",
     "init_state": "step",
     "lr_schedule": "step",
-    "make_eval_step": "step",
     "make_optimizer": "step",
-    "make_train_step": "step",
     "accumulate_grads": "step",
     "apply_grads": "step",
-    "draw_shift": "step",
-    "lm_losses": "losses",
-    "dense_lm_losses": "losses",
-    "micro_losses": "losses",
-    "next_token_targets": "losses",
     "build_feature_cache": "features",
     "positions_from_offsets": "features",
     "target_features": "features",
@@ -46,11 +35,8 @@ _EXPORTS = {
     "run_steps": "runner",
     "plot_losses": "runner",
     "training_summary": "runner",
-    "fit": "loop",
     "load_target": "inputs",
     "eos_id": "inputs",
-    "export_run": "export",
-    "save_draft": "export",
     "TrainConfig": "config",
 }
 

@@ -28,6 +28,7 @@ import grain
 import numpy as np
 
 from lsjax import corpora
+from lsjax.errors import LsjaxError
 from lsjax.train.config import DataConfig, PositionConfig, TrainConfig
 
 _FORMAT = 2  # bump when the tokenization below changes: old caches are then ignored
@@ -297,3 +298,17 @@ __all__: Sequence[str] = (
     "token_stream",
     "tokens_cache_dir",
 )
+
+
+def load_distilled(out_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """A self-distilled set (`lsjax.train.self_distill`): every finished part's (tokens, loss_mask)
+    [N, seq_len], in part order."""
+    parts = sorted(Path(out_dir).glob("part-[0-9][0-9][0-9][0-9][0-9].npz"))
+    if not parts:
+        raise LsjaxError(f"self-distill: no finished parts in {out_dir}")
+    toks, masks = [], []
+    for p in parts:
+        with np.load(p) as z:
+            toks.append(z["tokens"])
+            masks.append(z["loss_mask"])
+    return np.concatenate(toks), np.concatenate(masks)

@@ -301,7 +301,7 @@ def _run(args) -> int:
     cfg = TrainConfig(target=TargetConfig(path=args.model), data=data)
     eos = config.eos_token_ids[0] if config.eos_token_ids else config.pad_token_id
     if args.from_distilled:
-        from lsjax.train.self_distill import load as load_distilled
+        from lsjax.train.data import load_distilled
 
         tokens, mask = load_distilled(args.from_distilled)
         source = {"self_distill": Path(args.from_distilled).name, "split": "train"}

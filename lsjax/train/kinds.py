@@ -17,7 +17,7 @@ from lsjax.methods.registry import Kind, get_kind, kind_names, load, register_ki
 
 DEFAULT = "longspec"  # what a config without `kind:` trains (every config written before kinds existed)
 
-__all__ = ["DEFAULT", "Kind", "get", "kind_of", "load", "names", "register"]
+__all__ = ["DEFAULT", "Kind", "fit", "get", "kind_of", "load", "names", "register"]
 
 names = kind_names
 get = get_kind
@@ -28,3 +28,8 @@ def kind_of(raw) -> str:
     """The kind a config (the YAML as a dict) names; `DEFAULT` when it names none."""
     kind = raw.get("kind", DEFAULT) if isinstance(raw, dict) else DEFAULT
     return DEFAULT if kind is None else kind
+
+
+def fit(cfg, **opts) -> dict:
+    """Trains `cfg` with its kind's trainer (`cfg.kind`)."""
+    return get(cfg.kind).fit(cfg, **opts)

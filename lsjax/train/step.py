@@ -1,9 +1,9 @@
-"""The optimizer, the two halves of every trainer's step, and the LongSpec draft's pure training step.
+"""The optimizer and the two halves of every trainer's step.
 
     grads, sums = accumulate_grads(loss_fn, state.params, micro_batches, zero_sums)   # summed over micro-batches
     state = apply_grads(state, grads, optimizer)                                      # one optimizer update
-    step = make_train_step(model_cfg, train_cfg, vocab_ids)      # pure: (state, target_params, batch, key)
-    state, metrics = jax.jit(step, donate_argnums=0)(state, target_params, batch, key)
+
+(The LongSpec draft's whole step is `lsjax.methods.longspec.step.make_train_step`.)
 
 A batch is what `lsjax.train.data.batches` yields ([A, B, T] for A micro-batches), optionally with cached
 target features ("target_k", "target_v" [A, B, K, T, H], "target_argmax" [A, B, T], "target_hidden"
@@ -21,9 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lsjax.config import ModelConfig
-from lsjax.train.config import OptimConfig, TrainConfig
-from lsjax.train.losses import micro_losses
+from lsjax.train.config import OptimConfig
 
 
 @jax.tree_util.register_dataclass
@@ -84,69 +82,3 @@ def apply_grads(state: TrainState, grads, optimizer: optax.GradientTransformatio
     """One optimizer update of `state.params` with `grads`; the step count advances."""
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state)
-
-
-def draw_shift(key: jax.Array, cfg: TrainConfig) -> jax.Array:
-    """Flash-noisy lag j ~ U{1, ..., gamma - 1} as an int32 array; 0 (no lag) when flash noisy training is off."""
-    if not cfg.loss.flash_noisy:
-        return jnp.zeros((), jnp.int32)
-    return jax.random.randint(key, (), 1, cfg.loss.gamma, dtype=jnp.int32)
-
-
-def _objective(sums: dict, cfg: TrainConfig, total_weight: jax.Array) -> jax.Array:
-    loss = cfg.loss.ce_weight * sums["ce"]
-    if cfg.loss.distill != "none":
-        loss = loss + cfg.loss.distill_weight * sums["distill"]
-    return loss / total_weight
-
-
-def make_train_step(config: ModelConfig, cfg: TrainConfig, vocab_ids=None, optimizer=None):
-    """The pure step `(state, target_params, batch, key) -> (state, metrics)`; jit it (see sharding.py)."""
-    optimizer = optimizer or make_optimizer(cfg.optim)
-    schedule = lr_schedule(cfg.optim)
-    vocab_ids = None if vocab_ids is None else jnp.asarray(vocab_ids, jnp.int32)
-
-    def step(state: TrainState, target_params: dict, batch: dict, key: jax.Array):
-        A = batch["tokens"].shape[0]
-        keys = jax.random.split(key, A)
-        # The normaliser is known before any forward: sum over micro-batches of next-token weights.
-        total_w = jnp.maximum(jnp.sum(batch["loss_mask"][:, :, 1:]), 1.0)
-
-        def loss_fn(p, xs):
-            micro, k = xs
-            shift = draw_shift(k, cfg)
-            sums = micro_losses(p, target_params, config, cfg, micro, shift, vocab_ids)
-            return _objective(sums, cfg, total_w), {**sums, "shift": shift.astype(jnp.float32)}
-
-        zeros_s = {k: jnp.zeros((), jnp.float32) for k in ("ce", "distill", "correct", "weight", "shift")}
-        grads, sums = accumulate_grads(loss_fn, state.params, (batch, keys), zeros_s)
-        new_state = apply_grads(state, grads, optimizer)
-        w = jnp.maximum(sums["weight"], 1.0)
-        metrics = {
-            "loss": _objective(sums, cfg, total_w),
-            "ce": sums["ce"] / w,
-            "distill": sums["distill"] / w,
-            "acc": sums["correct"] / w,
-            "loss_tokens": sums["weight"],
-            "grad_norm": optax.tree.norm(grads),
-            "lr": schedule(state.step),
-            "shift": sums["shift"] / A,
-        }
-        return new_state, metrics
-
-    return step
-
-
-def make_eval_step(config: ModelConfig, cfg: TrainConfig, vocab_ids=None):
-    """`(draft_params, target_params, batch, shift) -> sums` over every micro-batch (no update)."""
-    vocab_ids = None if vocab_ids is None else jnp.asarray(vocab_ids, jnp.int32)
-
-    def evaluate(draft_params, target_params, batch, shift):
-        def one(carry, micro):
-            sums = micro_losses(draft_params, target_params, config, cfg, micro, shift, vocab_ids)
-            return jax.tree.map(jnp.add, carry, sums), None
-
-        zeros = {k: jnp.zeros((), jnp.float32) for k in ("ce", "distill", "correct", "weight")}
-        return jax.lax.scan(one, zeros, batch)[0]
-
-    return evaluate

@@ -9,7 +9,7 @@ pre-RoPE keys, roped at the plain positions the target ran at) — what drafting
 
 Losses: cross-entropy on the data and, with `loss.distill: argmax`, on the target's argmax at a + k - 1 (the
 token verification accepts after an accepted prefix), through the draft's LM head in chunks
-(`lsjax.train.losses.lm_losses`).
+(`lsjax.methods.longspec.losses.lm_losses`).
 
 Start: `checkpoint.init_from` an exported LongSpec draft (its layer, window and vocabulary; the mask
 embedding starts at the mean of the target's embedding rows), an exported block draft, or a run directory;
@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from lsjax.methods.dels import model as bd
+from lsjax.methods.longspec.losses import lm_losses
 from lsjax.train.config import TrainConfig
 from lsjax.train.feature_cache import rope_keys
-from lsjax.train.losses import lm_losses
 
 
 def draw_anchors(key: jax.Array, loss_mask: jax.Array, num: int, block_size: int) -> jax.Array:

@@ -18,11 +18,12 @@ import numpy as np
 
 from lsjax.config import ConfigError
 from lsjax.methods.longspec import model as draft_lib
+from lsjax.methods.longspec.step import make_eval_step, make_train_step
 from lsjax.train.config import TrainConfig
 from lsjax.train.features import build_feature_cache
 from lsjax.train.inputs import GrainBatches, eos_id, load_target, shared_feature_inputs
 from lsjax.train.runner import prepare_run_dir, run_steps
-from lsjax.train.step import init_state, make_eval_step, make_optimizer, make_train_step
+from lsjax.train.step import init_state, make_optimizer
 from lsjax.vocab import pruned_vocab
 
 __all__ = ["eos_id", "fit", "load_target"]  # the frozen target's helpers, where trainers and tests found them
@@ -45,12 +46,8 @@ def fit(
     checkpoint, as a kill would (tests use it). Raises `lsjax.train.runner.TrainingDiverged` on a non-finite
     loss.
     """
-    if cfg.kind != "longspec":  # DeLS-Spec's parts have their own data and losses
-        from lsjax.train.kinds import get
-
-        opts = {"resume": resume, "overwrite": overwrite, "stop_after": stop_after, "log": log, "progress": progress}
-        return get(cfg.kind).fit(cfg, config_dict=config_dict, **opts)
-
+    if cfg.kind != "longspec":
+        raise ConfigError(f"kind: {cfg.kind!r} is not trained by the LongSpec trainer (lsjax.train.kinds.fit)")
     from lsjax import sharding
     from lsjax.train import checkpoint as ckpt_lib
     from lsjax.train import data as data_lib

@@ -359,7 +359,7 @@ def dialogue_prompts(
 # ----------------------------------------------------------------------------- everything
 
 
-_BUILDERS = {
+BUILDERS = {
     "summarization": (summarization_prompts, corpora.load_sotu),
     "code": (code_prompts, corpora.load_stdlib),
     "dialogue": (dialogue_prompts, corpora.load_sharegpt),
@@ -383,9 +383,9 @@ def build_prompts(
         raise ValueError(f"split must be dev or heldout, got {split!r}")
     out = []
     for task in tasks:
-        if task not in _BUILDERS:
+        if task not in BUILDERS:
             raise ValueError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
-        builder, loader = _BUILDERS[task]
+        builder, loader = BUILDERS[task]
         docs = [d for d in loader(cache) if corpora.eval_split_of(d.id, split_seed, dev_fraction) == split]
         for bucket in buckets:
             if bucket not in BUCKETS:
@@ -436,29 +436,3 @@ def read_prompts_jsonl(path: str | os.PathLike, tokenizer: Tokenizer | None = No
     if not out:
         raise PromptFileError(f"{path}: no prompts")
     return out
-
-
-def main(argv=None) -> None:
-    """Write dev prompts as text files for decode.py (chat prompts already rendered: pass no --chat)."""
-    import argparse
-    from pathlib import Path
-
-    from lsjax.loading import load_model
-
-    p = argparse.ArgumentParser(description=main.__doc__)
-    p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
-    p.add_argument("--buckets", nargs="+", choices=list(BUCKETS), default=list(BUCKETS))
-    p.add_argument("--per-cell", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, required=True, help="directory for <task>-<bucket>-<i>.txt")
-    args = p.parse_args(argv)
-    tokenizer = load_model().tokenizer
-    args.out.mkdir(parents=True, exist_ok=True)
-    for prompt in build_prompts(tokenizer, args.tasks, args.buckets, args.per_cell, args.seed):
-        path = args.out / f"{prompt.id.replace('/', '-')}.txt"
-        path.write_text(prompt.text, encoding="utf-8")
-        print(f"{path}  {prompt.num_tokens} tokens")
-
-
-if __name__ == "__main__":
-    main()

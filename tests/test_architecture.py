@@ -1,0 +1,144 @@
+"""The layers of the house (docs/design.md, "Architecture") and what each may import, read from the code's
+own imports (every `import`, at module level or inside a function): a new arrow that runs up, or a cycle,
+fails here with the file and the import that made it."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Layer of a module, bottom up. A module may import its own layer and the layers below it.
+BASE, MODELS, ENGINE, TRAIN, METHODS, TOP = range(6)
+# Training tools that drive decoding or a method to make data (`self_distill` generates with `lsjax.api`; `kinds`
+# reads the method registry, where the kinds are registered).
+TRAIN_TOOLS = {"lsjax.train.self_distill", "lsjax.train.kinds"}
+# Files of a method folder that belong to training: decoding never loads them.
+METHOD_TRAINING_FILES = ("train", "train_local_head", "export", "losses", "step")
+
+
+def layer(module: str) -> int:
+    parts = module.split(".")
+    if parts[0] != "lsjax" or module in ("lsjax", "lsjax.api") or parts[1:2] == ["bench"]:
+        return TOP
+    if module in TRAIN_TOOLS:
+        return TOP
+    top = parts[1] if len(parts) > 1 else ""
+    if top == "methods":
+        return METHODS
+    if top == "train":
+        return TRAIN
+    if top == "engine":
+        return ENGINE
+    if top in ("models", "loading", "sharding"):  # sharding maps the models' declared axes onto a mesh
+        return MODELS
+    return BASE
+
+
+def module_of(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def sources() -> dict[str, Path]:
+    files = list((ROOT / "lsjax").rglob("*.py")) + list((ROOT / "pallas_kernels").rglob("*.py"))
+    files += [ROOT / "decode.py", ROOT / "train.py"]
+    return {module_of(p): p for p in files}
+
+
+MODULES = sources()
+
+
+def imports(module: str) -> list[tuple[str, int]]:
+    """(imported lsjax / pallas_kernels module, line) of every import in `module`, resolved to modules."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
+            for a in node.names:
+                full = f"{base}.{a.name}"
+                out.append((full if full in MODULES else base, node.lineno))
+    return [(m, line) for m, line in out if m.split(".")[0] in ("lsjax", "pallas_kernels")]
+
+
+def test_the_scan_sees_the_imports():
+    """The checks below can fail: the scan finds known arrows."""
+    found = {m for m, _ in imports("lsjax.engine.loop")}
+    assert {"lsjax.engine.step", "lsjax.engine.types", "lsjax.models.target"} <= found
+    assert layer("lsjax.engine.loop") > layer("lsjax.models.target") > layer("lsjax.config")
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_arrow_runs_up(module):
+    if module in ("decode", "train"):
+        return  # the programs stand on top of everything
+    if module.startswith("pallas_kernels"):
+        bad = [(m, line) for m, line in imports(module) if m.startswith("lsjax")]
+        assert not bad, f"kernels never import lsjax: {MODULES[module]}:{bad[0][1]} imports {bad[0][0]}"
+        return
+    own = layer(module)
+    for target, line in imports(module):
+        if target.startswith("pallas_kernels"):
+            continue
+        where = f"{MODULES[module].relative_to(ROOT)}:{line} imports {target}"
+        assert layer(target) <= own, f"an arrow up: {where}"
+        assert not (own < TOP and target.startswith("lsjax.bench")), f"only benches import lsjax.bench: {where}"
+
+
+def test_decoding_never_imports_training():
+    """A method's decode side (its folder minus the training files), the engine and the programs' decode path
+    never import lsjax.train."""
+    for module in MODULES:
+        parts = module.split(".")
+        decode_side = parts[:2] == ["lsjax", "engine"] or (
+            parts[:2] == ["lsjax", "methods"] and parts[-1] not in METHOD_TRAINING_FILES
+        )
+        if module == "decode" or decode_side:
+            bad = [(m, line) for m, line in imports(module) if m.startswith("lsjax.train")]
+            assert not bad, f"{MODULES[module].relative_to(ROOT)}:{bad[0][1]} imports {bad[0][0]}"
+
+
+def test_no_import_cycles():
+    graph = {m: {t for t, _ in imports(m) if t in MODULES and t != m} for m in MODULES}
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    index, low, stack, on, cycles = {}, {}, [], set(), []
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
