@@ -170,21 +170,21 @@ def _import_path(path: Path) -> None:
 
 
 def _discover() -> None:
-    """Imports every method folder of lsjax.methods once, then those `$LSJAX_METHODS` names."""
+    """Imports every method folder of lsjax.methods once, and every `$LSJAX_METHODS` entry not yet imported
+    (read at each lookup, so a folder named after the first lookup is found too)."""
     global _discovered
-    if _discovered:
-        return
-    _discovered = True
-    import lsjax.methods as package
+    if not _discovered:
+        _discovered = True
+        import lsjax.methods as package
 
-    found = {mod.name for mod in pkgutil.iter_modules(package.__path__) if mod.ispkg}
-    for name in [n for n in BUILTIN if n in found] + sorted(found - set(BUILTIN)):
-        importlib.import_module(f"{package.__name__}.{name}")
+        found = {mod.name for mod in pkgutil.iter_modules(package.__path__) if mod.ispkg}
+        for name in [n for n in BUILTIN if n in found] + sorted(found - set(BUILTIN)):
+            importlib.import_module(f"{package.__name__}.{name}")
     for entry in filter(None, (e.strip() for e in os.environ.get(ENV, "").split(","))):
         path = Path(entry).expanduser()
         if path.is_dir():
             _import_path(path.resolve())
-        else:
+        elif entry not in sys.modules:
             try:
                 importlib.import_module(entry)
             except ImportError as e:

@@ -1,0 +1,89 @@
+"""Fits a bias over a small vocabulary to a fixed token stream with the shared step loop and optimizer."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lsjax.train.config import CheckpointConfig, LogConfig, OptimConfig
+from lsjax.train.runner import prepare_run_dir, run_steps
+from lsjax.train.step import apply_grads, init_state, make_optimizer
+
+VOCAB = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class EchoTrainConfig:
+    kind: str = "echo-bias"
+    run_dir: str = "runs/echo"
+    num_steps: int = 4
+    optim: OptimConfig = OptimConfig(lr=0.1, warmup_steps=1, total_steps=4)
+    checkpoint: CheckpointConfig = CheckpointConfig(every=2)
+    log: LogConfig = LogConfig(progress=False, plot=False, tensorboard=False)
+
+    @property
+    def resolved_run_dir(self) -> str:
+        return self.run_dir
+
+
+class Stream:
+    """The same batch of tokens every step (a resumable position, as the loop asks)."""
+
+    def __init__(self):
+        self.i = 0
+
+    def next(self) -> dict:
+        self.i += 1
+        return {"tokens": jnp.asarray(np.arange(32) % 4, jnp.int32)}
+
+    def get_state(self) -> dict:
+        return {"i": self.i}
+
+    def set_state(self, state: dict) -> None:
+        self.i = state["i"]
+
+
+def fit(
+    cfg: EchoTrainConfig, *, resume=False, overwrite=False, stop_after=None, log=print, progress=None, config_dict=None
+):
+    run_dir = prepare_run_dir(cfg, config_dict, resume=resume, overwrite=overwrite)
+    optimizer = make_optimizer(cfg.optim)
+    state = init_state({"bias": jnp.zeros((VOCAB,), jnp.float32)}, optimizer)
+
+    def step(state, consts, batch, key):
+        def loss(params):
+            logp = jax.nn.log_softmax(params["bias"])
+            return -jnp.mean(logp[batch["tokens"]])
+
+        value, grads = jax.value_and_grad(loss)(state.params)
+        return apply_grads(state, grads, optimizer), {"loss": value}
+
+    return run_steps(
+        cfg,
+        state,
+        step,
+        (),
+        Stream(),
+        jax.random.key(0),
+        run_dir=Path(run_dir),
+        log=log,
+        resume=resume,
+        stop_after=stop_after,
+        progress=progress,
+        config_dict=config_dict,
+        tokens_per_step=32,
+    )
+
+
+def export(cfg: EchoTrainConfig, out_dir, *, config_path=None, tree=None) -> dict:
+    from lsjax.train.checkpoint import load_draft_params
+
+    bias = np.asarray(load_draft_params(Path(cfg.resolved_run_dir))["bias"])
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    (Path(out_dir) / "bias.json").write_text(json.dumps(bias.tolist()))
+    return {"tensors": 1}
