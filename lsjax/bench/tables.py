@@ -4,8 +4,8 @@
     python -m lsjax.bench.tables docs/results/heldout.json --out docs/results/headline.md
     python -m lsjax.bench.tables A/results.json B/results.json --section task       # one section, two runs
 
-Each results file gives one block: a line naming the suite, the date, the machine, the commit and the command
-that produced the results, then the tables: `task` (speedup over lsjax-ar and tau per method x task, plus all
+Each results file gives one block: a short list naming the suite, the date, the commit, the machine and the
+command that produced the results, then the tables: `task` (speedup over lsjax-ar and tau per method x task, plus all
 prompts pooled, one table per temperature), `bucket` (the same per prompt-length bucket) and `equality` (the
 share of T=0 outputs equal to lsjax-ar's). A field the results do not record (older runs have no commit) is
 written as 'unknown'. The numbers are pooled by `lsjax.bench.report.aggregates` from the per-prompt rows, the
@@ -61,11 +61,12 @@ def header(result: dict) -> list[str]:
     model = Path(meta["model"]).name if meta.get("model") else UNKNOWN
     eos = " (EOS ignored)" if meta.get("ignore_eos") else ""
     return [
-        f"Suite `{meta.get('suite', UNKNOWN)}`, {meta.get('num_prompts', UNKNOWN)} prompts, "
+        f"- Suite `{meta.get('suite', UNKNOWN)}`: {meta.get('num_prompts', UNKNOWN)} prompts, "
         f"{meta.get('max_new_tokens', UNKNOWN)} new tokens{eos}, T = {temps}; target {model}; "
-        f"LongSpec draft {meta.get('draft', UNKNOWN)}, tree {meta.get('tree', UNKNOWN)}.",
-        f"Date: {date}. Machine: {_machine(meta)}. Commit: {commit}.",
-        f"Command: `{command}`" if command else f"Command: {UNKNOWN}",
+        f"LongSpec draft {meta.get('draft', UNKNOWN)}, tree {meta.get('tree', UNKNOWN)}",
+        f"- Date: {date}; commit: {commit}",
+        f"- Machine: {_machine(meta)}",
+        f"- Results made by: `{command}`" if command else f"- Results made by: {UNKNOWN}",
     ]
 
 
@@ -99,6 +100,15 @@ def by_group(aggs: dict, methods, temperature, grouping: str, columns) -> list[s
     return lines
 
 
+def _baseline_speed(aggs: dict, temperature) -> list[str]:
+    ar = next(
+        (a for a in aggs.get("method", []) if a["method"] == "lsjax-ar" and a["temperature"] == temperature), None
+    )
+    if ar is None or ar.get("tokens_per_s") is None:
+        return []
+    return ["", f"lsjax-ar itself: {ar['tokens_per_s']:.1f} tok/s over all prompts ({ar['prompts']} prompts)."]
+
+
 def equality(result: dict, aggs: dict, methods) -> list[str]:
     lossless = set((result.get("meta") or {}).get("lossless", ()))
     by = {a["method"]: a for a in aggs.get("method", []) if a.get("equal_to_lsjax_ar") is not None}
@@ -124,6 +134,7 @@ def tables(result: dict, sections=SECTIONS) -> str:
         tasks = report.ordered({a["task"] for a in aggs.get("task", [])}, TASK_ORDER)
         for t in temps:
             out += ["", f"By task, T = {_temp(t)}:", "", *by_group(aggs, methods, t, "task", tasks)]
+            out += _baseline_speed(aggs, t)
     if "bucket" in sections:
         order = meta.get("bucket_order", ())
         buckets = report.ordered({a["bucket"] for a in aggs.get("bucket", [])}, order)
