@@ -139,7 +139,23 @@ def unregister(name: str) -> None:
     _METHODS.pop(name, None)
 
 
-def register_kind(kind: Kind, *, replace: bool = False) -> Kind:
+def register_kind(kind: Kind | str, help: str = "", *, config: str = "", export: str = "", flags=(), replace=False):
+    """Registers a training kind: a `Kind`, or, called with its name, a decorator of its `fit(cfg, **run)` (a
+    thin function in the folder's `__init__.py` that imports its trainer when called):
+
+        @register_kind("echo", "what it trains", config="pkg.train:EchoConfig", export="pkg.train:export")
+        def fit(cfg, **run):
+            from pkg.train import fit_echo
+            return fit_echo(cfg, **run)
+    """
+    if isinstance(kind, str):
+
+        def add(fn: Callable) -> Callable:
+            trainer = f"{fn.__module__}:{fn.__qualname__}"
+            register_kind(Kind(kind, help, config, trainer, export, tuple(flags)), replace=replace)
+            return fn
+
+        return add
     old = _KINDS.get(kind.name)
     if old is not None and not replace and old != kind:
         raise ConfigError(f"training kind: {kind.name!r} is already registered")

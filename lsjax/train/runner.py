@@ -22,11 +22,14 @@ Ctrl-C in the loop raises `TrainingInterrupted` (a KeyboardInterrupt) with the s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -241,6 +244,71 @@ def run_steps(
 
 # The tqdm bar's fields: (label, record key, format).
 _POSTFIX = (("loss", "loss", "{:.3f}"), ("acc", "acc", "{:.2f}"), ("tok_s", "tokens_per_s", "{:.0f}"))
+
+
+@dataclasses.dataclass
+class Job:
+    """What a training kind's setup hands the shared run (`fit`): the arguments of `run_steps` that differ by
+    kind, and `finish(out, run_dir)` -> entries added to the summary after a run that was not cut short
+    (`stop_after`): an export, a dev evaluation."""
+
+    state: Any
+    step: Callable  # (state, consts, batch, key) -> (state, metrics)
+    consts: Any
+    data: Any  # `lsjax.train.inputs.Batches`
+    rng: jax.Array
+    tokens_per_step: int = 0
+    evaluate: Callable | None = None
+    compile: Callable | None = None
+    max_minutes: float = 0.0
+    finish: Callable[[dict, Path], dict] | None = None
+
+
+def fit(
+    cfg,
+    setup: Callable,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    stop_after: int | None = None,
+    log=print,
+    progress: bool | None = None,
+    config_dict: dict | None = None,
+) -> dict:
+    """The run every training kind shares: `setup(cfg, open_run_dir, log) -> Job` loads the kind's target, data
+    and params, calling `open_run_dir()` (the resume / overwrite check of `prepare_run_dir`; it returns the run
+    directory) once what must be checked before the directory is touched has been; then the step loop
+    (`run_steps`), then `job.finish`. Returns `run_steps`' summary."""
+    opened: list[Path] = []
+
+    def open_run_dir() -> Path:
+        if not opened:
+            opened.append(prepare_run_dir(cfg, config_dict, resume=resume, overwrite=overwrite))
+        return opened[0]
+
+    job = setup(cfg, open_run_dir, log)
+    run_dir = open_run_dir()
+    out = run_steps(
+        cfg,
+        job.state,
+        job.step,
+        job.consts,
+        job.data,
+        job.rng,
+        run_dir=run_dir,
+        log=log,
+        resume=resume,
+        stop_after=stop_after,
+        progress=progress,
+        config_dict=config_dict,
+        tokens_per_step=job.tokens_per_step,
+        evaluate=job.evaluate,
+        compile=job.compile,
+        max_minutes=job.max_minutes,
+    )
+    if job.finish is not None and stop_after is None:
+        out |= job.finish(out, run_dir)
+    return out
 
 
 def training_summary(run_dir) -> dict:

@@ -1,6 +1,6 @@
 """echo: proposes the last token again, as a chain (a method from a folder outside lsjax)."""
 
-from lsjax.methods.registry import Kind, register, register_kind
+from lsjax.methods.registry import register, register_kind
 
 from .config import EchoOptions
 
@@ -12,12 +12,13 @@ def build(model, opts: EchoOptions, cache):
     return EchoDrafter(depth=opts.echo_depth), None
 
 
-register_kind(
-    Kind(
-        "echo-bias",
-        "a bias over the vocabulary, fitted to the data (a trainer on the shared step loop)",
-        f"{__name__}.train:EchoTrainConfig",
-        f"{__name__}.train:fit",
-        f"{__name__}.train:export",
-    )
+@register_kind(
+    "echo-bias",
+    "a bias over the vocabulary, fitted to the data (a trainer on the shared step loop)",
+    config=f"{__name__}.train:EchoTrainConfig",
+    export=f"{__name__}.train:export",
 )
+def fit(cfg, **run):
+    from .train import fit_bias
+
+    return fit_bias(cfg, **run)

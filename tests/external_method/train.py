@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lsjax.train.config import CheckpointConfig, LogConfig, OptimConfig
-from lsjax.train.runner import prepare_run_dir, run_steps
+from lsjax.train.runner import Job, fit
 from lsjax.train.step import apply_grads, init_state, make_optimizer
 
 VOCAB = 16
@@ -48,12 +48,13 @@ class Stream:
         self.i = state["i"]
 
 
-def fit(
-    cfg: EchoTrainConfig, *, resume=False, overwrite=False, stop_after=None, log=print, progress=None, config_dict=None
-):
-    run_dir = prepare_run_dir(cfg, config_dict, resume=resume, overwrite=overwrite)
+def fit_bias(cfg: EchoTrainConfig, **run) -> dict:
+    return fit(cfg, _setup, **run)
+
+
+def _setup(cfg: EchoTrainConfig, open_run_dir, log) -> Job:
+    open_run_dir()
     optimizer = make_optimizer(cfg.optim)
-    state = init_state({"bias": jnp.zeros((VOCAB,), jnp.float32)}, optimizer)
 
     def step(state, consts, batch, key):
         def loss(params):
@@ -63,21 +64,8 @@ def fit(
         value, grads = jax.value_and_grad(loss)(state.params)
         return apply_grads(state, grads, optimizer), {"loss": value}
 
-    return run_steps(
-        cfg,
-        state,
-        step,
-        (),
-        Stream(),
-        jax.random.key(0),
-        run_dir=Path(run_dir),
-        log=log,
-        resume=resume,
-        stop_after=stop_after,
-        progress=progress,
-        config_dict=config_dict,
-        tokens_per_step=32,
-    )
+    state = init_state({"bias": jnp.zeros((VOCAB,), jnp.float32)}, optimizer)
+    return Job(state, step, (), Stream(), jax.random.key(0), tokens_per_step=32)
 
 
 def export(cfg: EchoTrainConfig, out_dir, *, config_path=None, tree=None) -> dict:

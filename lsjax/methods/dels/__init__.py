@@ -2,7 +2,7 @@
 logits fused with a local head and a unigram prior."""
 
 from lsjax.methods.dels.config import BlockOptions, DelsOptions
-from lsjax.methods.registry import Kind, register, register_kind
+from lsjax.methods.registry import register, register_kind
 
 
 def _cached(cache, key, build):
@@ -48,21 +48,27 @@ def build_dels(model, opts: DelsOptions, cache):
 
 _TRAIN_CONFIG = "lsjax.train.config:TrainConfig"
 _EXPORT = "lsjax.methods.dels.export:export_kind"
-register_kind(
-    Kind(
-        "block",
-        "DeLS-Spec's block-parallel draft, from the shared target-feature cache",
-        _TRAIN_CONFIG,
-        "lsjax.methods.dels.train:fit_block",
-        _EXPORT,
-    )
+
+
+@register_kind(
+    "block",
+    "DeLS-Spec's block-parallel draft, from the shared target-feature cache",
+    config=_TRAIN_CONFIG,
+    export=_EXPORT,
 )
-register_kind(
-    Kind(
-        "local_head",
-        "DeLS-Spec's local head (GRU or Markov) and unigram prior, without the target",
-        _TRAIN_CONFIG,
-        "lsjax.methods.dels.train_local_head:fit_local_head",
-        _EXPORT,
-    )
+def fit_block(cfg, **run):
+    from lsjax.methods.dels.train import fit_block
+
+    return fit_block(cfg, **run)
+
+
+@register_kind(
+    "local_head",
+    "DeLS-Spec's local head (GRU or Markov) and unigram prior, without the target",
+    config=_TRAIN_CONFIG,
+    export=_EXPORT,
 )
+def fit_local_head(cfg, **run):
+    from lsjax.methods.dels.train_local_head import fit_local_head
+
+    return fit_local_head(cfg, **run)

@@ -167,13 +167,18 @@ def initial_params(cfg: TrainConfig, config, target_params, counts: np.ndarray, 
     return jax.tree.map(lambda x: jnp.asarray(x, jnp.dtype(config.dtype)), params), vocab_ids
 
 
-def fit_block(
-    cfg: TrainConfig, *, resume=False, overwrite=False, stop_after=None, log=print, progress=None, config_dict=None
-) -> dict:
+def fit_block(cfg: TrainConfig, **run) -> dict:
+    """Runs (or resumes) a block-draft run from the shared target-feature cache (`lsjax.train.runner.fit`)."""
+    from lsjax.train.runner import fit
+
+    return fit(cfg, _setup, **run)
+
+
+def _setup(cfg: TrainConfig, open_run_dir, log):
     from lsjax.config import ConfigError
     from lsjax.train import data as data_lib
     from lsjax.train.inputs import GrainBatches, load_target, shared_feature_inputs
-    from lsjax.train.runner import prepare_run_dir, run_steps
+    from lsjax.train.runner import Job
     from lsjax.train.step import init_state, make_optimizer
 
     if not cfg.features.set:
@@ -183,7 +188,7 @@ def fit_block(
     s = cfg.block.block_size
     if cfg.data.seq_len < s + 2 + cfg.dels.num_anchors:
         raise ConfigError(f"dels.num_anchors: {cfg.dels.num_anchors} anchors of {s}-token blocks need longer sequences")
-    run_dir = prepare_run_dir(cfg, config_dict, resume=resume, overwrite=overwrite)
+    run_dir = open_run_dir()
     config, target_params, _ = load_target(cfg)
     seqs, mask, extra = shared_feature_inputs(cfg, log)
     data = GrainBatches(iter(data_lib.batches(seqs, mask, cfg, config.max_position, extra=extra).to_iter_dataset()))
@@ -193,21 +198,13 @@ def fit_block(
     if vocab_ids is not None:
         np.save(run_dir / "vocab_ids.npy", vocab_ids)
     optimizer = make_optimizer(cfg.optim)
-    state = init_state(params, optimizer)
     d = cfg.data
-    return run_steps(
-        cfg,
-        state,
+    return Job(
+        init_state(params, optimizer),
         make_step(config, cfg, optimizer, vocab_ids),
         target_params,
         data,
         jax.random.PRNGKey(cfg.seed),
-        run_dir=run_dir,
-        log=log,
-        resume=resume,
-        stop_after=stop_after,
-        progress=progress,
-        config_dict=config_dict,
         tokens_per_step=d.batch_size * d.grad_accum * cfg.dels.num_anchors * s,
         max_minutes=cfg.dels.max_minutes,
     )

@@ -151,15 +151,24 @@ def embed_rms(embed) -> float:
     return float(jnp.sqrt(jnp.mean(jnp.square(jnp.asarray(embed, jnp.float32)))))
 
 
-def fit_local_head(
-    cfg: TrainConfig, *, resume=False, overwrite=False, stop_after=None, log=print, progress=None, config_dict=None
-) -> dict:
+def fit_local_head(cfg: TrainConfig, **run) -> dict:
+    """Runs (or resumes) a local-head run (`lsjax.train.runner.fit`); the unigram prior (`out["prior"]`) and,
+    at the end, the dev loss (`out["dev"]`, dev.json) come with it."""
+    from lsjax.train.runner import fit
+
+    prior: list = []
+    out = fit(cfg, lambda cfg, open_run_dir, log: _setup(cfg, open_run_dir, log, prior), **run)
+    out["prior"] = prior[0]
+    return out
+
+
+def _setup(cfg: TrainConfig, open_run_dir, log, prior_out: list):
     from lsjax.train import data as data_lib
     from lsjax.train.inputs import GrainBatches, eos_id, load_target
-    from lsjax.train.runner import prepare_run_dir, run_steps
+    from lsjax.train.runner import Job
     from lsjax.train.step import init_state, make_optimizer
 
-    run_dir = prepare_run_dir(cfg, config_dict, resume=resume, overwrite=overwrite)
+    run_dir = open_run_dir()
     config, target_params, tokenizer = load_target(cfg)
     sources = (*cfg.data.sources, *cfg.dels.chat_sources)
     if tokenizer is None and any(s != "synthetic" for s in sources):
@@ -169,6 +178,7 @@ def fit_local_head(
     log(f"data: {data_lib.describe(seqs, mask)} ({', '.join(sources)}, {cfg.data.split})")
 
     prior = lh.unigram_logprior(seqs, mask, V, cfg.dels.prior_lambda)
+    prior_out.append(prior)
     np.save(run_dir / "unigram_logprior.npy", prior)
     (run_dir / "prior.json").write_text(
         json.dumps({"loss_tokens": int(mask.sum()), "lambda": cfg.dels.prior_lambda, "sources": list(sources)}) + "\n"
@@ -185,33 +195,27 @@ def fit_local_head(
     data = GrainBatches(iter(data_lib.batches(seqs, mask, cfg, config.max_position).to_iter_dataset()))
     params = lh.init_params(cfg.local_head, config.hidden_size, jax.random.PRNGKey(cfg.seed), embed_rms(embed))
     optimizer = make_optimizer(cfg.optim)
-    state = init_state(params, optimizer)
     d = cfg.data
-    out = run_steps(
-        cfg,
-        state,
+
+    def finish(out, run_dir) -> dict:
+        if not cfg.log.eval_batches:
+            return {}
+        max_sequences = 8 * cfg.log.eval_batches
+        dev = dev_loss(cfg, config, out["state"].params, consts, tokenizer, max_sequences=max_sequences, log=log)
+        (run_dir / "dev.json").write_text(json.dumps(dev) + "\n")
+        log(f"dev: {dev}")
+        return {"dev": dev}
+
+    return Job(
+        init_state(params, optimizer),
         make_step(cfg, optimizer),
         consts,
         data,
         jax.random.PRNGKey(cfg.seed),
-        run_dir=run_dir,
-        log=log,
-        resume=resume,
-        stop_after=stop_after,
-        progress=progress,
-        config_dict=config_dict,
         tokens_per_step=d.batch_size * d.grad_accum * d.seq_len,
         max_minutes=cfg.dels.max_minutes,
+        finish=finish,
     )
-    out["prior"] = prior
-    if stop_after is None and cfg.log.eval_batches:
-        dev = dev_loss(
-            cfg, config, out["state"].params, consts, tokenizer, max_sequences=8 * cfg.log.eval_batches, log=log
-        )
-        (run_dir / "dev.json").write_text(json.dumps(dev) + "\n")
-        log(f"dev: {dev}")
-        out["dev"] = dev
-    return out
 
 
 def dev_loss(cfg: TrainConfig, config: ModelConfig, params, consts, tokenizer, *, max_sequences=64, log=print):

@@ -1,7 +1,7 @@
 """longspec: the LongSpec draft model's tree (window self-attention + cross-attention on the target's cache)."""
 
 from lsjax.methods.longspec.config import LongSpecOptions
-from lsjax.methods.registry import Kind, register, register_kind
+from lsjax.methods.registry import register, register_kind
 
 
 @register("longspec", LongSpecOptions, help="the LongSpec draft model's tree", uses_draft=True)
@@ -17,13 +17,14 @@ def build(model, opts: LongSpecOptions, cache):
     return out
 
 
-register_kind(
-    Kind(
-        "longspec",
-        "the LongSpec draft (window self-attention + cross-attention on the target's cache)",
-        "lsjax.train.config:TrainConfig",
-        "lsjax.methods.longspec.train:fit",
-        "lsjax.methods.longspec.export:export_kind",
-        flags=("tree",),
-    )
+@register_kind(
+    "longspec",
+    "the LongSpec draft (window self-attention + cross-attention on the target's cache)",
+    config="lsjax.train.config:TrainConfig",
+    export="lsjax.methods.longspec.export:export_kind",
+    flags=("tree",),
 )
+def fit(cfg, **run):
+    from lsjax.methods.longspec.train import fit
+
+    return fit(cfg, **run)

@@ -22,38 +22,35 @@ from lsjax.methods.longspec.step import make_eval_step, make_train_step
 from lsjax.train.config import TrainConfig
 from lsjax.train.features import build_feature_cache
 from lsjax.train.inputs import GrainBatches, eos_id, load_target, shared_feature_inputs
-from lsjax.train.runner import prepare_run_dir, run_steps
 from lsjax.train.step import init_state, make_optimizer
 from lsjax.vocab import pruned_vocab
 
 __all__ = ["eos_id", "fit", "load_target"]  # the frozen target's helpers, where trainers and tests found them
 
 
-def fit(
-    cfg: TrainConfig,
-    *,
-    resume: bool = False,
-    overwrite: bool = False,
-    stop_after: int | None = None,
-    log=print,
-    progress: bool | None = None,
-    config_dict: dict | None = None,
-) -> dict:
-    """Runs (or resumes) one training stage; returns a summary dict (`lsjax.train.runner.run_steps`).
+def fit(cfg: TrainConfig, **run) -> dict:
+    """Runs (or resumes) one training stage (`lsjax.train.runner.fit`); returns its summary.
 
     Writes <run_dir>/metrics.jsonl, checkpoints/, vocab_ids.npy (pruned vocabulary), loss.png and
     config.yaml. `stop_after` ends the run after that many optimizer steps without the final
     checkpoint, as a kill would (tests use it). Raises `lsjax.train.runner.TrainingDiverged` on a non-finite
     loss.
     """
+    from lsjax.train.runner import fit as run_fit
+
     if cfg.kind != "longspec":
         raise ConfigError(f"kind: {cfg.kind!r} is not trained by the LongSpec trainer (lsjax.train.kinds.fit)")
+    return run_fit(cfg, _setup, **run)
+
+
+def _setup(cfg: TrainConfig, open_run_dir, log):
     from lsjax import sharding
     from lsjax.train import checkpoint as ckpt_lib
     from lsjax.train import data as data_lib
+    from lsjax.train.runner import Job
 
     sharding.maybe_initialize_distributed()
-    run_dir = prepare_run_dir(cfg, config_dict, resume=resume, overwrite=overwrite)
+    run_dir = open_run_dir()
     config, target_params, tokenizer = load_target(cfg)
     if tokenizer is None and any(s != "synthetic" for s in cfg.data.sources):
         raise ValueError("data.sources: a random-init target has no tokenizer; use the synthetic source")
@@ -118,19 +115,12 @@ def fit(
     evaluate = (
         _make_dev_eval(cfg, config, target_params, tokenizer, eos, vocab_ids, log) if cfg.log.eval_every else None
     )
-    return run_steps(
-        cfg,
+    return Job(
         state,
         step_fn,
         target_params,
         GrainBatches(iter(dataset.to_iter_dataset())),
         jax.random.PRNGKey(cfg.seed),
-        run_dir=run_dir,
-        log=log,
-        resume=resume,
-        stop_after=stop_after,
-        progress=progress,
-        config_dict=config_dict,
         tokens_per_step=cfg.data.batch_size * cfg.data.grad_accum * T,
         evaluate=evaluate,
         compile=compile,

@@ -1,6 +1,6 @@
 """streams: Speculative Streaming (lossless mode): the verify forward's speculative streams draft the next tree."""
 
-from lsjax.methods.registry import Kind, register, register_kind
+from lsjax.methods.registry import register, register_kind
 from lsjax.methods.streams.config import StreamsOptions
 
 
@@ -21,12 +21,13 @@ def build(model, opts: StreamsOptions, cache):
     return out
 
 
-register_kind(
-    Kind(
-        "streams",
-        "Speculative Streaming's streams, from the shared target-feature cache",
-        "lsjax.methods.streams.train:StreamsTrainConfig",
-        "lsjax.methods.streams.train:fit_streams",
-        "lsjax.methods.streams.train:export_kind",
-    )
+@register_kind(
+    "streams",
+    "Speculative Streaming's streams, from the shared target-feature cache",
+    config="lsjax.methods.streams.train:StreamsTrainConfig",
+    export="lsjax.methods.streams.train:export_kind",
 )
+def fit(cfg, **run):
+    from lsjax.methods.streams.train import fit_streams
+
+    return fit_streams(cfg, **run)

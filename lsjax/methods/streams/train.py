@@ -297,23 +297,21 @@ class Batches:
 # ----------------------------------------------------------------------------- the run
 
 
-def fit_streams(
-    cfg: StreamsTrainConfig,
-    *,
-    resume: bool = False,
-    overwrite: bool = False,
-    log=print,
-    stop_after: int | None = None,
-    progress: bool | None = None,
-    config_dict: dict | None = None,
-    target=None,
-) -> dict:
-    """Runs (or resumes) a stream-training run (`lsjax.train.runner.run_steps`: metrics.jsonl, checkpoints/)
-    and, at the end, exports the stream checkpoint to <run_dir>/export. `target` = (config, params) replaces
-    `cfg.target` (tests: a tiny target with peaky logits)."""
+def fit_streams(cfg: StreamsTrainConfig, *, target=None, **run) -> dict:
+    """Runs (or resumes) a stream-training run (`lsjax.train.runner.fit`: metrics.jsonl, checkpoints/) and, at
+    the end, exports the stream checkpoint to <run_dir>/export (`out["export"]`; None for a run cut short).
+    `target` = (config, params) replaces `cfg.target` (tests: a tiny target with peaky logits)."""
+    from lsjax.train.runner import fit
+
+    out = fit(cfg, lambda cfg, open_run_dir, log: _setup(cfg, open_run_dir, log, target), **run)
+    out.setdefault("export", None)
+    return out
+
+
+def _setup(cfg: StreamsTrainConfig, open_run_dir, log, target):
     from lsjax.methods.streams.drafter import save_streams
     from lsjax.train.inputs import load_target
-    from lsjax.train.runner import prepare_run_dir, run_steps
+    from lsjax.train.runner import Job
     from lsjax.train.step import init_state, make_optimizer
 
     config, target_params, _ = target if target is not None else load_target(cfg)
@@ -324,30 +322,25 @@ def fit_streams(
         log(f"streams: initialised from {cfg.checkpoint.init_from}")
     else:
         params = ss.init_params(config, cfg.streams, jax.random.PRNGKey(cfg.seed))
-    run_dir = prepare_run_dir(cfg, config_dict, resume=resume, overwrite=overwrite)
+    open_run_dir()
     log(f"streams: {ss.num_params(config, cfg.streams)} trained parameters (the target's {config.num_params()})")
     optimizer = make_optimizer(cfg.optim)
     d = cfg.data
-    out = run_steps(
-        cfg,
+
+    def finish(out, run_dir) -> dict:
+        meta = {"target": config.name, "trained_steps": out["steps"], **({"tree": cfg.tree} if cfg.tree else {})}
+        params = jax.device_get(out["state"].params)
+        return {"export": str(save_streams(run_dir / "export", params, cfg.streams, meta))}
+
+    return Job(
         init_state(params, optimizer),
         make_train_step(config, cfg, optimizer),
         target_params,
         data,
         jax.random.PRNGKey(cfg.seed),
-        run_dir=run_dir,
-        log=log,
-        resume=resume,
-        stop_after=stop_after,
-        progress=progress,
-        config_dict=config_dict,
         tokens_per_step=d.batch_size * d.grad_accum * d.positions * cfg.streams.num_streams,
+        finish=finish,
     )
-    out["export"] = None
-    if stop_after is None:
-        meta = {"target": config.name, "trained_steps": out["steps"], **({"tree": cfg.tree} if cfg.tree else {})}
-        out["export"] = str(save_streams(run_dir / "export", jax.device_get(out["state"].params), cfg.streams, meta))
-    return out
 
 
 def initial_streams(cfg: StreamsTrainConfig, config: ModelConfig) -> dict:

@@ -1,6 +1,6 @@
 """tokenswift: TokenSwift's multi-token heads, n-gram reuse and a partial-KV draft pass, for ultra-long generation."""
 
-from lsjax.methods.registry import Kind, register, register_kind
+from lsjax.methods.registry import register, register_kind
 from lsjax.methods.tokenswift.config import TokenSwiftOptions
 
 
@@ -13,12 +13,13 @@ def build(model, opts: TokenSwiftOptions, cache):
     return load_tokenswift(model, opts.heads, opts.config())
 
 
-register_kind(
-    Kind(
-        "tokenswift-heads",
-        "TokenSwift's multi-token heads, from the shared target-feature cache",
-        "lsjax.methods.tokenswift.train:HeadsTrainConfig",
-        "lsjax.methods.tokenswift.train:fit_heads",
-        "lsjax.methods.tokenswift.train:export_kind",
-    )
+@register_kind(
+    "tokenswift-heads",
+    "TokenSwift's multi-token heads, from the shared target-feature cache",
+    config="lsjax.methods.tokenswift.train:HeadsTrainConfig",
+    export="lsjax.methods.tokenswift.train:export_kind",
 )
+def fit(cfg, **run):
+    from lsjax.methods.tokenswift.train import fit_heads
+
+    return fit_heads(cfg, **run)

@@ -274,25 +274,19 @@ def _head_weight(batch: dict, Hn: int) -> jax.Array:
 # ------------------------------------------------------------------------------------------------- fit
 
 
-def fit_heads(
-    cfg: HeadsTrainConfig,
-    *,
-    resume: bool = False,
-    overwrite: bool = False,
-    stop_after: int | None = None,
-    log=print,
-    progress: bool | None = None,
-    config_dict: dict | None = None,
-    open_set: Callable = open_feature_set,
-) -> dict:
-    """Runs (or resumes) a heads training run; returns the summary of `lsjax.train.runner.run_steps`.
+def fit_heads(cfg: HeadsTrainConfig, *, open_set: Callable = open_feature_set, **run) -> dict:
+    """Runs (or resumes) a heads training run (`lsjax.train.runner.fit`): <run_dir>/metrics.jsonl, checkpoints/
+    and config.yaml. `open_set(directory)` opens one feature set."""
+    from lsjax.train.runner import fit
 
-    Writes <run_dir>/metrics.jsonl, checkpoints/ and config.yaml. `stop_after` ends after that many steps
-    without the final checkpoint, as a kill would. `open_set(directory)` opens one feature set."""
+    return fit(cfg, lambda cfg, open_run_dir, log: _setup(cfg, open_run_dir, log, open_set), **run)
+
+
+def _setup(cfg: HeadsTrainConfig, open_run_dir, log, open_set):
     from lsjax.train.inputs import load_target
-    from lsjax.train.runner import prepare_run_dir, run_steps
+    from lsjax.train.runner import Job
 
-    run_dir = prepare_run_dir(cfg, config_dict, resume=resume, overwrite=overwrite)
+    open_run_dir()
     config, target_params, _ = load_target(cfg)
     head_params = {k: target_params[k] for k in ("embed", "lm_head", "final_norm") if k in target_params}
     fields = ("hidden", "tokens", "loss_mask") + (("topk_ids", "topk_logprobs") if cfg.loss.distill_weight else ())
@@ -301,25 +295,17 @@ def fit_heads(
     log(f"data: {len(data.index)} sequences of {data.window} tokens from {', '.join(cfg.data.sets)}")
 
     optimizer = make_optimizer(cfg.optim)
-    state = init_state(th.init_params(config, cfg.heads, head_params), optimizer)
     heads_step = make_heads_step(config, cfg, optimizer)
     evaluate = None
     if cfg.data.dev_sequences and cfg.log.eval_every:
         evaluate = _dev_eval(config, cfg, head_params, FeatureBatches(caches, cfg.data, fields, split="dev"))
     d = cfg.data
-    return run_steps(
-        cfg,
-        state,
+    return Job(
+        init_state(th.init_params(config, cfg.heads, head_params), optimizer),
         lambda state, consts, batch, key: heads_step(state, consts, batch),  # the step draws nothing
         head_params,
         data,
         jax.random.PRNGKey(cfg.seed),  # unused by the step; checkpointed like every trainer's
-        run_dir=run_dir,
-        log=log,
-        resume=resume,
-        stop_after=stop_after,
-        progress=progress,
-        config_dict=config_dict,
         tokens_per_step=d.batch_size * d.grad_accum * data.window,
         evaluate=evaluate,
     )
