@@ -8,7 +8,7 @@ from typing import ClassVar
 from lsjax.config import ConfigError
 from lsjax.methods.hybrid.config import COMBINED_TREE
 from lsjax.methods.longspec.config import LongSpecOptions
-from lsjax.methods.pld.config import PLD_NGRAM
+from lsjax.methods.pld.config import PLD_NGRAM, check_at_least_one
 from lsjax.methods.registry import option
 
 
@@ -109,6 +109,8 @@ class AutoOptions(LongSpecOptions):
             v = getattr(self, name)
             if v is not None:
                 object.__setattr__(self, name, _ints(v))
+                check_at_least_one(self, name)
+        check_at_least_one(self, "pld_ngram")
         if self.cost_profile not in ("cached", "measure", "prior"):
             raise ConfigError(f"cost_profile: must be cached, measure or prior, got {self.cost_profile!r}")
 

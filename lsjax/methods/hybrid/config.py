@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from lsjax.methods.longspec.config import LongSpecOptions
-from lsjax.methods.pld.config import PLD_NGRAM
+from lsjax.methods.pld.config import PLD_NGRAM, check_at_least_one
 from lsjax.methods.registry import option
 
 # Beside the draft's tree, a shorter chain keeps the union's verification small.
@@ -27,3 +27,6 @@ class HybridOptions(LongSpecOptions):
     tree: str | None = option(None, f"the draft's tree, as for longspec (default {COMBINED_TREE} on a CPU)")
     pld_tokens: int = option(HYBRID_PLD_TOKENS, "tokens per lookup chain")
     pld_ngram: int = option(PLD_NGRAM, "longest n-gram matched")
+
+    def __post_init__(self):
+        check_at_least_one(self, "pld_tokens", "pld_ngram")

@@ -18,7 +18,13 @@ class PLDOptions:
     pld_ngram: int = option(PLD_NGRAM, "longest n-gram matched")
 
     def __post_init__(self):
-        for name in ("pld_tokens", "pld_ngram"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"{name}: must be an integer >= 1, got {v!r}")
+        check_at_least_one(self, "pld_tokens", "pld_ngram")
+
+
+def check_at_least_one(opts, *names: str) -> None:
+    """Each named option is an integer >= 1 (or, for a candidate set, a tuple of them)."""
+    for name in names:
+        v = getattr(opts, name)
+        values = v if isinstance(v, tuple) else (v,)
+        if not values or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in values):
+            raise ConfigError(f"{name}: must be an integer >= 1, got {v!r}")
