@@ -107,7 +107,7 @@ def ignored_flags(args: argparse.Namespace, method: str) -> list[str]:
 
     parser, dests = build_parser()
     reads = registry.get(method).options()
-    return ["--" + d.replace("_", "-") for d in dests if getattr(args, d) != parser.get_default(d) and d not in reads]
+    return [registry.flag_of(d) for d in dests if getattr(args, d) != parser.get_default(d) and d not in reads]
 
 
 def method_options(args: argparse.Namespace) -> dict:
@@ -215,7 +215,7 @@ def main(argv=None, *, as_program: bool = False) -> int:
         registry.get(method).make_options(**method_options(args))
     except ValueError as e:
         name, sep, rest = str(e).partition(": ")
-        fail(f"--{name.replace('_', '-')}: {rest}" if sep and name.isidentifier() else str(e))
+        fail(f"{registry.flag_of(name)}: {rest}" if sep and name.isidentifier() else str(e))
     if args.dtype not in ("auto", "bf16", "fp32"):
         fail(f"--dtype must be bf16, fp32 or auto, got {args.dtype!r}")
     # A warning (a kernel falling back to XLA, say) is one line on stderr, not a file:line and a source line.

@@ -571,10 +571,9 @@ def check_e2e(rep: Report) -> None:
         if rep.over_budget("e2e", name):
             return
         try:
-            drafter, draft_params = registry.build(name, model, **opts)
-            g = Generator(
-                model.config, model.params, drafter, draft_params, cost_profile="prior" if cfg.dry else "cached"
-            )
+            profile = "prior" if cfg.dry else "cached"  # auto's costs (other methods ignore it)
+            drafter, draft_params = registry.build(name, model, **opts, cost_profile=profile)
+            g = Generator(model.config, model.params, drafter, draft_params)
             g.run(ids, gen)  # compiles (and measures auto's costs once)
             rounds = []
             for _ in range(1 if cfg.dry else 2):  # interleaved with AR

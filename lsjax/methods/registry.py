@@ -43,10 +43,18 @@ ENV = "LSJAX_METHODS"
 BUILTIN = ("ar", "longspec", "hybrid", "pld", "auto", "dels", "streams", "tokenswift")
 
 
-def option(default=None, help: str = "", *, choices: tuple | None = None, parse: Callable | None = None, flag=True):
+def option(
+    default=None,
+    help: str = "",
+    *,
+    choices: tuple | None = None,
+    parse: Callable | None = None,
+    flag: bool | str = True,
+):
     """A field of a method's options dataclass: `help` and `choices` become its flag's; `parse` turns the
     flag's text into the value (default: the field's type); `flag=False` keeps it off the command line (an
-    option only the API and bench variants set)."""
+    option only the API and bench variants set), a string names the flag when the field's name would be
+    ambiguous among all methods' flags (tokenswift's `draft_pass` is `--ts-draft-pass`)."""
     meta = {"help": help, "choices": choices, "parse": parse, "flag": flag}
     if isinstance(default, list | dict | set):
         raise TypeError("option: a mutable default; use a tuple")
@@ -252,16 +260,17 @@ def get_kind(name) -> Kind:
 class Flag:
     """One method option as a command-line flag: `--name-with-dashes`, read by `methods` (in order)."""
 
-    name: str
+    name: str  # the option's name: the argparse dest
     type: Callable
     help: str
     choices: tuple | None
     methods: tuple[str, ...]
     default: object = None  # the readers' default where they all share one, else None (each its own)
+    flag_name: str = ""  # the flag's own name where it is not the option's
 
     @property
     def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        return "--" + (self.flag_name or self.name.replace("_", "-"))
 
 
 def _flag_type(cls: type, field: dataclasses.Field) -> Callable:
@@ -284,9 +293,16 @@ def flags() -> tuple[Flag, ...]:
         for f in dataclasses.fields(cls):
             if not f.metadata.get("flag", True):
                 continue
+            named = f.metadata.get("flag")
             entry = seen.setdefault(
                 f.name,
-                {"type": _flag_type(cls, f), "help": {}, "choices": f.metadata.get("choices"), "methods": []},
+                {
+                    "type": _flag_type(cls, f),
+                    "help": {},
+                    "choices": f.metadata.get("choices"),
+                    "methods": [],
+                    "flag_name": named if isinstance(named, str) else "",
+                },
             )
             entry["methods"].append(name)
             entry.setdefault("defaults", set()).add(repr(f.default))
@@ -303,9 +319,15 @@ def flags() -> tuple[Flag, ...]:
             e["choices"],
             tuple(e["methods"]),
             e["default"] if len(e["defaults"]) == 1 else None,
+            e["flag_name"],
         )
         for n, e in seen.items()
     )
+
+
+def flag_of(name: str) -> str:
+    """The command-line flag of option `name`."""
+    return next((f.flag for f in flags() if f.name == name), "--" + name.replace("_", "-"))
 
 
 def add_flags(parser) -> tuple[str, ...]:
@@ -314,7 +336,7 @@ def add_flags(parser) -> tuple[str, ...]:
     group = parser.add_argument_group("method options", "each read by the methods it names; others ignore it")
     dests = []
     for f in flags():
-        kw = {"type": f.type, "default": f.default, "help": f.help}
+        kw = {"type": f.type, "default": f.default, "help": f.help, "dest": f.name}
         if f.choices:
             kw["choices"] = f.choices
         dests.append(group.add_argument(f.flag, **kw).dest)

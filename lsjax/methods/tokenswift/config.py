@@ -102,11 +102,12 @@ class TokenSwiftOptions:
     ngram_topk: int | None = option(None, "n-gram chains per step")
     ngram_n: int | None = option(None, "n-gram length (gamma = 4 in the paper)")
     ngram_lag: int | None = option(None, "n-grams enter the pool this many tokens late", flag=False)
-    ts_draft_pass: str | None = option(
+    draft_pass: str | None = option(
         None,
         "the heads' hidden state from a draft pass over the partial cache (default), over the full cache, or "
         "from verification itself (no draft pass)",
         choices=DRAFT_PASSES,
+        flag="ts-draft-pass",
     )
     ts_topk: tuple[int, ...] | None = option(
         None, "candidates per logit set, comma-separated (the preset's by default)", parse=integers
@@ -121,7 +122,7 @@ class TokenSwiftOptions:
         """The drafter's configuration: the preset, with the options given overriding it."""
         base = TS_PRESETS[self.ts_preset or default_preset()]
         ts_topk = self.ts_topk
-        draft_pass = self.ts_draft_pass
+        draft_pass = self.draft_pass
         if draft_pass is not None and draft_pass != base.draft_pass:
             if ts_topk is None and (draft_pass == "verified") != (base.draft_pass == "verified"):
                 # The self passes' first logit set is the target's own head; the verified pass has no such set.
