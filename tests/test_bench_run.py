@@ -118,7 +118,13 @@ def test_variant_runs_a_registry_method_with_options(quick, tmp_path):
 
 @pytest.mark.parametrize(
     "spec, message",
-    [("pld2", "expected NAME=METHOD"), ("x=nosuch", "unknown method 'nosuch'"), ("x=pld:k", "is not key=value")],
+    [
+        ("pld2", "expected NAME=METHOD"),
+        ("x=nosuch", "unknown method 'nosuch'"),
+        ("x=pld:k", "is not key=value"),
+        ("x=pld:pld_token=3", "pld has no option pld_token (its options: pld_ngram, pld_tokens)"),
+        ("x=pld:pld_tokens=0", "pld_tokens: must be an integer >= 1, got 0"),
+    ],
 )
 def test_bad_variant_is_one_line(spec, message, capsys):
     with pytest.raises(SystemExit) as e:

@@ -148,6 +148,15 @@ def parse_args(argv):
             p.error(f"--variant {spec!r}: {e}")
         if method not in registry.names():
             p.error(f"--variant {spec!r}: unknown method {method!r} (known: {', '.join(registry.names())})")
+        known = registry.get(method).options()
+        if unknown := sorted(set(options) - known):
+            p.error(
+                f"--variant {spec!r}: {method} has no option {', '.join(unknown)} (its options: {', '.join(sorted(known))})"
+            )
+        try:
+            registry.get(method).make_options(**options)
+        except ValueError as e:
+            p.error(f"--variant {spec!r}: {e}")
         args.variants[name] = (method, options)
     return args
 
