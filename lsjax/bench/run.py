@@ -150,9 +150,8 @@ def parse_args(argv):
             p.error(f"--variant {spec!r}: unknown method {method!r} (known: {', '.join(registry.names())})")
         known = registry.get(method).options()
         if unknown := sorted(set(options) - known):
-            p.error(
-                f"--variant {spec!r}: {method} has no option {', '.join(unknown)} (its options: {', '.join(sorted(known))})"
-            )
+            known_list = ", ".join(sorted(known))
+            p.error(f"--variant {spec!r}: {method} has no option {', '.join(unknown)} (its options: {known_list})")
         try:
             registry.get(method).make_options(**options)
         except ValueError as e:
