@@ -106,8 +106,7 @@ def test_shipped_draft_loads_to_the_arrays_of_its_file(ours):
 
 
 def test_shipped_block_draft_loads_to_the_arrays_of_its_file(ours):
-    from lsjax.methods.dels.checkpoint import DRAFTS_DIR
-    from lsjax.methods.dels.drafter import load_block
+    from lsjax.methods.dels.checkpoint import DRAFTS_DIR, load_block
 
     path = DRAFTS_DIR / "SmolLM2-135M-Instruct" / "block-s8"
     file_arrays = {

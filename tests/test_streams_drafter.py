@@ -18,7 +18,8 @@ from lsjax.engine.types import ARDrafter
 from lsjax.errors import CorruptFileError, ShapeMismatchError
 from lsjax.methods import registry
 from lsjax.methods.streams import model as ss
-from lsjax.methods.streams.drafter import StreamsDrafter, load_streams, load_streams_drafter, prune_tree, save_streams
+from lsjax.methods.streams.checkpoint import load_streams, load_streams_drafter, save_streams
+from lsjax.methods.streams.drafter import StreamsDrafter, prune_tree
 from lsjax.models import target
 from lsjax.tree import TreeConfig, make_tree
 from tests.test_speculative import repetitive_prompts, run

@@ -10,7 +10,7 @@ import pytest
 
 from lsjax.config import ConfigError, GenerateConfig, ModelConfig, from_dict, to_dict
 from lsjax.engine.types import ARDrafter
-from lsjax.methods.streams.drafter import load_streams_drafter
+from lsjax.methods.streams.checkpoint import load_streams_drafter
 from lsjax.methods.streams.train import StreamsTrainConfig, fit_streams, sample_positions
 from lsjax.models import target as target_lib
 from lsjax.train import feature_cache as fcm

@@ -80,7 +80,7 @@ def test_one_compile_and_partial_cache_memory_is_the_budget():
 
 def test_heads_checkpoint_roundtrip_and_named_errors(tmp_path):
     from lsjax.errors import CorruptFileError, ModelNotFoundError, ShapeMismatchError
-    from lsjax.methods.tokenswift.drafter import load_heads, load_tokenswift, save_heads
+    from lsjax.methods.tokenswift.checkpoint import load_heads, load_tokenswift, save_heads
 
     config, params = tiny_model()
     hp = th.init_params(config, th.HeadsConfig(3), params, key=jax.random.key(0))
@@ -109,7 +109,7 @@ def test_real_smollm2_greedy_tokenswift_equals_ar(ours, draft_pass):
     """On the real model, a ~1K-token code prompt and a 256-entry partial cache (selection and rebuilds on a
     real context), untrained heads: the output is AR's."""
     from lsjax.engine.host import Generator
-    from lsjax.methods.tokenswift.drafter import load_tokenswift
+    from lsjax.methods.tokenswift.checkpoint import load_tokenswift
     from lsjax.prompts import stdlib_code_prompt
 
     ids = ours.tokenizer.encode(stdlib_code_prompt(ours.tokenizer, 1024).text)

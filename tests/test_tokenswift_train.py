@@ -92,7 +92,7 @@ def test_tiny_training_lowers_the_loss_and_exports(tmp_path):
     assert np.mean(losses[-5:]) < 0.92 * np.mean(losses[:5]), losses
     assert out["final"]["acc1"] > 0.5 and out["final"]["dev_acc1"] > 0.3  # chance: 1 / 97
     export_heads(cfg, tmp_path / "heads")
-    from lsjax.methods.tokenswift.drafter import load_heads
+    from lsjax.methods.tokenswift.checkpoint import load_heads
 
     got, hcfg, meta = load_heads(tmp_path / "heads", config)
     stored = np.asarray(out["state"].params["w"], BF16).astype(np.float32)  # exported in bf16

@@ -21,7 +21,8 @@ def _cached(cache, key, build):
     uses_draft=True,
 )
 def build_block(model, opts: BlockOptions, cache):
-    from lsjax.methods.dels.drafter import BlockDrafter, load_block
+    from lsjax.methods.dels.checkpoint import load_block
+    from lsjax.methods.dels.drafter import BlockDrafter
 
     key = ("block", opts.block_draft, opts.block_size)
     params, dcfg, bcfg = _cached(cache, key, lambda: load_block(model, opts.block_draft, opts.block_size))
@@ -35,7 +36,8 @@ def build_block(model, opts: BlockOptions, cache):
     uses_draft=True,
 )
 def build_dels(model, opts: DelsOptions, cache):
-    from lsjax.methods.dels.drafter import BlockDrafter, load_block, load_dels_params, with_weights
+    from lsjax.methods.dels.checkpoint import load_block, load_dels_params
+    from lsjax.methods.dels.drafter import BlockDrafter, with_weights
 
     key = ("block", opts.block_draft, opts.block_size)
     params, dcfg, bcfg = _cached(cache, key, lambda: load_block(model, opts.block_draft, opts.block_size))

@@ -25,6 +25,7 @@ from lsjax.config import BlockConfig, DraftConfig, LocalHeadConfig, from_dict, t
 from lsjax.errors import CorruptFileError, ModelNotFoundError, ShapeMismatchError
 from lsjax.methods.dels import local_head as lh
 from lsjax.methods.dels import model as bd
+from lsjax.methods.dels.drafter import prepare_dels_params
 from lsjax.methods.longspec.checkpoint import DRAFTS_DIR, check_draft_fits, load_draft, target_key
 from lsjax.models.draft_params import DraftParams
 
@@ -127,3 +128,67 @@ def with_block_heads(params, target_params: dict, config) -> DraftParams:
     """`params` (a DraftParams or the file's arrays) on the device, with the tensors drafting reads every step
     gathered once: the pruned vocabulary's LM-head rows."""
     return DraftParams.of(jax.tree.map(jnp.asarray, params)).with_vocab_head(target_params, config)
+
+
+def load_block(model, draft: str | None, block_size: int | None):
+    """(block DraftParams with the derived head, DraftConfig, BlockConfig) for a loaded target. `draft`: a block-draft
+    directory, "longspec" (the shipped LongSpec draft with a fresh mask embedding: untrained for blocks), or
+    None (the shipped block draft). The registry passes it as `block_draft`: the shared `draft` option names
+    a LongSpec draft."""
+    from lsjax.errors import ModelNotFoundError
+    from lsjax.methods.dels.checkpoint import (
+        default_block_path,
+        load_block_draft,
+        longspec_as_block,
+        with_block_heads,
+    )
+    from lsjax.methods.longspec.checkpoint import target_key
+
+    if draft == "longspec":
+        params, dcfg = longspec_as_block(model, None)
+        bcfg = BlockConfig(block_size or DEFAULT_BLOCK_SIZES[0])
+    else:
+        path = draft
+        if path is None:
+            sizes = (block_size,) if block_size else DEFAULT_BLOCK_SIZES
+            path = next((p for p in (default_block_path(model.path, s) for s in sizes) if p is not None), None)
+        if path is None:
+            raise ModelNotFoundError(
+                f"no shipped block draft for {target_key(model.path)}; pass --block-draft DIR, or "
+                f"--block-draft longspec (the LongSpec draft, untrained for blocks), or {TRAIN_HINT}"
+            )
+        params, dcfg, bcfg, _ = load_block_draft(path, model.config)
+        if block_size:
+            bcfg = BlockConfig(block_size)
+    return with_block_heads(params, model.params, model.config), dcfg, bcfg
+
+
+def load_dels_params(model, block_params: dict, local_head: str | None):
+    """(LocalHeadConfig, dels params) with the local head `local_head`: a kind (gru | markov: the shipped head)
+    or a directory; None = gru."""
+    from pathlib import Path
+
+    from lsjax.config import LOCAL_HEADS
+    from lsjax.errors import ModelNotFoundError
+    from lsjax.methods.dels.checkpoint import default_local_head_path, load_local_head
+    from lsjax.methods.longspec.checkpoint import target_key
+
+    spec = local_head or "gru"
+    path = default_local_head_path(model.path, spec) if spec in LOCAL_HEADS else Path(spec)
+    if path is None:
+        raise ModelNotFoundError(
+            f"no shipped {spec} local head for {target_key(model.path)}; pass --local-head DIR or train one: "
+            "python train.py --config configs/train/smollm2-localhead.yaml"
+        )
+    params, cfg, prior, head_vocab, _ = load_local_head(path, model.config)
+    embed = jnp.asarray(model.params["embed"], jnp.float32)
+    return cfg, prepare_dels_params(block_params, params, prior, head_vocab, embed)
+
+
+DEFAULT_BLOCK_SIZES = (8, 16)  # shipped block drafts are looked up in this order when no size is given
+
+
+TRAIN_HINT = (
+    "train one: python train.py --config configs/train/smollm2-block.yaml, then "
+    "python train.py --config configs/train/smollm2-block.yaml --export lsjax/drafts/<target>/block-s8"
+)

@@ -10,7 +10,7 @@ from lsjax.methods.streams.config import StreamsOptions
     help="Speculative Streaming: the verify forward's speculative streams draft the next tree",
 )
 def build(model, opts: StreamsOptions, cache):
-    from lsjax.methods.streams.drafter import load_streams_drafter
+    from lsjax.methods.streams.checkpoint import load_streams_drafter
 
     key = ("streams", opts.draft, opts.streams, opts.msa_layers, opts.tree, opts.streams_at)
     if cache is not None and key in cache:

@@ -309,7 +309,7 @@ def fit_streams(cfg: StreamsTrainConfig, *, target=None, **run) -> dict:
 
 
 def _setup(cfg: StreamsTrainConfig, open_run_dir, log, target):
-    from lsjax.methods.streams.drafter import save_streams
+    from lsjax.methods.streams.checkpoint import save_streams
     from lsjax.train.inputs import load_target
     from lsjax.train.runner import Job
     from lsjax.train.step import init_state, make_optimizer
@@ -347,7 +347,7 @@ def initial_streams(cfg: StreamsTrainConfig, config: ModelConfig) -> dict:
     """The stream params of `checkpoint.init_from` (a stream checkpoint directory: a previous run's export or
     the shipped one), which must have been trained with this run's `streams` config: a continuation on new
     data starts where that run ended instead of from random stream embeddings."""
-    from lsjax.methods.streams.drafter import check_streams_fit, load_streams
+    from lsjax.methods.streams.checkpoint import check_streams_fit, load_streams
 
     params, scfg, _ = load_streams(cfg.checkpoint.init_from)
     if scfg != cfg.streams:
@@ -360,7 +360,7 @@ def initial_streams(cfg: StreamsTrainConfig, config: ModelConfig) -> dict:
 
 def export_streams(cfg: StreamsTrainConfig, out_dir, config: ModelConfig | None = None) -> Path:
     """The run's latest checkpoint as a stream checkpoint directory."""
-    from lsjax.methods.streams.drafter import save_streams
+    from lsjax.methods.streams.checkpoint import save_streams
     from lsjax.train.checkpoint import load_draft_params
 
     params = load_draft_params(Path(cfg.resolved_run_dir))

@@ -8,7 +8,7 @@ from lsjax.methods.tokenswift.config import TokenSwiftOptions
     "tokenswift", TokenSwiftOptions, help="TokenSwift: multi-token heads + n-gram reuse + a partial-KV draft pass"
 )
 def build(model, opts: TokenSwiftOptions, cache):
-    from lsjax.methods.tokenswift.drafter import load_tokenswift
+    from lsjax.methods.tokenswift.checkpoint import load_tokenswift
 
     return load_tokenswift(model, opts.heads, opts.config())
 

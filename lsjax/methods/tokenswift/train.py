@@ -336,7 +336,7 @@ def export_heads(cfg: HeadsTrainConfig, out_dir: str | Path) -> dict:
     """A run's latest checkpoint -> a heads directory (`decode.py --method tokenswift --heads DIR`; ship it
     as lsjax/drafts/<target>/tokenswift to make it the default)."""
     from lsjax.methods.longspec.checkpoint import DEFAULT_TARGET, target_key
-    from lsjax.methods.tokenswift.drafter import save_heads
+    from lsjax.methods.tokenswift.checkpoint import save_heads
     from lsjax.train.checkpoint import load_draft_params
     from lsjax.train.runner import training_summary
 
