@@ -19,8 +19,8 @@ Lossless: the tree depends on the context only (never on the verification key), 
 T > 0 verification is sample-and-match (`lsjax.engine.verify`); the main stream is the plain target.
 
 Stream checkpoints (`lsjax.artifacts` kind "streams": bfloat16 `model.safetensors` + `config.json`; the old
-`params.npz` + `streams.json` still load), written by `lsjax.methods.streams.train`, read by `lsjax.methods.streams.checkpoint`; the one
-shipped for a target lives in `lsjax/drafts/<target>/streams/`.
+`params.npz` + `streams.json` still load) are written by `lsjax.methods.streams.train` and read by
+`lsjax.methods.streams.checkpoint`; the one shipped for a target lives in `lsjax/drafts/<target>/streams/`.
 """
 
 from __future__ import annotations
