@@ -234,30 +234,20 @@ class DelsTrainConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """One draft-training run (a stage): `python train.py --config configs/train/X.yaml`."""
+class RunConfig:
+    """The run section every trainer's config starts with (a base class: its fields stay top-level in the YAML):
+    where the run lives, its seed and length, and the optimizer, checkpoint and log sections the shared step
+    loop (`lsjax.train.runner`) reads."""
 
     name: str = "draft"
-    kind: str = "longspec"  # longspec | block | local_head
     run_dir: str = ""  # "" = runs/<name>
     seed: int = 0  # parameter init and per-step keys
     steps: int = 0  # optimizer steps to run; 0 = optim.total_steps
-    target: TargetConfig = TargetConfig()
-    draft: DraftConfig = DraftConfig()
-    data: DataConfig = DataConfig()
-    positions: PositionConfig = PositionConfig()
-    loss: LossConfig = LossConfig()
     optim: OptimConfig = OptimConfig()
-    mesh: MeshConfig = MeshConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
-    features: FeatureCacheConfig = FeatureCacheConfig()
     log: LogConfig = LogConfig()
-    block: BlockConfig = BlockConfig()  # kind block
-    local_head: LocalHeadConfig = LocalHeadConfig()  # kind local_head
-    dels: DelsTrainConfig = DelsTrainConfig()  # kind block | local_head
 
     def __post_init__(self):
-        _check(self.kind in KINDS, "kind", f"must be one of {'|'.join(KINDS)}, got {self.kind!r}")
         _check(
             bool(self.name) and "/" not in self.name, "name", f"must be a non-empty name without '/', got {self.name!r}"
         )
@@ -267,6 +257,35 @@ class TrainConfig:
             "steps",
             f"must be <= optim.total_steps ({self.optim.total_steps}), got {self.steps}",
         )
+
+    @property
+    def num_steps(self) -> int:
+        return self.steps or self.optim.total_steps
+
+    @property
+    def resolved_run_dir(self) -> str:
+        return self.run_dir or f"runs/{self.name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig(RunConfig):
+    """One draft-training run (a stage): `python train.py --config configs/train/X.yaml`."""
+
+    kind: str = "longspec"  # longspec | block | local_head
+    target: TargetConfig = TargetConfig()
+    draft: DraftConfig = DraftConfig()
+    data: DataConfig = DataConfig()
+    positions: PositionConfig = PositionConfig()
+    loss: LossConfig = LossConfig()
+    mesh: MeshConfig = MeshConfig()
+    features: FeatureCacheConfig = FeatureCacheConfig()
+    block: BlockConfig = BlockConfig()  # kind block
+    local_head: LocalHeadConfig = LocalHeadConfig()  # kind local_head
+    dels: DelsTrainConfig = DelsTrainConfig()  # kind block | local_head
+
+    def __post_init__(self):
+        _check(self.kind in KINDS, "kind", f"must be one of {'|'.join(KINDS)}, got {self.kind!r}")
+        super().__post_init__()
         _check(
             self.loss.distill == "none" or self.loss.distill_weight > 0,
             "loss.distill_weight",
@@ -277,11 +296,3 @@ class TrainConfig:
             "data.chat",
             "dialogue SFT needs dialogue sources (sharegpt, champ), not synthetic",
         )
-
-    @property
-    def num_steps(self) -> int:
-        return self.steps or self.optim.total_steps
-
-    @property
-    def resolved_run_dir(self) -> str:
-        return self.run_dir or f"runs/{self.name}"

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lsjax.train.config import CheckpointConfig, LogConfig, OptimConfig
+from lsjax.train.config import CheckpointConfig, LogConfig, OptimConfig, RunConfig
 from lsjax.train.runner import Job, fit
 from lsjax.train.step import apply_grads, init_state, make_optimizer
 
@@ -18,17 +18,12 @@ VOCAB = 16
 
 
 @dataclasses.dataclass(frozen=True)
-class EchoTrainConfig:
-    kind: str = "echo-bias"
-    run_dir: str = "runs/echo"
-    num_steps: int = 4
+class EchoTrainConfig(RunConfig):  # the run section every trainer shares: name, run_dir, seed, steps, optim, ...
+    name: str = "echo"
     optim: OptimConfig = OptimConfig(lr=0.1, warmup_steps=1, total_steps=4)
     checkpoint: CheckpointConfig = CheckpointConfig(every=2)
     log: LogConfig = LogConfig(progress=False, plot=False, tensorboard=False)
-
-    @property
-    def resolved_run_dir(self) -> str:
-        return self.run_dir
+    kind: str = "echo-bias"
 
 
 class Stream:

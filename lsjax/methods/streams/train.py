@@ -32,7 +32,7 @@ import numpy as np
 from lsjax.config import ConfigError, ModelConfig, _check, _positive_int
 from lsjax.methods.streams import model as ss
 from lsjax.models import target as target_lib
-from lsjax.train.config import CheckpointConfig, LogConfig, OptimConfig, TargetConfig
+from lsjax.train.config import CheckpointConfig, LogConfig, OptimConfig, RunConfig, TargetConfig
 from lsjax.train.inputs import epoch_order
 
 LABELS = ("target", "data")
@@ -70,40 +70,26 @@ class StreamsLossConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class StreamsTrainConfig:
-    kind: str = KIND
+class StreamsTrainConfig(RunConfig):
     name: str = "streams"
-    run_dir: str = ""  # "" = runs/<name>
-    seed: int = 0
-    steps: int = 0  # 0 = optim.total_steps
+    optim: OptimConfig = OptimConfig(lr=5e-4, warmup_steps=20, total_steps=500, weight_decay=0.0)
+    checkpoint: CheckpointConfig = CheckpointConfig(every=50)
+    log: LogConfig = LogConfig(tensorboard=False)
+    kind: str = KIND
     target: TargetConfig = TargetConfig()
     streams: ss.StreamsConfig = ss.StreamsConfig()
     data: StreamsDataConfig = StreamsDataConfig()
     loss: StreamsLossConfig = StreamsLossConfig()
-    optim: OptimConfig = OptimConfig(lr=5e-4, warmup_steps=20, total_steps=500, weight_decay=0.0)
-    checkpoint: CheckpointConfig = CheckpointConfig(every=50)
-    log: LogConfig = LogConfig(tensorboard=False)
     tree: str = ""  # the decode tree stored with the export ("" = the drafter's default)
 
     def __post_init__(self):
         _check(self.kind == KIND, "kind", f"must be {KIND!r}, got {self.kind!r}")
-        _check(bool(self.name) and "/" not in self.name, "name", f"must be a name without '/', got {self.name!r}")
-        _check(
-            0 <= self.steps <= self.optim.total_steps, "steps", f"must be in [0, optim.total_steps], got {self.steps}"
-        )
+        super().__post_init__()
         _check(
             not self.loss.alphas or len(self.loss.alphas) == self.streams.num_streams,
             "loss.alphas",
             f"needs one weight per stream ({self.streams.num_streams}), got {len(self.loss.alphas)}",
         )
-
-    @property
-    def num_steps(self) -> int:
-        return self.steps or self.optim.total_steps
-
-    @property
-    def resolved_run_dir(self) -> str:
-        return self.run_dir or f"runs/{self.name}"
 
 
 # ----------------------------------------------------------------------------- the loss

@@ -28,7 +28,7 @@ import optax
 
 from lsjax.config import _check, _positive_int
 from lsjax.methods.tokenswift import model as th
-from lsjax.train.config import CheckpointConfig, LogConfig, OptimConfig, TargetConfig
+from lsjax.train.config import RunConfig, TargetConfig
 from lsjax.train.inputs import epoch_order
 from lsjax.train.step import TrainState, accumulate_grads, apply_grads, init_state, lr_schedule, make_optimizer
 
@@ -72,36 +72,17 @@ class HeadsLossConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class HeadsTrainConfig:
-    kind: str = KIND
+class HeadsTrainConfig(RunConfig):
     name: str = "tokenswift-heads"
-    run_dir: str = ""  # "" = runs/<name>
-    seed: int = 0
-    steps: int = 0  # 0 = optim.total_steps
+    kind: str = KIND
     target: TargetConfig = TargetConfig()
     heads: th.HeadsConfig = th.HeadsConfig()
     data: FeatureDataConfig = FeatureDataConfig()
     loss: HeadsLossConfig = HeadsLossConfig()
-    optim: OptimConfig = OptimConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig()
-    log: LogConfig = LogConfig()
 
     def __post_init__(self):
         _check(self.kind == KIND, "kind", f"must be {KIND!r}, got {self.kind!r}")
-        _check(bool(self.name) and "/" not in self.name, "name", f"must be a name without '/', got {self.name!r}")
-        _check(
-            0 <= self.steps <= self.optim.total_steps,
-            "steps",
-            f"must be in [0, optim.total_steps={self.optim.total_steps}], got {self.steps}",
-        )
-
-    @property
-    def num_steps(self) -> int:
-        return self.steps or self.optim.total_steps
-
-    @property
-    def resolved_run_dir(self) -> str:
-        return self.run_dir or f"runs/{self.name}"
+        super().__post_init__()
 
 
 # ------------------------------------------------------------------------------------------------ data
