@@ -262,7 +262,7 @@ def main(argv=None, *, as_program: bool = False) -> int:
         else:
             ids = tok.encode(text)
         check_prompt(model.config, ids, gen.max_new_tokens)
-        # auto: on the held-out split it beat every fixed method on average (README, "Never slower").
+        # auto: on the held-out split it beat every fixed method on average (docs/methods/auto.md).
         drafter, draft_params = registry.build(method, model, **method_options(args))
         if method == "auto" and getattr(drafter, "longspec", True) is None:
             from lsjax.methods.longspec.checkpoint import target_key

@@ -160,6 +160,21 @@ def parse_args(argv):
     return args
 
 
+def source_commit() -> str | None:
+    """The lsjax commit the run measured (`+dirty` with uncommitted changes), None outside a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True)
+    except OSError:
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def machine_info() -> dict:
     import jax
 
@@ -367,9 +382,10 @@ def run(argv=None) -> dict:
         "meta": {
             "suite": suite,
             "date": started.isoformat(timespec="seconds"),
+            "commit": source_commit(),
             "command": "python -m lsjax.bench.run " + shlex.join(argv),
             "machine": machine,
-            "model": str(model.path),
+            "model": Path(model.path).name if model.path else None,  # a name: results are shared, paths are not
             "methods": names,
             "lossless": lossless,
             "temperatures": temps,

@@ -23,7 +23,7 @@ class AutoPolicy:
     optimism: float = 0.25  # confidence width (binomial std units) a probe's optimistic score adds
     # The never-slower budget (module doc): a run may spend at most `budget` of its AR-equivalent time, plus
     # `initial_slack` AR steps, on steps that accept less than they cost. Held-out prompts lost up to 18% to
-    # exploration without it (README, "Never slower"). With shadow drafts (~0.2 AR steps each) 1% of a 64-token
+    # exploration without it (docs/methods/auto.md). With shadow drafts (~0.2 AR steps each) 1% of a 64-token
     # run and half a step still buy ~5 looks at the draft; with probes (3%, 1 step) it bought 2-3 probes.
     budget: float = 0.01
     initial_slack: float = 0.5

@@ -56,7 +56,7 @@ def short_logprobs(r: jax.Array, table: jax.Array, in_head: jax.Array, prior: ja
     return jnp.where(in_head, raw - logz, prior)
 
 
-# The best (α, β) of `lsjax.bench.dels_sweep --suite dev` for the shipped block-s8 + GRU head (README).
+# The best (α, β) of `lsjax.bench.dels_sweep --suite dev` for the shipped block-s8 + GRU head (docs/methods/dels.md).
 
 
 def prepare_dels_params(block, local: dict, prior, head_vocab, embed, alpha=0.3, beta=0.3) -> dict:

@@ -110,7 +110,7 @@ def load_streams_drafter(model, draft=None, num_streams=None, msa_layers=None, t
 
 def default_tree(scfg: ss.StreamsConfig) -> str:
     # On a CPU one stream node: each verified node costs (lsjax.bench.tree_cost) more than the streams'
-    # acceptance returns (README, Speculative Streaming); wider elsewhere.
+    # acceptance returns (docs/methods/streams.md); wider elsewhere.
     if jax.default_backend() == "cpu":
         return "1"
     return ",".join(["4"] * scfg.num_streams)
