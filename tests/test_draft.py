@@ -449,9 +449,7 @@ def test_shipped_smollm2_draft_is_complete():
     assert all(np.isfinite(v).all() for v in params.values())
     from lsjax.methods.longspec.checkpoint import shipped_tree
 
-    assert shipped_tree(meta, "cpu").widths == (
-        1,
-    )  # fastest on dev, every task (docs/methods/longspec.md)
+    assert shipped_tree(meta, "cpu").widths == (1,)  # fastest on dev, every task (docs/methods/longspec.md)
     assert shipped_tree(meta, "gpu").num_nodes > 10  # other devices: the device preset
     assert shipped_tree({"tree": [2, 1]}, "tpu").widths == (2, 1) and shipped_tree({}, "cpu").widths
     assert meta["training"]["steps"] > 0 and (path / "MODEL_CARD.md").is_file()
