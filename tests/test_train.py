@@ -337,6 +337,7 @@ SHARDED = textwrap.dedent(
     from lsjax import sharding, train as tr
     from lsjax.models import target as target_lib
     from lsjax.methods.longspec import model as draft_lib
+    from lsjax.methods.longspec import step as ls_step
     cfg = tiny_cfg(data__batch_size=8, mesh__data=2, mesh__fsdp=4, loss__distill="kl", loss__distill_weight=0.5)
     tp = target_lib.init_params(TINY, jax.random.PRNGKey(0), scale=0.3)
     dp = draft_lib.init_draft_params(TINY, cfg.draft, tp)
