@@ -117,8 +117,8 @@ def block_cfg(tmp_path, feature_set, steps=30, **over):
 
 def tiny_feature_set(tmp_path):
     """A shared-feature-cache set of the tiny random target over the synthetic stream (the lead's builder)."""
-    from lsjax.train.inputs import load_target
     from lsjax.train import feature_cache as fcm
+    from lsjax.train.inputs import load_target
 
     cfg = block_cfg(tmp_path, tmp_path / "fs")
     config, params, _ = load_target(cfg)
@@ -157,9 +157,9 @@ def test_block_drafter_trains_from_the_feature_cache_and_loads(tmp_path):
     from lsjax.methods.dels.checkpoint import load_block_draft
     from lsjax.methods.dels.export import export_dels
     from lsjax.methods.dels.train import initial_params, micro_block_losses
+    from lsjax.train import feature_cache as fcm
     from lsjax.train.inputs import load_target
     from lsjax.train.kinds import fit
-    from lsjax.train import feature_cache as fcm
 
     feature_set = tiny_feature_set(tmp_path)
     cfg = block_cfg(tmp_path, feature_set, steps=40, optim={"lr": 3e-2})

@@ -14,10 +14,10 @@ import pytest
 
 from lsjax.artifacts import BF16
 from lsjax.config import from_dict, load_yaml, to_dict
-from lsjax.train.inputs import load_target
 from lsjax.methods.tokenswift import model as th
 from lsjax.methods.tokenswift.train import HeadsTrainConfig, export_heads, fit_heads, heads_losses
 from lsjax.train.features import target_features, target_logits
+from lsjax.train.inputs import load_target
 from tests.tiny import tiny_model
 
 
