@@ -235,6 +235,16 @@ def get(name: str) -> Method:
     return _METHODS[name]
 
 
+def cached(cache: dict | None, key, load: Callable):
+    """`load()` once per key for methods built together (`build`'s `cache`: one loaded draft shared by several
+    methods of a run); without a cache, every call loads."""
+    if cache is None:
+        return load()
+    if key not in cache:
+        cache[key] = load()
+    return cache[key]
+
+
 def build(name: str, model, *, cache: dict | None = None, **opts):
     """(drafter, draft_params) of method `name` for `model`; options that are None take the method's default."""
     method = get(name)

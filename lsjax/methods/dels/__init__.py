@@ -2,16 +2,7 @@
 logits fused with a local head and a unigram prior."""
 
 from lsjax.methods.dels.config import BlockOptions, DelsOptions
-from lsjax.methods.registry import register, register_kind
-
-
-def _cached(cache, key, build):
-    if cache is not None and key in cache:
-        return cache[key]
-    out = build()
-    if cache is not None:
-        cache[key] = out
-    return out
+from lsjax.methods.registry import cached, register, register_kind
 
 
 @register(
@@ -25,7 +16,7 @@ def build_block(model, opts: BlockOptions, cache):
     from lsjax.methods.dels.drafter import BlockDrafter
 
     key = ("block", opts.block_draft, opts.block_size)
-    params, dcfg, bcfg = _cached(cache, key, lambda: load_block(model, opts.block_draft, opts.block_size))
+    params, dcfg, bcfg = cached(cache, key, lambda: load_block(model, opts.block_draft, opts.block_size))
     return BlockDrafter(block=bcfg, draft=dcfg, branches=opts.branches), params
 
 
@@ -40,8 +31,8 @@ def build_dels(model, opts: DelsOptions, cache):
     from lsjax.methods.dels.drafter import BlockDrafter, with_weights
 
     key = ("block", opts.block_draft, opts.block_size)
-    params, dcfg, bcfg = _cached(cache, key, lambda: load_block(model, opts.block_draft, opts.block_size))
-    hcfg, dels_params = _cached(
+    params, dcfg, bcfg = cached(cache, key, lambda: load_block(model, opts.block_draft, opts.block_size))
+    hcfg, dels_params = cached(
         cache, ("dels", *key, opts.local_head), lambda: load_dels_params(model, params, opts.local_head)
     )
     drafter = BlockDrafter(block=bcfg, draft=dcfg, branches=opts.branches, local=hcfg)

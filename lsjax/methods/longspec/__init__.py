@@ -1,20 +1,14 @@
 """longspec: the LongSpec draft model's tree (window self-attention + cross-attention on the target's cache)."""
 
 from lsjax.methods.longspec.config import LongSpecOptions
-from lsjax.methods.registry import register, register_kind
+from lsjax.methods.registry import cached, register, register_kind
 
 
 @register("longspec", LongSpecOptions, help="the LongSpec draft model's tree", uses_draft=True)
 def build(model, opts: LongSpecOptions, cache):
     from lsjax.methods.longspec.checkpoint import load_checked
 
-    key = ("longspec", opts.draft, opts.tree)
-    if cache is not None and key in cache:
-        return cache[key]
-    out = load_checked(model, opts.draft, opts.tree)
-    if cache is not None:
-        cache[key] = out
-    return out
+    return cached(cache, ("longspec", opts.draft, opts.tree), lambda: load_checked(model, opts.draft, opts.tree))
 
 
 @register_kind(

@@ -1,6 +1,6 @@
 """streams: Speculative Streaming (lossless mode): the verify forward's speculative streams draft the next tree."""
 
-from lsjax.methods.registry import register, register_kind
+from lsjax.methods.registry import cached, register, register_kind
 from lsjax.methods.streams.config import StreamsOptions
 
 
@@ -12,13 +12,8 @@ from lsjax.methods.streams.config import StreamsOptions
 def build(model, opts: StreamsOptions, cache):
     from lsjax.methods.streams.checkpoint import load_streams_drafter
 
-    key = ("streams", opts.draft, opts.streams, opts.msa_layers, opts.tree, opts.streams_at)
-    if cache is not None and key in cache:
-        return cache[key]
-    out = load_streams_drafter(model, opts.draft, opts.streams, opts.msa_layers, opts.tree, opts.streams_at)
-    if cache is not None:
-        cache[key] = out
-    return out
+    args = (opts.draft, opts.streams, opts.msa_layers, opts.tree, opts.streams_at)
+    return cached(cache, ("streams", *args), lambda: load_streams_drafter(model, *args))
 
 
 @register_kind(
