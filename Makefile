@@ -84,4 +84,6 @@ device-bundle: $(VENV)/.installed
 	$(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 -d .device/whl -c $(CONSTRAINTS) gguf
 	split -b 24m "$$($(PY) -c 'from lsjax.loading import default_model_path; print(default_model_path())')" \
 		.device/gguf.part-
+	# drafts are filed under the model's file name: the joined file must keep it
+	$(PY) -c 'from lsjax.loading import default_model_path; print(default_model_path().name)' > .device/gguf.name
 	@ls -l .device .device/whl

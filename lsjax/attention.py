@@ -130,7 +130,7 @@ def _grouped(q, num_kv_heads):
 
 
 def prefix_attention_xla(
-    q, k, v, lengths, window_start=None, *, layer=None, block_size: int | None = None, sm_scale=None
+    q, k, v, lengths, window_start=None, *, layer=None, block_size: int | None = None, sm_scale=None, out_dtype=None
 ):
     """Flash-decoding in plain XLA: a while loop over the valid cache blocks only.
 
@@ -149,7 +149,7 @@ def prefix_attention_xla(
     G = N // K
     scale = sm_scale if sm_scale is not None else H**-0.5
     if S == 0:  # a zero-capacity cache: nothing to attend to (and no block size to divide by)
-        return jnp.zeros_like(q), jnp.full((B, T, N), NEG_INF, jnp.float32)
+        return jnp.zeros(q.shape, out_dtype or q.dtype), jnp.full((B, T, N), NEG_INF, jnp.float32)
     block = min(block_size or XLA_BLOCK, S)
     lengths = lengths.astype(jnp.int32)
     start = jnp.zeros_like(lengths) if window_start is None else window_start.astype(jnp.int32)
@@ -191,13 +191,13 @@ def prefix_attention_xla(
     lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), NEG_INF)
     out = out.reshape(B, K, T, G, H).transpose(0, 2, 1, 3, 4).reshape(B, T, N, H)
     lse = lse.reshape(B, K, T, G).transpose(0, 2, 1, 3).reshape(B, T, N)
-    return out.astype(q.dtype), lse
+    return out.astype(out_dtype or q.dtype), lse
 
 
 CAUSAL_BLOCK = 256  # query and key block of long causal chains (tree_attention_xla)
 
 
-def tree_attention_xla(q, k, v, mask=None, *, causal: bool = False, sm_scale=None, block_q: int = 512):
+def tree_attention_xla(q, k, v, mask=None, *, causal: bool = False, sm_scale=None, block_q: int = 512, out_dtype=None):
     """Masked attention of the T new queries over the T new keys.
 
     `mask` [B, T, T] bool, or `causal=True` for a chain without materialising a
@@ -219,7 +219,7 @@ def tree_attention_xla(q, k, v, mask=None, *, causal: bool = False, sm_scale=Non
         out, lse = band_attention(
             q, k.swapaxes(1, 2), v.swapaxes(1, 2), block_q=CAUSAL_BLOCK, block_k=CAUSAL_BLOCK, with_lse=True
         )
-        return out, lse
+        return out.astype(out_dtype or q.dtype), lse
     qg = _grouped(q, K).astype(jnp.float32) * scale  # [B, T, K, G, H]
     kf, vf = k.astype(jnp.float32), v.astype(jnp.float32)
 
@@ -248,7 +248,7 @@ def tree_attention_xla(q, k, v, mask=None, *, causal: bool = False, sm_scale=Non
         outs, lses = jax.lax.map(lambda xs: attend(xs[0], xs[1]), (qp.transpose(1, 0, 2, 3, 4, 5), pos))
         out = outs.transpose(1, 0, 2, 3, 4).reshape(B, nb * block_q, N, H)[:, :T]
         lse = lses.transpose(1, 0, 2, 3).reshape(B, nb * block_q, N)[:, :T]
-    return out.astype(q.dtype), lse
+    return out.astype(out_dtype or q.dtype), lse
 
 
 # ---------------------------------------------------------------------------
@@ -285,10 +285,13 @@ def hybrid_attention_reference(
 # Public entry points
 
 
-def prefix_attention(q, k, v, lengths, window_start=None, *, layer=None, backend: str = "auto", sm_scale=None):
+def prefix_attention(
+    q, k, v, lengths, window_start=None, *, layer=None, backend: str = "auto", sm_scale=None, out_dtype=None
+):
     """Unmasked attention of q over the committed cache k, v [B, K, S, H] in `[window_start, length)`.
 
-    With `layer`, k and v are the whole cache [L, B, K, S, H] and `layer` picks one.
+    With `layer`, k and v are the whole cache [L, B, K, S, H] and `layer` picks one. The output is in
+    `out_dtype` (default q's); the lse is fp32.
     """
     backend = _resolve(backend)
     target = _kernel_or_xla(backend, q.shape[-1]) if backend.startswith("pallas") else None
@@ -299,18 +302,28 @@ def prefix_attention(q, k, v, lengths, window_start=None, *, layer=None, backend
         # The whole cache and the layer go into the kernel: its index maps pick the layer's blocks, so no
         # layer is copied out of the cache first.
         return pk.prefix_attention(
-            q, k, v, lengths, window_start, layer, sm_scale=sm_scale, platform=platform, interpret=interpret
+            q,
+            k,
+            v,
+            lengths,
+            window_start,
+            layer,
+            sm_scale=sm_scale,
+            platform=platform,
+            interpret=interpret,
+            out_dtype=out_dtype,
         )
     if backend == "reference":
         from pallas_kernels import prefix_attention as pk
 
         if layer is not None:
             k, v = k[layer], v[layer]
-        return pk.prefix_attention_reference(q, k, v, lengths, window_start, sm_scale=sm_scale)
-    return prefix_attention_xla(q, k, v, lengths, window_start, layer=layer, sm_scale=sm_scale)
+        out, lse = pk.prefix_attention_reference(q, k, v, lengths, window_start, sm_scale=sm_scale)
+        return out.astype(out_dtype or q.dtype), lse
+    return prefix_attention_xla(q, k, v, lengths, window_start, layer=layer, sm_scale=sm_scale, out_dtype=out_dtype)
 
 
-def tree_attention(q, k, v, mask=None, *, causal=False, backend: str = "auto", sm_scale=None):
+def tree_attention(q, k, v, mask=None, *, causal=False, backend: str = "auto", sm_scale=None, out_dtype=None):
     """Attention of the T new queries over the T new keys under a tree/causal mask.
 
     With a mask the keys may number Tk != T (mask [B, T, Tk]); causal needs Tk == T.
@@ -322,13 +335,22 @@ def tree_attention(q, k, v, mask=None, *, causal=False, backend: str = "auto", s
 
         platform, interpret = target
         return tk.tree_attention(
-            q, k, v, mask, causal=causal, sm_scale=sm_scale, platform=platform, interpret=interpret
+            q,
+            k,
+            v,
+            mask,
+            causal=causal,
+            sm_scale=sm_scale,
+            platform=platform,
+            interpret=interpret,
+            out_dtype=out_dtype,
         )
     if backend == "reference":
         from pallas_kernels import tree_attention as tk
 
-        return tk.tree_attention_reference(q, k, v, mask, causal=causal, sm_scale=sm_scale)
-    return tree_attention_xla(q, k, v, mask, causal=causal, sm_scale=sm_scale)
+        out, lse = tk.tree_attention_reference(q, k, v, mask, causal=causal, sm_scale=sm_scale)
+        return out.astype(out_dtype or q.dtype), lse
+    return tree_attention_xla(q, k, v, mask, causal=causal, sm_scale=sm_scale, out_dtype=out_dtype)
 
 
 @functools.partial(jax.named_call, name="hybrid_tree_attention")
@@ -346,11 +368,14 @@ def hybrid_tree_attention(
     layer=None,
     backend: str = "auto",
     sm_scale=None,
+    out_dtype=None,
 ):
     """q [B,T,N,H] over cache [0, lengths) (no mask) + tree keys (tree_mask or causal), exact LSE merge.
 
     With `layer`, cache_k/v are the whole cache [L, B, K, S, H]. `backend="reference"`
-    computes the naive masked attention in one softmax instead. Returns out [B, T, N, H].
+    computes the naive masked attention in one softmax instead. Returns out [B, T, N, H] in `out_dtype`
+    (default q's). The two parts are merged in fp32: rounding each to bf16 first would make a query's
+    output depend on where the cache/tree split falls, which differs between AR and verification.
     """
     backend = _resolve(backend)
     if backend == "reference":
@@ -368,10 +393,13 @@ def hybrid_tree_attention(
             window_start=window_start,
             sm_scale=sm_scale,
         )
-        return out
+        return out.astype(out_dtype or q.dtype)
+    f32 = jnp.float32
     out_p, lse_p = prefix_attention(
-        q, cache_k, cache_v, lengths, window_start, layer=layer, backend=backend, sm_scale=sm_scale
+        q, cache_k, cache_v, lengths, window_start, layer=layer, backend=backend, sm_scale=sm_scale, out_dtype=f32
     )
-    out_t, lse_t = tree_attention(q, tree_k, tree_v, tree_mask, causal=causal, backend=backend, sm_scale=sm_scale)
+    out_t, lse_t = tree_attention(
+        q, tree_k, tree_v, tree_mask, causal=causal, backend=backend, sm_scale=sm_scale, out_dtype=f32
+    )
     out, _ = merge_attention(out_p, lse_p, out_t, lse_t)
-    return out
+    return out.astype(out_dtype or q.dtype)

@@ -62,8 +62,17 @@ def online_step(s, vb, m, l, acc, precision):
     corr = jnp.exp(m - m_safe)
     p = jnp.exp(s - m_safe[:, :1])
     l_new = corr * l + jnp.sum(p, axis=1, keepdims=True)
+    # p stays fp32 (V is widened instead): p depends on the running max, so on how the keys are split into
+    # blocks and into cache/tree parts; rounded to bf16 it made one query's output differ ~1e-3 between AR and
+    # verification, enough to flip a near-tied greedy choice. Decode attention is bound by reading K/V, so the
+    # fp32 product costs little. `precision` is unused here: fp32 needs HIGHEST (Triton's default is TF32).
+    del precision
     pv = jax.lax.dot_general(
-        p.astype(vb.dtype), vb, (((1,), (0,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
+        p,
+        vb.astype(jnp.float32),
+        (((1,), (0,)), ((), ())),
+        precision=jax.lax.Precision.HIGHEST,
+        preferred_element_type=jnp.float32,
     )
     return m_new, l_new, acc * corr[:, :1] + pv
 

@@ -341,7 +341,7 @@ def _gpu_call(qf, k, v, layer, lengths, start, *, scale, tuning, block_rows, int
     return o, lse
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "tuning", "platform", "interpret"))
+@functools.partial(jax.jit, static_argnames=("sm_scale", "tuning", "platform", "interpret", "out_dtype"))
 def prefix_attention(
     q,
     k,
@@ -354,14 +354,15 @@ def prefix_attention(
     tuning: PrefixTuning = PrefixTuning(),
     platform: str = "tpu",
     interpret: bool = False,
+    out_dtype=None,
 ):
     """Attention of q [B, T, N, H] over cache keys `[window_start, lengths)`.
 
     k, v: [B, K, S, H], or the whole cache [L, B, K, S, H] with `layer` (a traced or static int) picking one
     layer inside the kernel (no copy). platform: "tpu" (Mosaic) or "gpu" (Triton), the variant to build;
     interpret: run it with the Pallas interpreter (the only option on a CPU host).
-    Returns out [B, T, N, H] (q.dtype) and lse [B, T, N] (fp32, natural log). A row with no valid key gets
-    out = 0 and lse = -inf.
+    Returns out [B, T, N, H] (`out_dtype`, default q's) and lse [B, T, N] (fp32, natural log). A row with no
+    valid key gets out = 0 and lse = -inf.
     """
     check_platform(platform)
     if layer is None:
@@ -377,7 +378,7 @@ def prefix_attention(
     G = N // K
     scale = float(sm_scale) if sm_scale is not None else H**-0.5
     if S == 0:
-        return jnp.zeros_like(q), jnp.full((B, T, N), NEG_INF, jnp.float32)
+        return jnp.zeros(q.shape, out_dtype or q.dtype), jnp.full((B, T, N), NEG_INF, jnp.float32)
     lengths = jnp.clip(lengths.astype(jnp.int32), 0, S)
     start = jnp.zeros_like(lengths) if window_start is None else jnp.clip(window_start.astype(jnp.int32), 0, S)
     layer = jnp.reshape(jnp.asarray(layer, jnp.int32), (1,))
@@ -402,7 +403,7 @@ def prefix_attention(
     out, lse = _merge_splits(o, lse)
     out = out[:, :R].reshape(B, K, T, G, H).transpose(0, 2, 1, 3, 4).reshape(B, T, N, H)
     lse = lse[:, :R].reshape(B, K, T, G).transpose(0, 2, 1, 3).reshape(B, T, N)
-    return out.astype(q.dtype), lse
+    return out.astype(out_dtype or q.dtype), lse
 
 
 def prefix_attention_reference(q, k, v, lengths, window_start=None, *, sm_scale=None):

@@ -127,7 +127,7 @@ def _gpu_kernel(q_ref, k_ref, v_ref, *rest, causal, **kw):
     lse_ref[...] = lse[:, 0]
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "sm_scale", "tuning", "platform", "interpret"))
+@functools.partial(jax.jit, static_argnames=("causal", "sm_scale", "tuning", "platform", "interpret", "out_dtype"))
 def tree_attention(
     q,
     k,
@@ -139,11 +139,12 @@ def tree_attention(
     tuning: TreeTuning = TreeTuning(),
     platform: str = "tpu",
     interpret: bool = False,
+    out_dtype=None,
 ):
     """Attention of q [B, T, N, H] over k, v [B, Tk, K, H] under mask [B, T, Tk] (bool) or causal=True (Tk == T).
 
     platform: "tpu" (Mosaic) or "gpu" (Triton), the variant to build; interpret: run it with the Pallas
-    interpreter (the only option on a CPU host). Returns out [B, T, N, H] (q.dtype) and lse [B, T, N]
+    interpreter (the only option on a CPU host). Returns out [B, T, N, H] (`out_dtype`, default q's) and lse [B, T, N]
     (fp32, natural log); a row that sees no key gets out = 0 and lse = -inf. With causal=True any mask
     passed is ignored.
     """
@@ -159,7 +160,7 @@ def tree_attention(
     G = N // K
     scale = float(sm_scale) if sm_scale is not None else H**-0.5
     if T == 0 or Tk == 0:
-        return jnp.zeros_like(q), jnp.full((B, T, N), NEG_INF, jnp.float32)
+        return jnp.zeros(q.shape, out_dtype or q.dtype), jnp.full((B, T, N), NEG_INF, jnp.float32)
 
     R = T * G
     if platform == "tpu":
@@ -223,7 +224,10 @@ def tree_attention(
         grid=grid,
         in_specs=in_specs,
         out_specs=[pl.BlockSpec((None, block_rows, H), lambda *g: (*idx(*g), 0)), lse_spec],
-        out_shape=[jax.ShapeDtypeStruct((B * K, Rp, H), q.dtype), jax.ShapeDtypeStruct(lse_shape, jnp.float32)],
+        out_shape=[
+            jax.ShapeDtypeStruct((B * K, Rp, H), out_dtype or q.dtype),
+            jax.ShapeDtypeStruct(lse_shape, jnp.float32),
+        ],
         compiler_params=params,
         interpret=interpret,
         name="tree_attention",

@@ -13,8 +13,10 @@ fi
 export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 model=()
 if ls .device/gguf.part-* >/dev/null 2>&1; then
-  cat .device/gguf.part-* > .device/model.gguf
-  model=(--model .device/model.gguf)
+  # The shipped drafts are filed under the model's file name (SmolLM2-135M-Instruct.Q4_1.gguf), so keep it.
+  name=$(cat .device/gguf.name 2>/dev/null || echo SmolLM2-135M-Instruct.Q4_1.gguf)
+  cat .device/gguf.part-* > ".device/$name"
+  model=(--model ".device/$name")
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader 2>/dev/null || true
 python3 -m lsjax.bench.device "${model[@]}" --out "$out" "$@" 2>&1 | tee "$out/device-check.log"

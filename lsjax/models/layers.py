@@ -104,21 +104,49 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return weight * xf.astype(x.dtype)
 
 
+ACT_DTYPE = jnp.float32  # the residual stream, matmul outputs and logits, whatever dtype the weights are in
+
+
+def dense(x: jax.Array, w: jax.Array, spec: str | None = None) -> jax.Array:
+    """x @ w (or einsum `spec`) with the input cast to the weight's dtype and an fp32 result.
+
+    Why: with bf16 weights, a bf16 result rounds every activation and logit to 8 bits. Logits near 16 then
+    step by 0.125, so two tokens often tie exactly, and which one wins depends on how the last bits of the
+    hidden state happened to round; AR (1 row) and verification (T rows, another split of the attention sum)
+    round differently, and greedy speculative output left AR's (seen on an H100 and on this CPU, SmolLM2).
+    fp32 results leave ties only below fp32 resolution. fp32 weights run at HIGHEST precision (a GPU would
+    otherwise use TF32 for them).
+    """
+    precision = jax.lax.Precision.HIGHEST if w.dtype == jnp.float32 else None
+    x = x.astype(w.dtype)
+    if spec is None:
+        return jnp.matmul(x, w, precision=precision, preferred_element_type=ACT_DTYPE)
+    return jnp.einsum(spec, x, w, precision=precision, preferred_element_type=ACT_DTYPE)
+
+
 def embed(params: dict, tokens: jax.Array) -> jax.Array:
     return jnp.take(params["embed"], tokens, axis=0)  # [B, T, D]
 
 
 def mlp(layer: dict, x: jax.Array) -> jax.Array:
+    """SwiGLU in the input's dtype (the draft models' MLP; the target's goes through `dense`)."""
     gate = jnp.einsum("btd,df->btf", x, layer["w_gate"])
     up = jnp.einsum("btd,df->btf", x, layer["w_up"])
     return jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, layer["w_down"])
 
 
+def dense_mlp(layer: dict, x: jax.Array) -> jax.Array:
+    """SwiGLU through `dense`: fp32 results from weights in any dtype."""
+    gate = dense(x, layer["w_gate"], "btd,df->btf")
+    up = dense(x, layer["w_up"], "btd,df->btf")
+    return dense(jax.nn.silu(gate) * up, layer["w_down"], "btf,fd->btd")
+
+
 def head_logits(h: jax.Array, rows: jax.Array) -> jax.Array:
-    """h [..., D] against output rows [V, D] (a tied embedding, a pruned head) -> logits [..., V].
+    """h [..., D] against output rows [V, D] (a tied embedding, a pruned head) -> fp32 logits [..., V].
 
     Computed as rows @ h^T: for more than one row of h, XLA CPU runs h @ rows^T ~2x slower (measured at
     2-16 rows x 49152 x 576); for one row both are the same GEMV.
     """
     flat = h.reshape(-1, h.shape[-1])
-    return (rows @ flat.T).T.reshape(*h.shape[:-1], rows.shape[0])
+    return dense(flat.T, rows, "dt,vd->vt").T.reshape(*h.shape[:-1], rows.shape[0])

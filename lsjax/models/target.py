@@ -29,7 +29,18 @@ import numpy as np
 from lsjax import attention
 from lsjax.cache import KVCache, commit
 from lsjax.config import ModelConfig
-from lsjax.models.layers import ParamSpec, declare_axes, embed, head_logits, init_from_specs, mlp, rms_norm
+from lsjax.models.layers import (
+    ACT_DTYPE,
+    ParamSpec,
+    declare_axes,
+    dense,
+    dense_mlp,
+    embed,
+    head_logits,
+    init_from_specs,
+    mlp,
+    rms_norm,
+)
 from lsjax.rope import apply_rope, inverse_frequencies, rope_angles
 
 __all__ = [
@@ -98,20 +109,20 @@ def lm_head(params: dict, config: ModelConfig, hidden: jax.Array) -> jax.Array:
     """Final norm + output projection: hidden [..., D] -> logits [..., V] (fp32)."""
     h = rms_norm(hidden, params["final_norm"], config.rms_norm_eps)
     if config.tie_embeddings:
-        logits = head_logits(h, params["embed"])
-    else:
-        logits = jnp.einsum("...d,dv->...v", h, params["lm_head"])
-    return logits.astype(jnp.float32)
+        return head_logits(h, params["embed"])
+    return dense(h, params["lm_head"], "...d,dv->...v")
 
 
 def qkv_projection(layer: dict, config: ModelConfig, x: jax.Array, cos, sin):
-    """x [B, T, D] -> q [B, T, N, H], k/v [B, T, K, H], with RoPE on q and k."""
-    q = jnp.einsum("btd,dnh->btnh", x, layer["wq"])
-    k = jnp.einsum("btd,dkh->btkh", x, layer["wk"])
-    v = jnp.einsum("btd,dkh->btkh", x, layer["wv"])
+    """x [B, T, D] -> q [B, T, N, H], k/v [B, T, K, H] in the weights' dtype (the cache's), RoPE on q and k
+    applied to the fp32 projections before they are rounded."""
+    q = dense(x, layer["wq"], "btd,dnh->btnh")
+    k = dense(x, layer["wk"], "btd,dkh->btkh")
+    v = dense(x, layer["wv"], "btd,dkh->btkh")
     if config.qkv_bias:
         q, k, v = q + layer["bq"], k + layer["bk"], v + layer["bv"]
-    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+    dt = layer["wq"].dtype
+    return apply_rope(q, cos, sin).astype(dt), apply_rope(k, cos, sin).astype(dt), v.astype(dt)
 
 
 def prepare_for_decode(params: dict, config: ModelConfig) -> dict:
@@ -156,16 +167,17 @@ def _prepared_layer(layer: dict, config: ModelConfig, x: jax.Array, cos, sin, at
     B, T, D = x.shape
     N, K, H, F = config.num_heads, config.num_kv_heads, config.head_dim, config.intermediate_size
     eps = config.rms_norm_eps
-    qkv = rms_norm(x, layer["attn_norm"], eps) @ layer["w_qkv"]  # [B, T, (N + 2K) H]
+    dt = layer["w_qkv"].dtype  # the cache's: q/k/v are rounded to it once, after RoPE in fp32
+    qkv = dense(rms_norm(x, layer["attn_norm"], eps), layer["w_qkv"])  # [B, T, (N + 2K) H]
     if config.qkv_bias:
         qkv = qkv + layer["b_qkv"]
     q = qkv[..., : N * H].reshape(B, T, N, H)
     k = qkv[..., N * H : (N + K) * H].reshape(B, T, K, H)
-    v = qkv[..., (N + K) * H :].reshape(B, T, K, H)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    x = x + attend(q, k, v).reshape(B, T, N * H) @ layer["wo"]
-    gate_up = rms_norm(x, layer["mlp_norm"], eps) @ layer["w_gate_up"]  # [B, T, 2F]
-    x = x + (jax.nn.silu(gate_up[..., :F]) * gate_up[..., F:]) @ layer["w_down"]
+    v = qkv[..., (N + K) * H :].reshape(B, T, K, H).astype(dt)
+    q, k = apply_rope(q, cos, sin).astype(dt), apply_rope(k, cos, sin).astype(dt)
+    x = x + dense(attend(q, k, v).reshape(B, T, N * H), layer["wo"])
+    gate_up = dense(rms_norm(x, layer["mlp_norm"], eps), layer["w_gate_up"])  # [B, T, 2F]
+    x = x + dense(jax.nn.silu(gate_up[..., :F]) * gate_up[..., F:], layer["w_down"])
     return x, k, v
 
 
@@ -185,7 +197,7 @@ def forward_hidden(
 
     tokens, positions [B, T]; the new tokens see the committed cache
     `[0, cache.lengths)` unmasked and each other under `tree_mask` [B, T, T]
-    (None = causal chain). Returns (hidden [B, T, D] before the final norm,
+    (None = causal chain). Returns (hidden [B, T, D] (fp32) before the final norm,
     new_k, new_v [L, B, T, K, H]).
 
     `layers=(lo, hi)` runs layers [lo, hi) only, from `x` [B, T, D] (the residual stream entering layer lo;
@@ -194,8 +206,9 @@ def forward_hidden(
     """
     cos, sin = rope_angles(positions, inverse_frequencies(config))
     lo, hi = layers if layers is not None else (0, config.num_layers)
-    if x is None:
-        x = embed(params, tokens).astype(jnp.dtype(config.dtype))
+    # The residual stream is fp32 whatever the weights' dtype (`layers.dense` says why).
+    x = embed(params, tokens) if x is None else x
+    x = x.astype(ACT_DTYPE)
     eps = config.rms_norm_eps
 
     def attend(q, k, v, index):
@@ -211,6 +224,7 @@ def forward_hidden(
             causal=tree_mask is None,
             layer=index,
             backend=backend,
+            out_dtype=ACT_DTYPE,
         )
 
     if is_prepared(params):
@@ -227,8 +241,8 @@ def forward_hidden(
         h = rms_norm(x, layer["attn_norm"], eps)
         q, k, v = qkv_projection(layer, config, h, cos, sin)
         o = attend(q, k, v, index)
-        x = x + jnp.einsum("btnh,nhd->btd", o, layer["wo"])
-        x = x + mlp(layer, rms_norm(x, layer["mlp_norm"], eps))
+        x = x + dense(o, layer["wo"], "btnh,nhd->btd")
+        x = x + dense_mlp(layer, rms_norm(x, layer["mlp_norm"], eps))
         return x, (k, v)
 
     stacked = params["layers"]

@@ -115,6 +115,7 @@ class StreamsDrafter(Drafter):
         below = dataclasses.replace(state.cache, lengths=lengths - 1)  # the token sees the prompt before it
         if self.layer > 0:
             mid, _, _ = target.forward_hidden(tp, cfg, last, pos, below, backend=ctx.backend, layers=(0, self.layer))
+            mid = mid.astype(jnp.dtype(cfg.dtype))  # the streams' dtype (the target's stream is fp32)
         else:
             mid = target.embed(tp, last).astype(jnp.dtype(cfg.dtype))
         return self._topk(ctx, self._streams_over_cache(ctx, state.cache, mid, pos))

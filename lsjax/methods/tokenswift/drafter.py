@@ -109,6 +109,7 @@ class TokenSwiftDrafter(Drafter):
             h, _, _ = target.forward_hidden(
                 ctx.target_params, ctx.config, last, before.lengths[:, None], before, backend=ctx.backend
             )
+            h = h.astype(jnp.dtype(ctx.config.dtype))  # the heads' dtype (the target's stream is fp32)
             cands, logq = self._candidates(ctx, state, h[:, 0], heads_only=True)
             return TokenSwiftState(cands, ngrams, (), logq)
         pcache = ()
@@ -169,6 +170,7 @@ class TokenSwiftDrafter(Drafter):
             )
         else:
             h, _, _ = target.forward_hidden(ctx.target_params, ctx.config, root, pos, state.cache, backend=ctx.backend)
+        h = h.astype(jnp.dtype(ctx.config.dtype))  # the heads' dtype (the target's stream is fp32)
         return *self._candidates(ctx, state, h[:, 0], heads_only=False), pcache
 
     def _candidates(self, ctx: DraftContext, state, h0: jax.Array, heads_only: bool):
