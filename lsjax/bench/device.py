@@ -816,6 +816,10 @@ def _fmt(x) -> str:
 def write(rep: Report, out: Path) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     stem = out / slug(rep.env)
+    n = 1
+    while stem.with_suffix(".md").exists():  # a second run on the same day and card keeps the first report
+        n += 1
+        stem = out / f"{slug(rep.env)}-{n}"
     md, js = stem.with_suffix(".md"), stem.with_suffix(".json")
     md.write_text(to_markdown(rep))
     data = dict(env=rep.env, config=dataclasses.asdict(rep.config), elapsed_s=rep.elapsed(), parts=rep.parts)
