@@ -324,6 +324,11 @@ def main(argv=None, *, as_program: bool = False) -> int:
             speedup_vs_ar=round(speedup, 3),
             identical_to_ar=baseline.tokens == result.tokens,
         )
+        if baseline.tokens != result.tokens:
+            pairs = zip(baseline.tokens, result.tokens)
+            first = next((i for i, (x, y) in enumerate(pairs) if x != y), None)
+            shorter = min(len(baseline.tokens), len(result.tokens))
+            summary["first_difference_vs_ar"] = shorter if first is None else first
     summary["text"] = out_text
     if result.stop_reason == "eos" and not out_text.strip() and not chat:
         # An instruct model given bare text often ends at once (e.g. SmolLM2-Instruct after a full sentence).
@@ -338,6 +343,17 @@ def main(argv=None, *, as_program: bool = False) -> int:
                 f"({summary['speedup_vs_ar']:.2f}x), outputs {same}",
                 file=sys.stderr,
             )
+            if not summary["identical_to_ar"]:
+                import jax
+
+                why = (
+                    " (bf16 on an accelerator: a near-tied choice can round apart between AR and verification,"
+                    " docs/hardware/README.md; --dtype fp32 is exact)"
+                    if summary["dtype"] == "bfloat16" and jax.default_backend() != "cpu"
+                    else " (a bug: please report it with this command)"
+                )
+                at = summary["first_difference_vs_ar"]
+                print(f"[lsjax] first difference at new token {at}{why}", file=sys.stderr)
         # A one-token prompt's prefill rate says nothing (its time is the latency of one padded chunk).
         prefill_rate = (
             f" ({rate(result.prompt_tokens / result.prefill_s)} tok/s)"
