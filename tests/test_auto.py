@@ -435,6 +435,49 @@ def test_corrupt_profile_is_rebuilt(tmp_path, content):
     assert auto_profile.read_profile(path, NAMES) == {"1024/greedy": [0.1, 0.2, 0.3]}
 
 
+def test_a_profile_that_may_not_hold_is_measured_again_with_one_line(tmp_path, capsys):
+    """Another lsjax version's file, or an entry whose AR step now takes other time than when it was measured
+    (a profile cached while the machine was busy), is measured again and says why; a fresh one is used."""
+    path = tmp_path / "p.json"
+    auto_profile.write_profile(path, NAMES, {"1024/greedy": [0.1, 0.2, 0.3]}, {"lsjax": "0.0.9"})
+    costs, fresh = auto_profile.cached_costs(path, NAMES, "1024/greedy", lambda: [0.5, 0.6, 0.7], version="0.1.0")
+    assert fresh and np.allclose(costs, [0.5, 0.6, 0.7])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"[lsjax] auto's cost profile {path.name} was measured by lsjax 0.0.9, this is 0.1.0: measuring it again"
+    ]
+    assert json.loads(path.read_text())["lsjax"] == "0.1.0"
+
+    def check(ar_now):
+        return lambda entry: auto_profile.stale_reason(ar_now, entry[0])
+
+    costs, fresh = auto_profile.cached_costs(path, NAMES, "1024/greedy", lambda: [9, 9, 9], check(0.55), "0.1.0")
+    assert not fresh and np.allclose(costs, [0.5, 0.6, 0.7]) and not capsys.readouterr().err  # within 1.35x
+    costs, fresh = auto_profile.cached_costs(path, NAMES, "1024/greedy", lambda: [1.0, 1.2, 1.4], check(1.0), "0.1.0")
+    assert fresh and np.allclose(costs, [1.0, 1.2, 1.4])
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "[lsjax] an AR step takes 1000.0 ms now and took 500.0 ms when auto's cost profile was measured "
+        "(another load on the machine?): measuring auto's costs again"
+    ]
+
+
+def test_stale_reason_bounds():
+    assert auto_profile.stale_reason(None, 0.1) is None  # nothing could be timed: keep the profile
+    assert auto_profile.stale_reason(0.1 * 1.3, 0.1) is None and auto_profile.stale_reason(0.1 / 1.3, 0.1) is None
+    assert auto_profile.stale_reason(0.1 * 1.4, 0.1) and auto_profile.stale_reason(0.1 / 1.4, 0.1)
+
+
+def test_profiles_of_two_configurations_of_one_model_live_apart(tmp_path, monkeypatch):
+    """bf16 and fp32 steps of one model cost other ratios: the model configuration keys the file."""
+    monkeypatch.setenv("LSJAX_PROFILE_DIR", str(tmp_path))
+    config, _ = tiny_model()
+    sig = auto_profile.model_signature
+    fp32, bf16 = sig(config), sig(dataclasses.replace(config, dtype="bfloat16"))
+    assert fp32 != bf16 and fp32 == sig(dataclasses.replace(config))
+    paths = {auto_profile.profile_path("cpu", "tiny", "auto", NAMES, s) for s in (fp32, bf16, "")}
+    assert len(paths) == 3
+
+
 def test_prior_costs_grow_with_the_tree():
     prior = auto_profile.prior_costs(FULL)
     by = dict(zip((c.name for c in FULL.candidates), prior))

@@ -4,6 +4,7 @@ a fixed method vs AR, per step, interleaved and repeated in one run.
     python -m lsjax.bench.auto_step                       # a 1K-2K dev code prompt, T=0
     python -m lsjax.bench.auto_step --temperature 1 --task dialogue --bucket 2K-4K
     python -m lsjax.bench.auto_step --variant probes=auto:shadow=0   # + the AR step of another policy
+    python -m lsjax.bench.auto_step --ar-only --repeats 15           # all-AR auto vs --method ar only
 
 Prints ms per step and the ratio to a plain AR step measured in the same round (median over rounds, min-max),
 and the compile time of every program. An auto step that runs `ar` should cost ~1.0x an AR step, and one that
@@ -30,6 +31,11 @@ def main(argv=None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--steps", type=int, default=8, help="steps per timing")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument(
+        "--ar-only",
+        action="store_true",
+        help="time only AR and auto forced to AR: what an all-AR auto step costs over --method ar",
+    )
     p.add_argument(
         "--variant",
         action="append",
@@ -69,7 +75,7 @@ def main(argv=None) -> int:
     ls_params = auto_params.get("longspec")
     programs = {"ar": Generator(model.config, params, ARDrafter())}
     programs["auto"] = Generator(model.config, params, auto, auto_params)
-    for c in auto.candidates[1:]:
+    for c in () if args.ar_only else auto.candidates[1:]:
         programs[c.name] = Generator(model.config, params, c.drafter, ls_params if c.kind != "pld" else None)
     for name, (method, opts) in variants.items():
         programs[name] = Generator(model.config, params, *registry.build(method, model, **opts))
@@ -94,11 +100,11 @@ def main(argv=None) -> int:
         return (time.perf_counter() - t) / max(int(s.steps) - s0, 1)
 
     runs = [("ar", "ar", None)]
-    for i, c in enumerate(auto.candidates):
+    for i, c in enumerate(auto.candidates[:1] if args.ar_only else auto.candidates):
         runs.append((f"auto:{c.name}", "auto", i))
         if c.kind != "ar":
             runs.append((c.name, c.name, None))
-    if auto.shadows:  # an AR step with a shadow draft after it: what exploring the draft costs
+    if auto.shadows and not args.ar_only:  # an AR step with a shadow draft after it: what exploring the draft costs
         runs.append(("auto:ar+shadow", "auto", len(auto.candidates)))
     runs += [(f"{name}:ar", name, 0) for name in variants]
     for _, name, force in runs:  # warm-up: first calls allocate

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import time
 from collections.abc import Callable
 
@@ -187,6 +188,9 @@ class Generator:
             return self.draft_params
         key = (bucket, gen.sampling)
         if key not in self._host_params:
-            run = HostRun(self.config.name, self.backend, self.params, self.draft_params, gen, bucket, state, decode)
+            sig = hashlib.sha1(repr(self.config).encode()).hexdigest()[:12]
+            run = HostRun(
+                self.config.name, self.backend, self.params, self.draft_params, gen, bucket, state, decode, sig
+            )
             self._host_params[key] = self.drafter.host_params(run)
         return self._host_params[key]

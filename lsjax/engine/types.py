@@ -209,6 +209,7 @@ class HostRun:
     bucket: int
     state: DecodeState
     decode: Any
+    model_sig: str = ""  # the model configuration's signature (shapes, dtype): what a step's cost depends on
 
 
 @runtime_checkable

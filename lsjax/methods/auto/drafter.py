@@ -207,6 +207,7 @@ class AutoDrafter(PolicyRules, Drafter):
             run.state,
             run.decode,
             self.cost_profile,
+            run.model_sig,
         )
         return {**run.draft_params, "costs": jnp.asarray(costs, jnp.float32)}
 

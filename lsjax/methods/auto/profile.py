@@ -7,9 +7,13 @@ A profile is measured with the very program that decodes: the compiled `auto` lo
 forced (`PolicyState.force`) for a few steps on a copy of the prefilled state, candidates interleaved and
 repeated, median per candidate. So it costs no compile and sees the real context length, cache layout and
 sampling. Files live in `$LSJAX_PROFILE_DIR` (default `~/.cache/lsjax/profiles/`), one per device kind,
-model, backend and candidate set, holding one entry per context bucket and sampling mode (greedy or
-sampled trees verify differently). A missing, corrupt or stale file (other candidates, other format version)
-is measured again and rewritten, never fatal.
+model configuration (shapes and dtype: a bf16 step costs other ratios than an fp32 one), backend and candidate
+set, holding one entry per context bucket and sampling mode (greedy or sampled trees verify differently).
+
+A profile is never used silently where it may not hold: a corrupt file, one of another format, candidate set
+or lsjax version, and an entry whose AR step no longer takes what it took when measured (checked at every
+start from a few forced AR steps: a profile measured while the machine was busy skews every ratio) are
+measured again, with one line saying why. Never fatal.
 
 Only ratios matter to the policy (it maximises tokens per second), so the prior is in units of one AR step:
 verification ratios measured with `lsjax.bench.tree_cost` on a 2-core CPU (1.34x / 1.52x / 1.72x / 2.36x a
@@ -58,11 +62,26 @@ def profile_dir() -> Path:
     return Path(os.environ.get("LSJAX_PROFILE_DIR") or Path.home() / ".cache" / "lsjax" / "profiles")
 
 
-def profile_path(device_kind: str, model: str, backend: str, candidates: tuple[str, ...]) -> Path:
-    """One file per (device kind, model, backend, candidate set); context buckets are entries inside."""
-    sig = hashlib.sha1(",".join(candidates).encode()).hexdigest()[:10]
+def profile_path(device_kind: str, model: str, backend: str, candidates: tuple[str, ...], model_sig: str = "") -> Path:
+    """One file per (device kind, model, backend, candidate set, model configuration `model_sig`); context
+    buckets are entries inside."""
+    sig = hashlib.sha1((",".join(candidates) + (f"|{model_sig}" if model_sig else "")).encode()).hexdigest()[:10]
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{device_kind}--{model}--{backend}")
     return profile_dir() / f"{safe}--{sig}.json"
+
+
+def model_signature(config) -> str:
+    """What a step's cost depends on in a model: its configuration (shapes, dtype), not its weights."""
+    return hashlib.sha1(repr(config).encode()).hexdigest()[:12]
+
+
+def lsjax_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lsjax")
+    except PackageNotFoundError:  # a checkout on PYTHONPATH (the GPU machine)
+        return "checkout"
 
 
 def entry_key(bucket: int, greedy: bool) -> str:
@@ -71,18 +90,30 @@ def entry_key(bucket: int, greedy: bool) -> str:
 
 def read_profile(path: Path, candidates: tuple[str, ...]) -> dict:
     """{entry key: [C] seconds}; {} when the file is missing, corrupt or for another candidate set."""
+    return load_profile(path, candidates)[0]
+
+
+def load_profile(path: Path, candidates: tuple[str, ...], version: str | None = None) -> tuple[dict, str | None]:
+    """({entry key: [C] seconds}, why the file was not used): ({}, None) for a missing file; ({}, reason) for
+    a corrupt one or one of another format, candidate set or (given `version`) lsjax version."""
+    if not path.exists():
+        return {}, None
     try:
         data = json.loads(path.read_text())
-        if data.get("format") != FORMAT or tuple(data.get("candidates", ())) != candidates:
-            return {}
+        if data.get("format") != FORMAT:
+            return {}, f"has format {data.get('format')!r}, this lsjax writes {FORMAT}"
+        if tuple(data.get("candidates", ())) != candidates:
+            return {}, "was measured for other candidates"
+        if version is not None and data.get("lsjax", version) != version:
+            return {}, f"was measured by lsjax {data.get('lsjax')}, this is {version}"
         entries = {}
         for k, v in data["entries"].items():
             arr = np.asarray(v, np.float64)
             if arr.shape == (len(candidates),) and np.all(np.isfinite(arr)) and np.all(arr > 0):
                 entries[k] = arr.tolist()
-        return entries
+        return entries, None
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return {}
+        return {}, "is unreadable"
 
 
 def write_profile(path: Path, candidates: tuple[str, ...], entries: dict, meta: dict) -> None:
@@ -92,14 +123,25 @@ def write_profile(path: Path, candidates: tuple[str, ...], entries: dict, meta: 
     tmp.replace(path)  # atomic: a reader never sees half a file
 
 
-def cached_costs(path: Path, candidates: tuple[str, ...], key: str, measure) -> tuple[np.ndarray, bool]:
-    """(costs [C], measured now): the cached entry, else `measure()` -> [C] seconds, written back."""
-    entries = read_profile(path, candidates)
+def cached_costs(
+    path: Path, candidates: tuple[str, ...], key: str, measure, check=None, version: str | None = None
+) -> tuple[np.ndarray, bool]:
+    """(costs [C], measured now): the cached entry, else `measure()` -> [C] seconds, written back.
+
+    `check(entry) -> reason | None` says why a cached entry no longer holds; `version`: the lsjax version the
+    file must have been written by. Either way the profile is measured again with one line saying why."""
+    entries, why = load_profile(path, candidates, version)
+    if why:
+        print(f"[lsjax] auto's cost profile {path.name} {why}: measuring it again", file=sys.stderr)
     if key in entries:
-        return np.asarray(entries[key], np.float32), False
+        why = check(entries[key]) if check is not None else None
+        if why is None:
+            return np.asarray(entries[key], np.float32), False
+        print(f"[lsjax] {why}: measuring auto's costs again", file=sys.stderr)
     costs = np.asarray(measure(), np.float64)
+    meta = {"written": time.time(), **({"lsjax": version} if version is not None else {})}
     try:
-        write_profile(path, candidates, {**entries, key: costs.tolist()}, {"written": time.time()})
+        write_profile(path, candidates, {**entries, key: costs.tolist()}, meta)
     except OSError as e:  # a read-only cache dir costs a re-measure next time, nothing more
         print(f"[lsjax] could not write the cost profile {path}: {e}", file=sys.stderr)
     return costs.astype(np.float32), True
@@ -111,23 +153,14 @@ def measure_costs(
     """[C] median seconds per step of each candidate, run forced in the compiled loop `decode` on copies of
     `state` (interleaved over candidates, REPEATS times, after one warm-up each). `names`: the candidates'
     (`cost_names`), shown on the progress bar as each runs."""
-    import dataclasses
-
-    import jax
-    import jax.numpy as jnp
     from tqdm import tqdm
+
+    forced = _forced(decode, params, draft_params, state)
 
     def run(c: int, steps: int):
         if names:
             bar.set_postfix_str(names[c], refresh=False)
-        s = jax.tree.map(jnp.copy, state)  # decode donates its state: the caller's stays intact
-        pol = dataclasses.replace(s.draft.policy, force=jnp.int32(c))
-        s = dataclasses.replace(s, draft=dataclasses.replace(s.draft, policy=pol))
-        s0 = int(s.steps)
-        jax.block_until_ready(s)
-        t = time.perf_counter()
-        s = jax.block_until_ready(decode(params, draft_params, s, jnp.int32(s0 + steps)))
-        return time.perf_counter() - t, int(s.steps) - s0
+        return forced(c, steps)
 
     num_candidates = len(prior)
     times = [[] for _ in range(num_candidates)]
@@ -156,19 +189,73 @@ def measure_costs(
     return np.asarray([np.median(t) if t else base * p for t, p in zip(times, prior)], np.float64)
 
 
+def _forced(decode, params, draft_params, state):
+    """run(c, steps) -> (seconds, steps taken): candidate c forced for `steps` steps on a copy of `state`."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    def run(c: int, steps: int):
+        s = jax.tree.map(jnp.copy, state)  # decode donates its state: the caller's stays intact
+        pol = dataclasses.replace(s.draft.policy, force=jnp.int32(c))
+        s = dataclasses.replace(s, draft=dataclasses.replace(s.draft, policy=pol))
+        s0 = int(s.steps)
+        jax.block_until_ready(s)
+        t = time.perf_counter()
+        s = jax.block_until_ready(decode(params, draft_params, s, jnp.int32(s0 + steps)))
+        return time.perf_counter() - t, int(s.steps) - s0
+
+    return run
+
+
+# An AR step this far from the profile's (as a ratio either way) means conditions other than those it was
+# measured in.
+STALE_RATIO = 1.35
+
+
+def ar_step_seconds(decode, params, draft_params, state, repeats: int = 3) -> float | None:
+    """Median seconds of a forced AR step (after one warm-up run); None when the row cannot step."""
+    run = _forced(decode, params, draft_params, state)
+    run(0, 1)
+    times = [dt / n for dt, n in (run(0, STEPS) for _ in range(repeats)) if n > 0]
+    return float(np.median(times)) if times else None
+
+
+def stale_reason(now: float | None, cached: float) -> str | None:
+    """Why a cached profile whose AR step took `cached` seconds does not hold when one takes `now`."""
+    if now is None or 1 / STALE_RATIO <= now / cached <= STALE_RATIO:
+        return None
+    return (
+        f"an AR step takes {now * 1e3:.1f} ms now and took {cached * 1e3:.1f} ms when auto's cost profile was "
+        "measured (another load on the machine?)"
+    )
+
+
 def profile_costs(
-    drafter, model_name: str, backend: str, params, draft_params, gen, bucket: int, state, decode, mode: str = "cached"
+    drafter,
+    model_name: str,
+    backend: str,
+    params,
+    draft_params,
+    gen,
+    bucket: int,
+    state,
+    decode,
+    mode: str = "cached",
+    model_sig: str = "",
 ) -> np.ndarray:
     """[C] costs of `drafter`'s candidates at this prompt bucket and sampling, for the compiled loop
     `decode(params, draft_params, state, step_limit)` and a prefilled `state`: `mode` "prior" (never measure),
-    "cached" (the cached profile, measured once when missing) or "measure" (measure again)."""
+    "cached" (the cached profile, measured once when missing or when it no longer holds: module doc) or
+    "measure" (measure again). `model_sig`: `model_signature(config)`."""
     import jax
 
     prior = prior_costs(drafter)
     if mode == "prior":
         return prior
     names = drafter.cost_names
-    path = profile_path(jax.devices()[0].device_kind, model_name, backend, names)
+    path = profile_path(jax.devices()[0].device_kind, model_name, backend, names, model_sig)
     key = entry_key(bucket, gen.sampling.greedy or not gen.sampling.sample_drafts)
 
     def measure():
@@ -179,7 +266,11 @@ def profile_costs(
         entries.pop(key, None)
         with contextlib.suppress(OSError):
             write_profile(path, names, entries, {"written": time.time()})
-    return cached_costs(path, names, key, measure)[0]
+
+    def check(entry):
+        return stale_reason(ar_step_seconds(decode, params, draft_params, state), entry[0])
+
+    return cached_costs(path, names, key, measure, check, lsjax_version())[0]
 
 
 def candidate_split(generator, prompt_ids: list[int], gen, seed: int = 0) -> dict:
