@@ -227,7 +227,7 @@ def main(argv=None, *, as_program: bool = False) -> int:
         enable(args.compile_cache, "decode.py")
     from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
     from lsjax.engine.host import Generator, check_prompt
-    from lsjax.errors import LsjaxError
+    from lsjax.errors import LsjaxError, MethodNote
     from lsjax.loading import load_model
     from lsjax.methods import registry
 
@@ -263,15 +263,14 @@ def main(argv=None, *, as_program: bool = False) -> int:
             ids = tok.encode(text)
         check_prompt(model.config, ids, gen.max_new_tokens)
         # auto: on the held-out split it beat every fixed method on average (docs/methods/auto.md).
-        drafter, draft_params = registry.build(method, model, **method_options(args))
-        if method == "auto" and getattr(drafter, "longspec", True) is None:
-            from lsjax.methods.longspec.checkpoint import target_key
-
-            print(
-                f"[lsjax] no LongSpec draft for {target_key(model.path)}: auto uses AR and prompt lookup only "
-                "(pass --draft DIR)",
-                file=sys.stderr,
-            )
+        with warnings.catch_warnings(record=True) as notes:
+            warnings.simplefilter("always", MethodNote)
+            drafter, draft_params = registry.build(method, model, **method_options(args))
+        for note in notes:  # what the method's builder says about what it will run, one line each
+            if issubclass(note.category, MethodNote):
+                print(f"[lsjax] {note.message}", file=sys.stderr)
+            else:
+                warnings.warn_explicit(note.message, note.category, note.filename, note.lineno)
         generator = Generator(model.config, model.params, drafter, draft_params, backend=args.backend)
         print(
             f"[lsjax] {model.path.name} ({model.config.dtype}): {len(ids)} prompt tokens, method {method}, "

@@ -19,45 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from lsjax import engine
-from lsjax.attention import BACKENDS
-from lsjax.config import ConfigError, GenerateConfig, ModelConfig
-from lsjax.engine.types import ARDrafter, Drafter
+from lsjax.config import ConfigError
+from lsjax.engine.types import SpecConfig
 from lsjax.errors import InputError
 from lsjax.models import target
-
-
-@dataclasses.dataclass(frozen=True)
-class SpecConfig:
-    """Everything static about a generation call (hashable: a `jax.jit` static argument)."""
-
-    model: ModelConfig
-    gen: GenerateConfig = GenerateConfig()
-    drafter: Drafter = ARDrafter()
-    # Cache slots; default: prompt buffer + max_new_tokens + one step of slack. Too small raises CapacityError.
-    capacity: int | None = None
-    chunk: int = engine.PREFILL_CHUNK  # prefill chunk; the prompt buffer length must be a multiple of it
-    backend: str = "auto"
-    # The weights' and K/V cache's dtype is `model.dtype` (fp32 on a CPU, bf16 on TPU/GPU:
-    # `lsjax.config.default_dtype`); `generate` checks the target params carry it.
-
-    def __post_init__(self):
-        # A wrong type here would otherwise fail far away, inside tracing (`drafter="pld"` has no `.tree`).
-        for name, cls in (("model", ModelConfig), ("gen", GenerateConfig), ("drafter", Drafter)):
-            value = getattr(self, name)
-            if not isinstance(value, cls):
-                hint = " (e.g. lsjax.PLDDrafter())" if name == "drafter" else ""
-                raise ConfigError(f"SpecConfig.{name}: expected a {cls.__name__}{hint}, got {value!r}")
-        if self.capacity is not None and not (isinstance(self.capacity, int) and self.capacity > 0):
-            raise ConfigError(f"SpecConfig.capacity: must be None or an integer >= 1, got {self.capacity!r}")
-        if not (isinstance(self.chunk, int) and self.chunk > 0):
-            raise ConfigError(f"SpecConfig.chunk: must be an integer >= 1, got {self.chunk!r}")
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"SpecConfig.backend: must be one of {'|'.join(BACKENDS)}, got {self.backend!r}")
-        if self.gen.max_new_tokens >= self.model.max_position:
-            raise ConfigError(
-                f"SpecConfig.gen.max_new_tokens: {self.gen.max_new_tokens} does not fit the model's context window "
-                f"of {self.model.max_position} tokens"
-            )
 
 
 @jax.tree_util.register_dataclass
@@ -109,20 +74,9 @@ def generate(
     # Invalid rows still run (shapes are static) on harmless inputs; their output is dropped below.
     lengths = jnp.clip(lengths, 1, P)
     prompt_ids = jnp.where(in_vocab, prompt_ids, 0).astype(jnp.int32)
-    state = engine.run(
-        # Inside jit this slices the weights once per call (outside the decode loop), not per token.
-        target.prepare_for_decode(target_params, config.model),
-        draft_params,
-        config.model,
-        prompt_ids,
-        lengths,
-        config.gen,
-        key,
-        config.drafter,
-        capacity=config.capacity,
-        chunk=config.chunk,
-        backend=config.backend,
-    )
+    # Inside jit this slices the weights once per call (outside the decode loop), not per token.
+    params = target.prepare_for_decode(target_params, config.model)
+    state = engine.run(params, draft_params, config, prompt_ids, lengths, key)
     room = jnp.maximum(config.model.max_position - lengths, 0)
     num = jnp.where(valid, jnp.minimum(state.num_out, room), 0).astype(jnp.int32)
     return GenerateOutput(state.out, num, state.steps + 1, state.mean_accepted.astype(jnp.float32))

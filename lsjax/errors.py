@@ -33,3 +33,9 @@ class CorruptFileError(LsjaxError):
 class InputError(LsjaxError, ValueError):
     """An argument of an API call has the wrong type, shape or value; the message names the argument, its value
     and what is allowed."""
+
+
+class MethodNote(UserWarning):
+    """Something a method's builder tells the user about what it will run (e.g. `auto` without a draft for
+    this model runs AR and prompt lookup only). decode.py prints each as one `[lsjax]` line; a library caller
+    sees a warning it can filter."""

@@ -27,11 +27,9 @@ def state_nbytes(generator: Generator, prompt_len: int, gen: GenerateConfig) -> 
     shape = jax.eval_shape(
         functools.partial(
             engine.start,
-            config=generator.config,
-            drafter=generator.drafter,
-            gen=gen,
-            capacity=capacity,
-            backend=generator.backend,
+            spec=engine.SpecConfig(
+                generator.config, gen, generator.drafter, capacity=capacity, backend=generator.backend
+            ),
         ),
         generator.params,
         generator.draft_params,

@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     from lsjax.engine.host import check_prompt
     from lsjax.loading import load_model
     from lsjax.methods import registry
-    from lsjax.methods.auto.profile import profile_costs
+    from lsjax.methods.auto.profile import model_signature, profile_costs
     from lsjax.models import target
 
     model = load_model()
@@ -89,15 +89,15 @@ def main(argv=None) -> int:
     built = {m: registry.build(method, model, cache=cache, **opts) for m, (method, opts) in specs.items()}
     drafters = {m: d for m, (d, _) in built.items()}
     base_params = {m: jax.tree.map(jnp.asarray, dp) if dp is not None else () for m, (_, dp) in built.items()}
-    begin = jax.jit(engine.begin, static_argnames=("config", "drafter", "gen", "backend"))
+    begin = jax.jit(engine.begin, static_argnames=("spec",))
     auto_costs: dict = {}  # (method, bucket, T) -> that auto's measured costs (variants differ in candidates)
     warmed: set = set()
 
-    def run(m, gen, state, draft_params):
+    def run(spec, state, draft_params):
         """Decode to the end; returns (state, wall s, cpu s)."""
         jax.block_until_ready(state)
         t, c = time.perf_counter(), time.process_time()
-        state = engine.decode(params, draft_params, config, drafters[m], gen, state, jnp.int32(gen.max_new_tokens))
+        state = engine.decode(params, draft_params, spec, state, jnp.int32(spec.gen.max_new_tokens))
         jax.block_until_ready(state)
         return state, time.perf_counter() - t, time.process_time() - c
 
@@ -118,11 +118,12 @@ def main(argv=None) -> int:
                 key = jax.random.key(max(r, 0))
                 outs = {}
                 for m in methods:
-                    begun = (params, base_params[m], config, drafters[m], gen, tokens, lengths, key)
+                    spec = engine.SpecConfig(config, gen, drafters[m])
+                    begun = (params, base_params[m], spec, tokens, lengths, key)
                     dp = base_params[m]
                     if isinstance(dp, dict) and "costs" in dp:  # auto: this bucket's cost profile, measured once
                         if (m, bucket, t) not in auto_costs:
-                            decode = functools.partial(_decode, config, drafters[m], gen)
+                            decode = functools.partial(_decode, spec)
                             state = _begin(begin, begun, kv, logits)
                             found = profile_costs(
                                 drafters[m],
@@ -135,10 +136,11 @@ def main(argv=None) -> int:
                                 state,
                                 decode,
                                 args.cost_profile,
+                                model_signature(config),
                             )
                             auto_costs[(m, bucket, t)] = jnp.asarray(found, jnp.float32)
                         dp = {**dp, "costs": auto_costs[(m, bucket, t)]}
-                    outs[m] = run(m, gen, _begin(begin, begun, kv, logits), dp)
+                    outs[m] = run(spec, _begin(begin, begun, kv, logits), dp)
                 if r < 0:
                     continue
                 ar_state, ar_s, ar_cpu = outs["ar"]
@@ -186,10 +188,10 @@ def _begin(begin, begun: tuple, kv, logits):
     return begin(*begun, jax.tree.map(jnp.copy, kv), logits)
 
 
-def _decode(config, drafter, gen, params, draft_params, state, step_limit):
+def _decode(spec, params, draft_params, state, step_limit):
     from lsjax import engine
 
-    return engine.decode(params, draft_params, config, drafter, gen, state, step_limit)
+    return engine.decode(params, draft_params, spec, state, step_limit)
 
 
 def report(rows: list[dict], methods: list[str], temperatures) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 from lsjax.config import GenerateConfig, ModelConfig
 from lsjax.engine import loop
 from lsjax.engine.step import stop_ids
-from lsjax.engine.types import ARDrafter, Drafter, HostRun, HostTuned, Summarized
+from lsjax.engine.types import ARDrafter, Drafter, HostRun, HostTuned, SpecConfig, Summarized
 from lsjax.errors import LsjaxError
 from lsjax.models import target
 
@@ -98,15 +98,12 @@ class Generator:
         drafter = self.drafter
         tokens = jax.ShapeDtypeStruct((1, bucket), jnp.int32)
         lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
-        start_fn = functools.partial(
-            loop.start, config=self.config, drafter=drafter, gen=gen, capacity=capacity, backend=self.backend
-        )
+        spec = SpecConfig(self.config, gen, drafter, capacity=capacity, backend=self.backend)
+        start_fn = functools.partial(loop.start, spec=spec)
         start = jax.jit(start_fn).lower(self.params, self.draft_params, tokens=tokens, lengths=lengths, key=key)
         start = start.compile()
         state_shape = jax.eval_shape(start_fn, self.params, self.draft_params, tokens=tokens, lengths=lengths, key=key)
-        decode = loop.decode.lower(
-            self.params, self.draft_params, self.config, drafter, gen, state_shape, jnp.int32(0), backend=self.backend
-        ).compile()
+        decode = loop.decode_jit.lower(self.params, self.draft_params, spec, state_shape, jnp.int32(0)).compile()
         self._compiled[sig] = (start, decode, drafter)
         return self._compiled[sig], time.perf_counter() - t0
 

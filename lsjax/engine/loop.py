@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -24,12 +25,11 @@ import jax.numpy as jnp
 from lsjax.cache import KVCache, commit
 from lsjax.config import GenerateConfig, ModelConfig
 from lsjax.engine.step import context, emit, spec_step, stop_ids
-from lsjax.engine.types import ARDrafter, DecodeState, Drafter
+from lsjax.engine.types import PREFILL_CHUNK, ARDrafter, DecodeState, Drafter, SpecConfig
 from lsjax.errors import LsjaxError
 from lsjax.models import target
 from lsjax.sampling import sample
 
-PREFILL_CHUNK = 256
 PROMPT_BUCKETS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
@@ -135,13 +135,87 @@ class CapacityError(LsjaxError, ValueError):
     """The KV cache cannot hold the prompt, the generation and one step's writes."""
 
 
-@functools.partial(jax.jit, static_argnames=("config", "drafter", "gen", "backend"), donate_argnames=("state",))
-def decode(
-    target_params, draft_params, config, drafter: Drafter, gen: GenerateConfig, state, step_limit, backend="auto"
+# ---------------------------------------------------------------------------------------- entry points
+# Each takes (target_params, draft_params, spec: SpecConfig, ...arrays). The loose form that came before
+# SpecConfig (a ModelConfig, the drafter and the GenerateConfig as arguments, capacity/chunk/backend as
+# keywords) is still accepted, for callers written against it; both build the same SpecConfig.
+
+
+def _loose_start(tp, dp, config, drafter, gen, tokens, lengths, key, *, capacity, chunk=PREFILL_CHUNK, backend="auto"):
+    pass
+
+
+def _loose_begin(tp, dp, config, drafter, gen, tokens, lengths, key, cache, logits, *, backend="auto"):
+    pass
+
+
+def _loose_run(
+    tp,
+    dp,
+    config,
+    tokens,
+    lengths,
+    gen,
+    key,
+    drafter=ARDrafter(),
+    *,
+    capacity=None,
+    chunk=PREFILL_CHUNK,
+    backend="auto",
 ):
-    """Speculative (or AR) steps until every row is done or `state.steps >= step_limit` (an array)."""
-    ctx = context(target_params, draft_params, config, gen, state.cache.capacity, backend)
-    return decode_loop(functools.partial(spec_step, ctx, drafter, gen), state, step_limit)
+    pass
+
+
+def _loose_decode(tp, dp, config, drafter, gen, state, step_limit, backend="auto"):
+    pass
+
+
+_SPEC = ("config", "drafter", "gen", "capacity", "chunk", "backend")
+
+
+def _bind(loose, arrays: tuple[str, ...], target_params, draft_params, spec, args, kwargs):
+    """(SpecConfig, the values of `arrays`) from a SpecConfig call or the loose form `loose`'s signature."""
+    if isinstance(spec, SpecConfig) or (spec is None and isinstance(kwargs.get("spec"), SpecConfig)):
+        spec = spec if spec is not None else kwargs.pop("spec")
+        bound = _spec_form(arrays).bind(*args, **kwargs).arguments
+        return spec, tuple(bound[n] for n in arrays)
+    if spec is not None:
+        args = (spec, *args)
+    bound = inspect.signature(loose).bind(target_params, draft_params, *args, **kwargs)
+    bound.apply_defaults()
+    b = bound.arguments
+    cfg = SpecConfig(
+        model=b["config"],
+        gen=b["gen"],
+        drafter=b["drafter"],
+        capacity=b.get("capacity"),
+        chunk=b.get("chunk", PREFILL_CHUNK),
+        backend=b["backend"],
+    )
+    return cfg, tuple(b[n] for n in arrays)
+
+
+@functools.cache
+def _spec_form(arrays: tuple[str, ...]):
+    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in arrays]
+    return inspect.Signature(params)
+
+
+@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
+def decode_jit(target_params, draft_params, spec: SpecConfig, state, step_limit):
+    """`decode` compiled: spec static, the state donated."""
+    ctx = context(target_params, draft_params, spec.model, spec.gen, state.cache.capacity, spec.backend)
+    return decode_loop(functools.partial(spec_step, ctx, spec.drafter, spec.gen), state, step_limit)
+
+
+def decode(target_params, draft_params, spec=None, *args, **kwargs) -> DecodeState:
+    """decode(target_params, draft_params, spec, state, step_limit): speculative (or AR) steps until every row
+    is done or `state.steps >= step_limit` (an array, so raising it never recompiles); jitted with the state
+    donated (`decode_jit`)."""
+    spec, (state, step_limit) = _bind(
+        _loose_decode, ("state", "step_limit"), target_params, draft_params, spec, args, kwargs
+    )
+    return decode_jit(target_params, draft_params, spec, state, step_limit)
 
 
 def check_capacity(capacity: int, prompt_len: int, gen: GenerateConfig, drafter: Drafter) -> None:
@@ -156,52 +230,36 @@ def check_capacity(capacity: int, prompt_len: int, gen: GenerateConfig, drafter:
         )
 
 
-def start(
-    target_params,
-    draft_params,
-    config,
-    drafter: Drafter,
-    gen: GenerateConfig,
-    tokens,
-    lengths,
-    key,
-    *,
-    capacity: int,
-    chunk: int = PREFILL_CHUNK,
-    backend: str = "auto",
-) -> DecodeState:
-    """Prefill prompts tokens [B, P] (lengths [B]), emit the first token, initialise the drafter."""
-    check_capacity(capacity, tokens.shape[1], gen, drafter)
-    cache = KVCache.zeros(config, tokens.shape[0], capacity)
-    logits, cache = prefill(target_params, config, tokens, lengths, cache, chunk=chunk, backend=backend)
-    return begin(
-        target_params, draft_params, config, drafter, gen, tokens, lengths, key, cache, logits, backend=backend
+def start(target_params, draft_params, spec=None, *args, **kwargs) -> DecodeState:
+    """start(target_params, draft_params, spec, tokens, lengths, key): prefill prompts tokens [B, P] (lengths
+    [B]), emit the first token, initialise the drafter. Capacity: `spec.capacity`, else what the prompt
+    buffer, the generation and one step need (`required_capacity`)."""
+    spec, (tokens, lengths, key) = _bind(
+        _loose_start, ("tokens", "lengths", "key"), target_params, draft_params, spec, args, kwargs
     )
+    capacity = spec.capacity or required_capacity(tokens.shape[1], spec.gen, spec.drafter)
+    check_capacity(capacity, tokens.shape[1], spec.gen, spec.drafter)
+    cache = KVCache.zeros(spec.model, tokens.shape[0], capacity)
+    logits, cache = prefill(target_params, spec.model, tokens, lengths, cache, chunk=spec.chunk, backend=spec.backend)
+    return begin(target_params, draft_params, spec, tokens, lengths, key, cache, logits)
 
 
-def begin(
-    target_params,
-    draft_params,
-    config,
-    drafter: Drafter,
-    gen: GenerateConfig,
-    tokens,
-    lengths,
-    key,
-    cache,
-    logits,
-    *,
-    backend: str = "auto",
-) -> DecodeState:
-    """`start` after its prefill: emit the first token from the prompts' last logits [B, V] and initialise the
-    drafter. A bench running several methods on one prompt prefills once and begins each from a copy."""
-    state = init_state(config, gen, cache, logits, key, gen.max_new_tokens)
+def begin(target_params, draft_params, spec=None, *args, **kwargs) -> DecodeState:
+    """begin(target_params, draft_params, spec, tokens, lengths, key, cache, logits): `start` after its
+    prefill: emit the first token from the prompts' last logits [B, V] and initialise the drafter. A bench
+    running several methods on one prompt prefills once and begins each from a copy."""
+    names = ("tokens", "lengths", "key", "cache", "logits")
+    spec, (tokens, lengths, key, cache, logits) = _bind(
+        _loose_begin, names, target_params, draft_params, spec, args, kwargs
+    )
+    gen = spec.gen
+    state = init_state(spec.model, gen, cache, logits, key, gen.max_new_tokens)
     ctx = dataclasses.replace(
-        context(target_params, draft_params, config, gen, cache.capacity, backend),
+        context(target_params, draft_params, spec.model, gen, cache.capacity, spec.backend),
         prompt_tokens=tokens,
         prompt_lengths=lengths,
     )
-    return dataclasses.replace(state, draft=drafter.init(ctx, state))
+    return dataclasses.replace(state, draft=spec.drafter.init(ctx, state))
 
 
 def required_capacity(prompt_len: int, gen: GenerateConfig, drafter: Drafter) -> int:
@@ -209,36 +267,15 @@ def required_capacity(prompt_len: int, gen: GenerateConfig, drafter: Drafter) ->
     return cache_capacity(prompt_len, gen.max_new_tokens, slack=max(PREFILL_CHUNK, drafter.max_depth + 1))
 
 
-def run(
-    target_params,
-    draft_params,
-    config,
-    tokens,
-    lengths,
-    gen: GenerateConfig,
-    key,
-    drafter: Drafter = ARDrafter(),
-    *,
-    capacity: int | None = None,
-    chunk: int = PREFILL_CHUNK,
-    backend: str = "auto",
-) -> DecodeState:
-    """Prompts [B, P] -> final DecodeState (`out[:, :num_out]` are the new tokens). Jittable end to end
-    with config, gen, drafter, capacity, chunk and backend static."""
-    capacity = capacity or required_capacity(tokens.shape[1], gen, drafter)
-    state = start(
-        target_params,
-        draft_params,
-        config,
-        drafter,
-        gen,
-        tokens,
-        lengths,
-        key,
-        capacity=capacity,
-        chunk=chunk,
-        backend=backend,
+def run(target_params, draft_params, spec=None, *args, **kwargs) -> DecodeState:
+    """run(target_params, draft_params, spec, tokens, lengths, key): prompts [B, P] -> final DecodeState
+    (`out[:, :num_out]` are the new tokens). Jittable end to end with spec static."""
+    spec, (tokens, lengths, key) = _bind(
+        _loose_run, ("tokens", "lengths", "key"), target_params, draft_params, spec, args, kwargs
     )
-    ctx = context(target_params, draft_params, config, gen, capacity, backend)
-    step = functools.partial(spec_step, ctx, drafter, gen)
-    return decode_loop(step, state, jnp.int32(gen.max_new_tokens))
+    capacity = spec.capacity or required_capacity(tokens.shape[1], spec.gen, spec.drafter)
+    spec = dataclasses.replace(spec, capacity=capacity)
+    state = start(target_params, draft_params, spec, tokens, lengths, key)
+    ctx = context(target_params, draft_params, spec.model, spec.gen, capacity, spec.backend)
+    step = functools.partial(spec_step, ctx, spec.drafter, spec.gen)
+    return decode_loop(step, state, jnp.int32(spec.gen.max_new_tokens))

@@ -48,8 +48,9 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 import jax.numpy as jnp
 
+from lsjax.attention import BACKENDS
 from lsjax.cache import KVCache
-from lsjax.config import ModelConfig, SamplingConfig
+from lsjax.config import ConfigError, GenerateConfig, ModelConfig, SamplingConfig
 from lsjax.tree import Tree, TreeConfig, root_only
 
 
@@ -184,6 +185,44 @@ class DecodeState:
     def mean_accepted(self) -> jax.Array:
         """tau: tokens emitted per active row-step of decoding."""
         return self.accepted / jnp.maximum(self.active_steps, 1)
+
+
+PREFILL_CHUNK = 256  # prompt tokens per prefill step; a prompt buffer is a multiple of it
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecConfig:
+    """Everything static about a generation call (hashable: a `jax.jit` static argument), taken by every entry
+    point of the engine (`lsjax.engine.loop.start/begin/run/decode`) and by `lsjax.generate`."""
+
+    model: ModelConfig
+    gen: GenerateConfig = GenerateConfig()
+    drafter: Drafter = ARDrafter()
+    # Cache slots; default: prompt buffer + max_new_tokens + one step of slack. Too small raises CapacityError.
+    capacity: int | None = None
+    chunk: int = PREFILL_CHUNK  # prefill chunk; the prompt buffer length must be a multiple of it
+    backend: str = "auto"
+    # The weights' and K/V cache's dtype is `model.dtype` (fp32 on a CPU, bf16 on TPU/GPU:
+    # `lsjax.config.default_dtype`); `generate` checks the target params carry it.
+
+    def __post_init__(self):
+        # A wrong type here would otherwise fail far away, inside tracing (`drafter="pld"` has no `.tree`).
+        for name, cls in (("model", ModelConfig), ("gen", GenerateConfig), ("drafter", Drafter)):
+            value = getattr(self, name)
+            if not isinstance(value, cls):
+                hint = " (e.g. lsjax.PLDDrafter())" if name == "drafter" else ""
+                raise ConfigError(f"SpecConfig.{name}: expected a {cls.__name__}{hint}, got {value!r}")
+        if self.capacity is not None and not (isinstance(self.capacity, int) and self.capacity > 0):
+            raise ConfigError(f"SpecConfig.capacity: must be None or an integer >= 1, got {self.capacity!r}")
+        if not (isinstance(self.chunk, int) and self.chunk > 0):
+            raise ConfigError(f"SpecConfig.chunk: must be an integer >= 1, got {self.chunk!r}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"SpecConfig.backend: must be one of {'|'.join(BACKENDS)}, got {self.backend!r}")
+        if self.gen.max_new_tokens >= self.model.max_position:
+            raise ConfigError(
+                f"SpecConfig.gen.max_new_tokens: {self.gen.max_new_tokens} does not fit the model's context window "
+                f"of {self.model.max_position} tokens"
+            )
 
 
 def step_keys(key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -387,7 +387,16 @@ def build_auto(model, opts, cache) -> tuple[AutoDrafter, dict]:
 
     shape = {k: getattr(opts, k) for k in ("pld_tokens", "chains", "hybrid_pld") if getattr(opts, k) is not None}
     if opts.draft is None and (model.path is None or default_draft_path(model.path) is None):
-        ls, params = None, None  # no draft shipped for this target: AR and prompt lookup only (decode.py says so)
+        import warnings
+
+        from lsjax.errors import MethodNote
+        from lsjax.methods.longspec.checkpoint import target_key
+
+        ls, params = None, None  # no draft shipped for this target: AR and prompt lookup only
+        name = target_key(model.path) if model.path is not None else model.config.name
+        warnings.warn(
+            f"no LongSpec draft for {name}: auto uses AR and prompt lookup only (pass --draft DIR)", MethodNote, 2
+        )
     else:  # a draft given (or shipped) is used, or its error (missing, corrupt, another target's) is raised
         # The tree candidate (and the shadow the chains are read from): not the draft's shipped tree (see there).
         ls, params = registry.build("longspec", model, cache=cache, draft=opts.draft, tree=combined_tree(opts.tree))
