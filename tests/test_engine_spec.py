@@ -40,9 +40,11 @@ def test_spec_and_loose_forms_decode_alike(setup, drafter):
     np.testing.assert_array_equal(np.asarray(a.out), np.asarray(b.out))
     np.testing.assert_array_equal(np.asarray(a.num_out), np.asarray(b.num_out))
     # run, jitted with the spec static, gives the same tokens
-    run = jax.jit(functools.partial(engine.run, spec=spec))
+    run = jax.jit(functools.partial(engine.run, config=spec))
     c = run(params, (), tokens=tokens, lengths=lengths, key=key)
     np.testing.assert_array_equal(np.asarray(c.out), np.asarray(a.out))
+    run = jax.jit(engine.run, static_argnames="config")  # the spec form, positional, under the caller's jit
+    np.testing.assert_array_equal(np.asarray(run(params, (), spec, tokens, lengths, key).out), np.asarray(a.out))
     d = engine.run(params, (), config, tokens, lengths, gen, key, drafter, capacity=256, chunk=32)
     np.testing.assert_array_equal(np.asarray(d.out), np.asarray(a.out))
 
@@ -67,8 +69,10 @@ def test_capacity_defaults_to_what_the_run_needs(setup):
 def test_wrong_arguments_are_named(setup):
     config, params, tokens, lengths, gen = setup
     spec = SpecConfig(config, gen)
-    with pytest.raises(TypeError, match="missing a required argument: 'key'"):
+    with pytest.raises(TypeError, match=r"^start: missing 'key' after the SpecConfig \(takes tokens, lengths, key\)$"):
         engine.start(params, (), spec, tokens, lengths)
+    with pytest.raises(TypeError, match=r"^start: capacity belong in the SpecConfig, not beside it$"):
+        engine.start(params, (), spec, tokens, lengths, jax.random.key(0), capacity=256)
     with pytest.raises(ConfigError, match=r"SpecConfig\.drafter: expected a Drafter"):
         SpecConfig(config, gen, "pld")
     with pytest.raises(ConfigError, match=r"SpecConfig\.gen\.max_new_tokens"):

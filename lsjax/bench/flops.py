@@ -45,7 +45,7 @@ def step_flops(params, draft_params, config, drafter, max_new_tokens: int = 64, 
     tokens = jax.ShapeDtypeStruct((1, PROMPT), jnp.int32)
     lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
     key = jax.eval_shape(lambda: jax.random.key(0))
-    start = functools.partial(engine.start, spec=engine.SpecConfig(config, gen, drafter, capacity=CONTEXT))
+    start = functools.partial(engine.start, config=engine.SpecConfig(config, gen, drafter, capacity=CONTEXT))
     state = jax.eval_shape(start, params, draft_params, tokens=tokens, lengths=lengths, key=key)
 
     def one(tp, dp, s):

@@ -27,7 +27,7 @@ def state_nbytes(generator: Generator, prompt_len: int, gen: GenerateConfig) -> 
     shape = jax.eval_shape(
         functools.partial(
             engine.start,
-            spec=engine.SpecConfig(
+            config=engine.SpecConfig(
                 generator.config, gen, generator.drafter, capacity=capacity, backend=generator.backend
             ),
         ),

@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     built = {m: registry.build(method, model, cache=cache, **opts) for m, (method, opts) in specs.items()}
     drafters = {m: d for m, (d, _) in built.items()}
     base_params = {m: jax.tree.map(jnp.asarray, dp) if dp is not None else () for m, (_, dp) in built.items()}
-    begin = jax.jit(engine.begin, static_argnames=("spec",))
+    begin = jax.jit(engine.begin, static_argnames=("config",))
     auto_costs: dict = {}  # (method, bucket, T) -> that auto's measured costs (variants differ in candidates)
     warmed: set = set()
 

@@ -99,7 +99,7 @@ class Generator:
         tokens = jax.ShapeDtypeStruct((1, bucket), jnp.int32)
         lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
         spec = SpecConfig(self.config, gen, drafter, capacity=capacity, backend=self.backend)
-        start_fn = functools.partial(loop.start, spec=spec)
+        start_fn = functools.partial(loop.start, config=spec)
         start = jax.jit(start_fn).lower(self.params, self.draft_params, tokens=tokens, lengths=lengths, key=key)
         start = start.compile()
         state_shape = jax.eval_shape(start_fn, self.params, self.draft_params, tokens=tokens, lengths=lengths, key=key)

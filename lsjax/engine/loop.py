@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 
 import jax
 import jax.numpy as jnp
@@ -136,69 +135,36 @@ class CapacityError(LsjaxError, ValueError):
 
 
 # ---------------------------------------------------------------------------------------- entry points
-# Each takes (target_params, draft_params, spec: SpecConfig, ...arrays). The loose form that came before
-# SpecConfig (a ModelConfig, the drafter and the GenerateConfig as arguments, capacity/chunk/backend as
-# keywords) is still accepted, for callers written against it; both build the same SpecConfig.
+# Each takes (target_params, draft_params, spec, ...arrays) with `spec` a SpecConfig. The parameters keep the
+# names and places of the loose form that came before SpecConfig (a ModelConfig in `config`, then the drafter
+# and the GenerateConfig, capacity/chunk/backend as keywords), so code written against it, `jax.jit` static
+# names included, runs as it did; both forms build the same SpecConfig (tests/test_engine_spec.py).
 
 
-def _loose_start(tp, dp, config, drafter, gen, tokens, lengths, key, *, capacity, chunk=PREFILL_CHUNK, backend="auto"):
-    pass
+def _spec(config, slots: dict, arrays: tuple[str, ...], where: str, **static):
+    """(SpecConfig, the values of `arrays`) from an entry point's parameters.
 
-
-def _loose_begin(tp, dp, config, drafter, gen, tokens, lengths, key, cache, logits, *, backend="auto"):
-    pass
-
-
-def _loose_run(
-    tp,
-    dp,
-    config,
-    tokens,
-    lengths,
-    gen,
-    key,
-    drafter=ARDrafter(),
-    *,
-    capacity=None,
-    chunk=PREFILL_CHUNK,
-    backend="auto",
-):
-    pass
-
-
-def _loose_decode(tp, dp, config, drafter, gen, state, step_limit, backend="auto"):
-    pass
-
-
-_SPEC = ("config", "drafter", "gen", "capacity", "chunk", "backend")
-
-
-def _bind(loose, arrays: tuple[str, ...], target_params, draft_params, spec, args, kwargs):
-    """(SpecConfig, the values of `arrays`) from a SpecConfig call or the loose form `loose`'s signature."""
-    if isinstance(spec, SpecConfig) or (spec is None and isinstance(kwargs.get("spec"), SpecConfig)):
-        spec = spec if spec is not None else kwargs.pop("spec")
-        bound = _spec_form(arrays).bind(*args, **kwargs).arguments
-        return spec, tuple(bound[n] for n in arrays)
-    if spec is not None:
-        args = (spec, *args)
-    bound = inspect.signature(loose).bind(target_params, draft_params, *args, **kwargs)
-    bound.apply_defaults()
-    b = bound.arguments
-    cfg = SpecConfig(
-        model=b["config"],
-        gen=b["gen"],
-        drafter=b["drafter"],
-        capacity=b.get("capacity"),
-        chunk=b.get("chunk", PREFILL_CHUNK),
-        backend=b["backend"],
-    )
-    return cfg, tuple(b[n] for n in arrays)
-
-
-@functools.cache
-def _spec_form(arrays: tuple[str, ...]):
-    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in arrays]
-    return inspect.Signature(params)
+    `slots`: the parameters after `config`, in order. With a SpecConfig in `config`, the arrays come in order
+    from the leading filled slots (positional arguments land there), then from their own slots (keywords).
+    Otherwise `config` is a ModelConfig and every slot is what it is named."""
+    if not isinstance(config, SpecConfig):
+        spec = SpecConfig(config, slots["gen"], slots["drafter"], **static)
+        return spec, tuple(slots[n] for n in arrays)
+    given = [k for k, v in static.items() if v is not None and k != "chunk" and (k != "backend" or v != "auto")]
+    if given:
+        raise TypeError(f"{where}: {', '.join(given)} belong in the SpecConfig, not beside it")
+    values = list(slots.values())
+    lead = 0
+    while lead < len(values) and values[lead] is not None:
+        lead += 1
+    out = dict(zip(arrays, values[:lead]))
+    if len(out) < lead:
+        raise TypeError(f"{where}: too many arguments after the SpecConfig (takes {', '.join(arrays)})")
+    for n in arrays[len(out) :]:
+        if slots.get(n) is None:
+            raise TypeError(f"{where}: missing {n!r} after the SpecConfig (takes {', '.join(arrays)})")
+        out[n] = slots[n]
+    return config, tuple(out[n] for n in arrays)
 
 
 @functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
@@ -208,14 +174,16 @@ def decode_jit(target_params, draft_params, spec: SpecConfig, state, step_limit)
     return decode_loop(functools.partial(spec_step, ctx, spec.drafter, spec.gen), state, step_limit)
 
 
-def decode(target_params, draft_params, spec=None, *args, **kwargs) -> DecodeState:
+def decode(target_params, draft_params, config, drafter=None, gen=None, state=None, step_limit=None, backend="auto"):
     """decode(target_params, draft_params, spec, state, step_limit): speculative (or AR) steps until every row
     is done or `state.steps >= step_limit` (an array, so raising it never recompiles); jitted with the state
-    donated (`decode_jit`)."""
-    spec, (state, step_limit) = _bind(
-        _loose_decode, ("state", "step_limit"), target_params, draft_params, spec, args, kwargs
-    )
+    donated (`decode_jit`). Loose form: decode(..., config, drafter, gen, state, step_limit, backend)."""
+    slots = dict(drafter=drafter, gen=gen, state=state, step_limit=step_limit)
+    spec, (state, step_limit) = _spec(config, slots, ("state", "step_limit"), "decode", backend=backend)
     return decode_jit(target_params, draft_params, spec, state, step_limit)
+
+
+decode._cache_size = decode_jit._cache_size  # its compiled programs: a test counts them (no recompile per step)
 
 
 def check_capacity(capacity: int, prompt_len: int, gen: GenerateConfig, drafter: Drafter) -> None:
@@ -230,13 +198,27 @@ def check_capacity(capacity: int, prompt_len: int, gen: GenerateConfig, drafter:
         )
 
 
-def start(target_params, draft_params, spec=None, *args, **kwargs) -> DecodeState:
+def start(
+    target_params,
+    draft_params,
+    config,
+    drafter=None,
+    gen=None,
+    tokens=None,
+    lengths=None,
+    key=None,
+    *,
+    capacity=None,
+    chunk=PREFILL_CHUNK,
+    backend="auto",
+) -> DecodeState:
     """start(target_params, draft_params, spec, tokens, lengths, key): prefill prompts tokens [B, P] (lengths
     [B]), emit the first token, initialise the drafter. Capacity: `spec.capacity`, else what the prompt
-    buffer, the generation and one step need (`required_capacity`)."""
-    spec, (tokens, lengths, key) = _bind(
-        _loose_start, ("tokens", "lengths", "key"), target_params, draft_params, spec, args, kwargs
-    )
+    buffer, the generation and one step need (`required_capacity`). Loose form: start(..., config, drafter,
+    gen, tokens, lengths, key, capacity=, chunk=, backend=)."""
+    slots = dict(drafter=drafter, gen=gen, tokens=tokens, lengths=lengths, key=key)
+    static = dict(capacity=capacity, chunk=chunk, backend=backend)
+    spec, (tokens, lengths, key) = _spec(config, slots, ("tokens", "lengths", "key"), "start", **static)
     capacity = spec.capacity or required_capacity(tokens.shape[1], spec.gen, spec.drafter)
     check_capacity(capacity, tokens.shape[1], spec.gen, spec.drafter)
     cache = KVCache.zeros(spec.model, tokens.shape[0], capacity)
@@ -244,14 +226,26 @@ def start(target_params, draft_params, spec=None, *args, **kwargs) -> DecodeStat
     return begin(target_params, draft_params, spec, tokens, lengths, key, cache, logits)
 
 
-def begin(target_params, draft_params, spec=None, *args, **kwargs) -> DecodeState:
+def begin(
+    target_params,
+    draft_params,
+    config,
+    drafter=None,
+    gen=None,
+    tokens=None,
+    lengths=None,
+    key=None,
+    cache=None,
+    logits=None,
+    *,
+    backend="auto",
+) -> DecodeState:
     """begin(target_params, draft_params, spec, tokens, lengths, key, cache, logits): `start` after its
     prefill: emit the first token from the prompts' last logits [B, V] and initialise the drafter. A bench
     running several methods on one prompt prefills once and begins each from a copy."""
+    slots = dict(drafter=drafter, gen=gen, tokens=tokens, lengths=lengths, key=key, cache=cache, logits=logits)
     names = ("tokens", "lengths", "key", "cache", "logits")
-    spec, (tokens, lengths, key, cache, logits) = _bind(
-        _loose_begin, names, target_params, draft_params, spec, args, kwargs
-    )
+    spec, (tokens, lengths, key, cache, logits) = _spec(config, slots, names, "begin", backend=backend)
     gen = spec.gen
     state = init_state(spec.model, gen, cache, logits, key, gen.max_new_tokens)
     ctx = dataclasses.replace(
@@ -267,12 +261,30 @@ def required_capacity(prompt_len: int, gen: GenerateConfig, drafter: Drafter) ->
     return cache_capacity(prompt_len, gen.max_new_tokens, slack=max(PREFILL_CHUNK, drafter.max_depth + 1))
 
 
-def run(target_params, draft_params, spec=None, *args, **kwargs) -> DecodeState:
+def run(
+    target_params,
+    draft_params,
+    config,
+    tokens=None,
+    lengths=None,
+    gen=None,
+    key=None,
+    drafter=ARDrafter(),
+    *,
+    capacity=None,
+    chunk=PREFILL_CHUNK,
+    backend="auto",
+) -> DecodeState:
     """run(target_params, draft_params, spec, tokens, lengths, key): prompts [B, P] -> final DecodeState
-    (`out[:, :num_out]` are the new tokens). Jittable end to end with spec static."""
-    spec, (tokens, lengths, key) = _bind(
-        _loose_run, ("tokens", "lengths", "key"), target_params, draft_params, spec, args, kwargs
-    )
+    (`out[:, :num_out]` are the new tokens). Jittable end to end with spec static. Loose form: run(...,
+    config, tokens, lengths, gen, key, drafter, capacity=, chunk=, backend=)."""
+    if isinstance(config, SpecConfig):
+        if drafter != ARDrafter():
+            raise TypeError("run: the drafter belongs in the SpecConfig, not beside it")
+        slots = dict(tokens=tokens, lengths=lengths, gen=gen, key=key)
+        spec, (tokens, lengths, key) = _spec(config, slots, ("tokens", "lengths", "key"), "run", capacity=capacity)
+    else:
+        spec = SpecConfig(config, gen, drafter, capacity=capacity, chunk=chunk, backend=backend)
     capacity = spec.capacity or required_capacity(tokens.shape[1], spec.gen, spec.drafter)
     spec = dataclasses.replace(spec, capacity=capacity)
     state = start(target_params, draft_params, spec, tokens, lengths, key)
