@@ -226,7 +226,7 @@ def main(argv=None, *, as_program: bool = False) -> int:
 
         enable(args.compile_cache, "decode.py")
     from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
-    from lsjax.engine.host import Generator, check_prompt
+    from lsjax.engine.host import Generator, check_prompt, first_difference
     from lsjax.errors import LsjaxError, MethodNote
     from lsjax.loading import load_model
     from lsjax.methods import registry
@@ -324,10 +324,7 @@ def main(argv=None, *, as_program: bool = False) -> int:
             identical_to_ar=baseline.tokens == result.tokens,
         )
         if baseline.tokens != result.tokens:
-            pairs = zip(baseline.tokens, result.tokens)
-            first = next((i for i, (x, y) in enumerate(pairs) if x != y), None)
-            shorter = min(len(baseline.tokens), len(result.tokens))
-            summary["first_difference_vs_ar"] = shorter if first is None else first
+            summary["first_difference_vs_ar"] = first_difference(baseline.tokens, result.tokens)
     summary["text"] = out_text
     if result.stop_reason == "eos" and not out_text.strip() and not chat:
         # An instruct model given bare text often ends at once (e.g. SmolLM2-Instruct after a full sentence).

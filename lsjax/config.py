@@ -155,6 +155,12 @@ class ModelConfig:
     def group_size(self) -> int:  # G: query heads per kv head
         return self.num_heads // self.num_kv_heads
 
+    def signature(self) -> str:
+        """A short hash of the configuration (shapes, dtype): what a step's cost depends on, not the weights."""
+        import hashlib
+
+        return hashlib.sha1(repr(self).encode()).hexdigest()[:12]
+
     def num_params(self) -> int:
         D, F, L, V = self.hidden_size, self.intermediate_size, self.num_layers, self.vocab_size
         qkv = D * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim

@@ -52,7 +52,7 @@ def triton_params(num_warps: int, num_stages: int):
     return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
-def online_step(s, vb, m, l, acc, precision):
+def online_step(s, vb, m, l, acc):
     """One key block of the online softmax. s [R, bk] fp32 scores, -inf where invisible; vb [bk, H] with
     invisible keys zeroed (they may be out-of-bounds garbage: 0 * NaN would leak). m, l [R, C] hold the
     row statistics broadcast over C columns (C = 128 lanes on TPU, 1 on GPU); acc [R, H] fp32."""
@@ -65,8 +65,7 @@ def online_step(s, vb, m, l, acc, precision):
     # p stays fp32 (V is widened instead): p depends on the running max, so on how the keys are split into
     # blocks and into cache/tree parts; rounded to bf16 it made one query's output differ ~1e-3 between AR and
     # verification, enough to flip a near-tied greedy choice. Decode attention is bound by reading K/V, so the
-    # fp32 product costs little. `precision` is unused here: fp32 needs HIGHEST (Triton's default is TF32).
-    del precision
+    # fp32 product costs little. HIGHEST: Triton's fp32 default is TF32.
     pv = jax.lax.dot_general(
         p,
         vb.astype(jnp.float32),

@@ -133,7 +133,7 @@ def _tpu_kernel(
             s = jnp.where((pos >= lo) & (pos < hi), s, NEG_INF)
             pos_col = start + jax.lax.broadcasted_iota(jnp.int32, (block_k, 1), 0)
             vb = jnp.where((pos_col >= lo) & (pos_col < hi), vb, jnp.zeros_like(vb))
-            m, l, acc = online_step(s, vb, m_sc[...], l_sc[...], acc_sc[...], precision)
+            m, l, acc = online_step(s, vb, m_sc[...], l_sc[...], acc_sc[...])
             m_sc[...], l_sc[...], acc_sc[...] = m, l, acc
 
         return carry
@@ -189,7 +189,7 @@ def _gpu_kernel(
         kb = plgpu.load(k_ref.at[layer, b, h, pl.ds(start, block_k), :], mask=ok[:, None], other=0.0)
         vb = plgpu.load(v_ref.at[layer, b, h, pl.ds(start, block_k), :], mask=ok[:, None], other=0.0)
         s = jnp.where(ok[None, :], scores(q, kb, sm_scale, precision), NEG_INF)
-        return online_step(s, vb, m, l, acc, precision)
+        return online_step(s, vb, m, l, acc)
 
     init = (
         jnp.full((rows, 1), NEG_INF, jnp.float32),

@@ -91,7 +91,7 @@ def _attend(q_ref, k_ref, v_ref, mask_ref, row0, m, l, acc, *, sm_scale, block_k
             allowed = kpos * group <= r
         else:
             allowed = mask_ref[:, pl.ds(start, block_k)].astype(jnp.int32) != 0
-        return online_step(jnp.where(allowed, s, NEG_INF), vb, *carry, precision)
+        return online_step(jnp.where(allowed, s, NEG_INF), vb, *carry)
 
     return jax.lax.fori_loop(0, last, body, (m, l, acc))
 

@@ -471,7 +471,7 @@ def test_profiles_of_two_configurations_of_one_model_live_apart(tmp_path, monkey
     """bf16 and fp32 steps of one model cost other ratios: the model configuration keys the file."""
     monkeypatch.setenv("LSJAX_PROFILE_DIR", str(tmp_path))
     config, _ = tiny_model()
-    sig = auto_profile.model_signature
+    sig = type(config).signature
     fp32, bf16 = sig(config), sig(dataclasses.replace(config, dtype="bfloat16"))
     assert fp32 != bf16 and fp32 == sig(dataclasses.replace(config))
     paths = {auto_profile.profile_path("cpu", "tiny", "auto", NAMES, s) for s in (fp32, bf16, "")}

@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lsjax.config import ModelConfig
+from lsjax.engine.host import first_difference
 
 TOLERANCE = {"bfloat16": 1e-2, "float32": 1e-5}
 HEADS = {"SmolLM2": (9, 3, 64), "Llama-3.1-8B": (32, 8, 128)}  # (query heads N, kv heads K, head dim H)
@@ -619,12 +620,6 @@ def _e2e_model(cfg: CheckConfig, dtype: str):
     step = max(1, (len(doc) - 2100) // max(1, cfg.e2e_prompts - 1))
     prompts += [doc[: len(doc) - i * step] for i in range(cfg.e2e_prompts - 1)]
     return model, prompts, {"longspec": dict(tree="paper"), "pld": {}, "auto": {}}
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """The first index where two token lists differ (a length difference counts), None when equal."""
-    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-    return i if i is not None or len(a) == len(b) else min(len(a), len(b))
 
 
 def check_e2e(rep: Report) -> None:

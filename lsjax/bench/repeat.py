@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     from lsjax.engine.host import check_prompt
     from lsjax.loading import load_model
     from lsjax.methods import registry
-    from lsjax.methods.auto.profile import model_signature, profile_costs
+    from lsjax.methods.auto.profile import profile_costs
     from lsjax.models import target
 
     model = load_model()
@@ -136,7 +136,7 @@ def main(argv=None) -> int:
                                 state,
                                 decode,
                                 args.cost_profile,
-                                model_signature(config),
+                                config.signature(),
                             )
                             auto_costs[(m, bucket, t)] = jnp.asarray(found, jnp.float32)
                         dp = {**dp, "costs": auto_costs[(m, bucket, t)]}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import time
 from collections.abc import Callable
 
@@ -28,6 +27,12 @@ from lsjax.models import target
 
 class PromptError(LsjaxError, ValueError):
     """The prompt is empty or does not fit the model's context window."""
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first index where two token lists differ (a length difference counts), None when equal."""
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    return i if i is not None or len(a) == len(b) else min(len(a), len(b))
 
 
 @dataclasses.dataclass
@@ -185,9 +190,16 @@ class Generator:
             return self.draft_params
         key = (bucket, gen.sampling)
         if key not in self._host_params:
-            sig = hashlib.sha1(repr(self.config).encode()).hexdigest()[:12]
             run = HostRun(
-                self.config.name, self.backend, self.params, self.draft_params, gen, bucket, state, decode, sig
+                self.config.name,
+                self.backend,
+                self.params,
+                self.draft_params,
+                gen,
+                bucket,
+                state,
+                decode,
+                self.config.signature(),
             )
             self._host_params[key] = self.drafter.host_params(run)
         return self._host_params[key]

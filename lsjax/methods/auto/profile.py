@@ -70,11 +70,6 @@ def profile_path(device_kind: str, model: str, backend: str, candidates: tuple[s
     return profile_dir() / f"{safe}--{sig}.json"
 
 
-def model_signature(config) -> str:
-    """What a step's cost depends on in a model: its configuration (shapes, dtype), not its weights."""
-    return hashlib.sha1(repr(config).encode()).hexdigest()[:12]
-
-
 def lsjax_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -248,7 +243,7 @@ def profile_costs(
     """[C] costs of `drafter`'s candidates at this prompt bucket and sampling, for the compiled loop
     `decode(params, draft_params, state, step_limit)` and a prefilled `state`: `mode` "prior" (never measure),
     "cached" (the cached profile, measured once when missing or when it no longer holds: module doc) or
-    "measure" (measure again). `model_sig`: `model_signature(config)`."""
+    "measure" (measure again). `model_sig`: `ModelConfig.signature()`."""
     import jax
 
     prior = prior_costs(drafter)
