@@ -82,6 +82,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, tuple[str, ...]]:
         help="attention backend (default: xla on CPU, pallas on TPU/GPU)",
     )
     p.add_argument(
+        "--mesh",
+        default=None,
+        help="decode on several devices: model=M[,data=D] splits the target's heads, MLP and K/V cache M ways "
+        "(tensor parallel; M must divide the KV heads); default one device",
+    )
+    p.add_argument(
         "--dtype",
         default="auto",
         help="weights and K/V cache: bf16 | fp32 (default auto: fp32 on a CPU, bf16 on TPU/GPU; accumulation and "
@@ -271,7 +277,13 @@ def main(argv=None, *, as_program: bool = False) -> int:
                 print(f"[lsjax] {note.message}", file=sys.stderr)
             else:
                 warnings.warn_explicit(note.message, note.category, note.filename, note.lineno)
-        generator = Generator(model.config, model.params, drafter, draft_params, backend=args.backend)
+        mesh = None
+        if args.mesh:
+            from lsjax import mesh as mesh_lib
+
+            mesh = mesh_lib.make(args.mesh)
+            mesh_lib.check(model.config, mesh, batch=1)
+        generator = Generator(model.config, model.params, drafter, draft_params, backend=args.backend, mesh=mesh)
         print(
             f"[lsjax] {model.path.name} ({model.config.dtype}): {len(ids)} prompt tokens, method {method}, "
             f"loaded in {load_s:.1f}s; compiling...",
@@ -288,7 +300,8 @@ def main(argv=None, *, as_program: bool = False) -> int:
             print(stream.flush())
         baseline = split = None
         if args.compare == "ar":
-            baseline = Generator(model.config, model.params, backend=args.backend).run(ids, gen, seed=args.seed)
+            baseline = Generator(model.config, model.params, backend=args.backend, mesh=mesh)
+            baseline = baseline.run(ids, gen, seed=args.seed)
         if args.json and method != "ar":
             from lsjax.engine.profiling import time_split
 
@@ -301,6 +314,7 @@ def main(argv=None, *, as_program: bool = False) -> int:
         "method": method,
         "model": str(model.path),
         "dtype": model.config.dtype,
+        "mesh": str(mesh_lib.shape_of(mesh)) if mesh is not None else None,
         "prompt_tokens": result.prompt_tokens,
         "new_tokens": result.new_tokens,
         "stop_reason": result.stop_reason,

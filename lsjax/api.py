@@ -74,8 +74,10 @@ def generate(
     # Invalid rows still run (shapes are static) on harmless inputs; their output is dropped below.
     lengths = jnp.clip(lengths, 1, P)
     prompt_ids = jnp.where(in_vocab, prompt_ids, 0).astype(jnp.int32)
-    # Inside jit this slices the weights once per call (outside the decode loop), not per token.
-    params = target.prepare_for_decode(target_params, config.model)
+    # Inside jit this slices the weights once per call (outside the decode loop), not per token. On a mesh the
+    # projections are grouped per shard (a no-op for params `lsjax.mesh.place` already grouped).
+    shards = 1 if config.mesh is None else int(config.mesh.shape["model"])
+    params = target.group_for_shards(target_params, config.model, shards)
     state = engine.run(params, draft_params, config, prompt_ids, lengths, key)
     room = jnp.maximum(config.model.max_position - lengths, 0)
     num = jnp.where(valid, jnp.minimum(state.num_out, room), 0).astype(jnp.int32)

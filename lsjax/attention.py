@@ -285,14 +285,72 @@ def hybrid_attention_reference(
 # Public entry points
 
 
+# ------------------------------------------------------------------------------------------- on a mesh
+
+
+def head_shards(num_heads: int, num_kv_heads: int, batch: int):
+    """(mesh, batch axis) when the context mesh (`jax.sharding.use_abstract_mesh`, entered by the engine for a
+    `SpecConfig.mesh`) splits heads over a `model` axis of more than one device; None otherwise.
+
+    Attention is independent per KV head, so each device attends with its own heads and its own slice of the
+    cache and nothing crosses devices; the Pallas kernels only run that way (a custom call has no sharding
+    rule: XLA would gather the whole cache onto every device first). Heads that do not split evenly (a draft
+    narrower than the mesh) stay whole and XLA partitions what it can. Inside the per-device function the
+    mesh's axes are manual, so the call below it runs plainly.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or "model" not in mesh.axis_names or mesh.shape["model"] == 1 or mesh.manual_axes:
+        return None
+    M = mesh.shape["model"]
+    if num_heads % M or num_kv_heads % M:
+        return None
+    D = mesh.shape.get("data", 1)
+    return mesh, ("data" if D > 1 and batch % D == 0 else None)
+
+
+def _per_shard(plan, fn, args: tuple, specs: tuple, out_specs):
+    """fn(*args) under shard_map; None args and python ints are closed over (not sharded)."""
+    mesh, _ = plan
+    static = {i: a for i, a in enumerate(args) if a is None or isinstance(a, int)}
+    dyn = [i for i in range(len(args)) if i not in static]
+
+    def body(*xs):
+        full = dict(static)
+        full.update(zip(dyn, xs))
+        return fn(*(full[i] for i in range(len(args))))
+
+    return jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=tuple(specs[i] for i in dyn),
+        out_specs=out_specs,
+        check_vma=False,  # Pallas calls carry no varying-axes annotations
+    )(*(args[i] for i in dyn))
+
+
 def prefix_attention(
     q, k, v, lengths, window_start=None, *, layer=None, backend: str = "auto", sm_scale=None, out_dtype=None
 ):
     """Unmasked attention of q over the committed cache k, v [B, K, S, H] in `[window_start, length)`.
 
     With `layer`, k and v are the whole cache [L, B, K, S, H] and `layer` picks one. The output is in
-    `out_dtype` (default q's); the lse is fp32.
+    `out_dtype` (default q's); the lse is fp32. On a mesh with a `model` axis each device attends with its
+    own heads (`head_shards`).
     """
+    plan = head_shards(q.shape[2], k.shape[-3], q.shape[0])
+    if plan is not None:
+        d = plan[1]
+        P = jax.sharding.PartitionSpec
+        kv = P(None, d, "model", None, None) if k.ndim == 5 else P(d, "model", None, None)
+
+        def one(q, k, v, lengths, window_start, layer):
+            return prefix_attention(
+                q, k, v, lengths, window_start, layer=layer, backend=backend, sm_scale=sm_scale, out_dtype=out_dtype
+            )
+
+        specs = (P(d, None, "model", None), kv, kv, P(d), P(d), P())
+        outs = (P(d, None, "model", None), P(d, None, "model"))
+        return _per_shard(plan, one, (q, k, v, lengths, window_start, layer), specs, outs)
     backend = _resolve(backend)
     target = _kernel_or_xla(backend, q.shape[-1]) if backend.startswith("pallas") else None
     if target is not None:
@@ -326,8 +384,20 @@ def prefix_attention(
 def tree_attention(q, k, v, mask=None, *, causal=False, backend: str = "auto", sm_scale=None, out_dtype=None):
     """Attention of the T new queries over the T new keys under a tree/causal mask.
 
-    With a mask the keys may number Tk != T (mask [B, T, Tk]); causal needs Tk == T.
+    With a mask the keys may number Tk != T (mask [B, T, Tk]); causal needs Tk == T. Per device on a mesh
+    with a `model` axis (`head_shards`).
     """
+    plan = head_shards(q.shape[2], k.shape[2], q.shape[0])
+    if plan is not None:
+        d = plan[1]
+        P = jax.sharding.PartitionSpec
+
+        def one(q, k, v, mask):
+            return tree_attention(q, k, v, mask, causal=causal, backend=backend, sm_scale=sm_scale, out_dtype=out_dtype)
+
+        specs = (P(d, None, "model", None), P(d, None, "model", None), P(d, None, "model", None), P(d, None, None))
+        outs = (P(d, None, "model", None), P(d, None, "model"))
+        return _per_shard(plan, one, (q, k, v, mask), specs, outs)
     backend = _resolve(backend)
     target = _kernel_or_xla(backend, q.shape[-1]) if backend.startswith("pallas") else None
     if target is not None:

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lsjax import mesh as mesh_lib
 from lsjax.config import GenerateConfig, ModelConfig
 from lsjax.engine import loop
 from lsjax.engine.step import stop_ids
@@ -86,10 +87,16 @@ class Generator:
         draft_params=None,
         *,
         backend: str = "auto",
+        mesh=None,
     ):
         self.config = config
-        self.params = jax.tree.map(jnp.asarray, target.prepare_for_decode(params, config))
-        self.draft_params = jax.tree.map(jnp.asarray, draft_params) if draft_params is not None else ()
+        self.mesh = mesh  # a ("data", "model") Mesh (lsjax.mesh.make): the target split over it
+        if mesh is not None:
+            draft_params = () if draft_params is None else draft_params
+            self.params, self.draft_params = mesh_lib.place(params, draft_params, config, mesh)
+        else:
+            self.params = jax.tree.map(jnp.asarray, target.prepare_for_decode(params, config))
+            self.draft_params = jax.tree.map(jnp.asarray, draft_params) if draft_params is not None else ()
         self.drafter = drafter
         self.backend = backend
         self._host_params: dict = {}  # (bucket, sampling) -> a HostTuned drafter's params
@@ -103,7 +110,7 @@ class Generator:
         drafter = self.drafter
         tokens = jax.ShapeDtypeStruct((1, bucket), jnp.int32)
         lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
-        spec = SpecConfig(self.config, gen, drafter, capacity=capacity, backend=self.backend)
+        spec = SpecConfig(self.config, gen, drafter, capacity=capacity, backend=self.backend, mesh=self.mesh)
         start_fn = functools.partial(loop.start, config=spec)
         start = jax.jit(start_fn).lower(self.params, self.draft_params, tokens=tokens, lengths=lengths, key=key)
         start = start.compile()

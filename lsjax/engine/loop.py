@@ -21,6 +21,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from lsjax import mesh as mesh_lib
 from lsjax.cache import KVCache, commit
 from lsjax.config import GenerateConfig, ModelConfig
 from lsjax.engine.step import context, emit, spec_step, stop_ids
@@ -170,8 +171,9 @@ def _spec(config, slots: dict, arrays: tuple[str, ...], where: str, **static):
 @functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
 def decode_jit(target_params, draft_params, spec: SpecConfig, state, step_limit):
     """`decode` compiled: spec static, the state donated."""
-    ctx = context(target_params, draft_params, spec.model, spec.gen, state.cache.capacity, spec.backend)
-    return decode_loop(functools.partial(spec_step, ctx, spec.drafter, spec.gen), state, step_limit)
+    with mesh_lib.scope(spec.mesh):
+        ctx = context(target_params, draft_params, spec.model, spec.gen, state.cache.capacity, spec.backend)
+        return decode_loop(functools.partial(spec_step, ctx, spec.drafter, spec.gen), state, step_limit)
 
 
 def decode(target_params, draft_params, config, drafter=None, gen=None, state=None, step_limit=None, backend="auto"):
@@ -221,9 +223,14 @@ def start(
     spec, (tokens, lengths, key) = _spec(config, slots, ("tokens", "lengths", "key"), "start", **static)
     capacity = spec.capacity or required_capacity(tokens.shape[1], spec.gen, spec.drafter)
     check_capacity(capacity, tokens.shape[1], spec.gen, spec.drafter)
-    cache = KVCache.zeros(spec.model, tokens.shape[0], capacity)
-    logits, cache = prefill(target_params, spec.model, tokens, lengths, cache, chunk=spec.chunk, backend=spec.backend)
-    return begin(target_params, draft_params, spec, tokens, lengths, key, cache, logits)
+    if spec.mesh is not None:
+        mesh_lib.check(spec.model, spec.mesh, tokens.shape[0])
+    with mesh_lib.scope(spec.mesh):
+        cache = mesh_lib.constrain_cache(KVCache.zeros(spec.model, tokens.shape[0], capacity))
+        logits, cache = prefill(
+            target_params, spec.model, tokens, lengths, cache, chunk=spec.chunk, backend=spec.backend
+        )
+        return begin(target_params, draft_params, spec, tokens, lengths, key, cache, logits)
 
 
 def begin(
@@ -247,13 +254,14 @@ def begin(
     names = ("tokens", "lengths", "key", "cache", "logits")
     spec, (tokens, lengths, key, cache, logits) = _spec(config, slots, names, "begin", backend=backend)
     gen = spec.gen
-    state = init_state(spec.model, gen, cache, logits, key, gen.max_new_tokens)
-    ctx = dataclasses.replace(
-        context(target_params, draft_params, spec.model, gen, cache.capacity, spec.backend),
-        prompt_tokens=tokens,
-        prompt_lengths=lengths,
-    )
-    return dataclasses.replace(state, draft=spec.drafter.init(ctx, state))
+    with mesh_lib.scope(spec.mesh):
+        state = init_state(spec.model, gen, cache, logits, key, gen.max_new_tokens)
+        ctx = dataclasses.replace(
+            context(target_params, draft_params, spec.model, gen, cache.capacity, spec.backend),
+            prompt_tokens=tokens,
+            prompt_lengths=lengths,
+        )
+        return dataclasses.replace(state, draft=spec.drafter.init(ctx, state))
 
 
 def required_capacity(prompt_len: int, gen: GenerateConfig, drafter: Drafter) -> int:
@@ -288,6 +296,7 @@ def run(
     capacity = spec.capacity or required_capacity(tokens.shape[1], spec.gen, spec.drafter)
     spec = dataclasses.replace(spec, capacity=capacity)
     state = start(target_params, draft_params, spec, tokens, lengths, key)
-    ctx = context(target_params, draft_params, spec.model, spec.gen, capacity, spec.backend)
-    step = functools.partial(spec_step, ctx, spec.drafter, spec.gen)
-    return decode_loop(step, state, jnp.int32(spec.gen.max_new_tokens))
+    with mesh_lib.scope(spec.mesh):
+        ctx = context(target_params, draft_params, spec.model, spec.gen, capacity, spec.backend)
+        step = functools.partial(spec_step, ctx, spec.drafter, spec.gen)
+        return decode_loop(step, state, jnp.int32(spec.gen.max_new_tokens))

@@ -48,6 +48,7 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 import jax.numpy as jnp
 
+from lsjax import mesh as mesh_lib
 from lsjax.attention import BACKENDS
 from lsjax.cache import KVCache
 from lsjax.config import ConfigError, GenerateConfig, ModelConfig, SamplingConfig
@@ -202,6 +203,9 @@ class SpecConfig:
     capacity: int | None = None
     chunk: int = PREFILL_CHUNK  # prefill chunk; the prompt buffer length must be a multiple of it
     backend: str = "auto"
+    # A ("data", "model") jax Mesh (`lsjax.mesh.make`) to decode on, with the target params placed by
+    # `lsjax.mesh.place`; None: one device.
+    mesh: Any = None
     # The weights' and K/V cache's dtype is `model.dtype` (fp32 on a CPU, bf16 on TPU/GPU:
     # `lsjax.config.default_dtype`); `generate` checks the target params carry it.
 
@@ -218,6 +222,10 @@ class SpecConfig:
             raise ConfigError(f"SpecConfig.chunk: must be an integer >= 1, got {self.chunk!r}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"SpecConfig.backend: must be one of {'|'.join(BACKENDS)}, got {self.backend!r}")
+        if self.mesh is not None:
+            if not isinstance(self.mesh, jax.sharding.Mesh):
+                raise ConfigError(f"SpecConfig.mesh: expected a jax Mesh (lsjax.mesh.make), got {self.mesh!r}")
+            mesh_lib.check(self.model, self.mesh)
         if self.gen.max_new_tokens >= self.model.max_position:
             raise ConfigError(
                 f"SpecConfig.gen.max_new_tokens: {self.gen.max_new_tokens} does not fit the model's context window "

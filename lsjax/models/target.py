@@ -162,22 +162,60 @@ def is_prepared(params: dict) -> bool:
     return not isinstance(params["layers"], dict)
 
 
+def group_for_shards(params: dict, config: ModelConfig, shards: int) -> dict:
+    """The inference layout regrouped for `shards`-way tensor parallelism: the fused projections become
+    w_qkv [D, M, (n + 2k) H] (b_qkv [M, (n + 2k) H]) and w_gate_up [D, M, 2f], where shard m's block holds
+    its n = N/M query heads, k = K/M KV heads (the same heads its slice of `wo` and of the K/V cache hold) and
+    its f = F/M MLP columns (the rows of `w_down` it holds). Splitting the flat [D, (N + 2K) H] matrix in M
+    would hand shard 0 only query heads. `_prepared_layer` reads either layout; M = 1 keeps the flat one.
+    """
+    params = prepare_for_decode(params, config)
+    if shards == 1 or params["layers"][0]["w_qkv"].ndim == 3:
+        return params
+    N, K, H, F = config.num_heads, config.num_kv_heads, config.head_dim, config.intermediate_size
+    M = shards
+    xp = np if isinstance(params["layers"][0]["w_qkv"], np.ndarray) else jnp
+
+    def group(w, widths):  # w [..., sum(widths)] -> [..., M, sum(widths) / M], each part split M ways
+        parts, at = [], 0
+        for width in widths:
+            parts.append(w[..., at : at + width].reshape(*w.shape[:-1], M, width // M))
+            at += width
+        return xp.concatenate(parts, axis=-1)
+
+    def one(layer: dict) -> dict:
+        out = dict(layer)
+        out["w_qkv"] = group(layer["w_qkv"], (N * H, K * H, K * H))
+        out["w_gate_up"] = group(layer["w_gate_up"], (F, F))
+        if "b_qkv" in layer:
+            out["b_qkv"] = group(layer["b_qkv"], (N * H, K * H, K * H))
+        return out
+
+    return {**params, "layers": tuple(one(layer) for layer in params["layers"])}
+
+
 def _prepared_layer(layer: dict, config: ModelConfig, x: jax.Array, cos, sin, attend) -> tuple:
     """One decoder layer in the inference layout: x [B, T, D] -> (x, k, v [B, T, K, H])."""
     B, T, D = x.shape
     N, K, H, F = config.num_heads, config.num_kv_heads, config.head_dim, config.intermediate_size
     eps = config.rms_norm_eps
     dt = layer["w_qkv"].dtype  # the cache's: q/k/v are rounded to it once, after RoPE in fp32
-    qkv = dense(rms_norm(x, layer["attn_norm"], eps), layer["w_qkv"])  # [B, T, (N + 2K) H]
+    # Flat [D, (N + 2K) H], or grouped per tensor-parallel shard [D, M, ...] (`group_for_shards`): the same
+    # columns in another order, so shard m computes its own heads' q, k, v and its own MLP columns.
+    M = layer["w_qkv"].shape[1] if layer["w_qkv"].ndim == 3 else 1
+    n, k_, f = N // M, K // M, F // M
+    spec = "btd,dmc->btmc" if M > 1 else None
+    qkv = dense(rms_norm(x, layer["attn_norm"], eps), layer["w_qkv"], spec)  # [B, T, (M,) (n + 2k) H]
     if config.qkv_bias:
         qkv = qkv + layer["b_qkv"]
-    q = qkv[..., : N * H].reshape(B, T, N, H)
-    k = qkv[..., N * H : (N + K) * H].reshape(B, T, K, H)
-    v = qkv[..., (N + K) * H :].reshape(B, T, K, H).astype(dt)
+    q = qkv[..., : n * H].reshape(B, T, N, H)
+    k = qkv[..., n * H : (n + k_) * H].reshape(B, T, K, H)
+    v = qkv[..., (n + k_) * H :].reshape(B, T, K, H).astype(dt)
     q, k = apply_rope(q, cos, sin).astype(dt), apply_rope(k, cos, sin).astype(dt)
     x = x + dense(attend(q, k, v).reshape(B, T, N * H), layer["wo"])
-    gate_up = dense(rms_norm(x, layer["mlp_norm"], eps), layer["w_gate_up"])  # [B, T, 2F]
-    x = x + dense(jax.nn.silu(gate_up[..., :F]) * gate_up[..., F:], layer["w_down"])
+    gate_up = dense(rms_norm(x, layer["mlp_norm"], eps), layer["w_gate_up"], spec)  # [B, T, (M,) 2f]
+    act = (jax.nn.silu(gate_up[..., :f]) * gate_up[..., f:]).reshape(B, T, F)
+    x = x + dense(act, layer["w_down"])
     return x, k, v
 
 
