@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
-DEVICES = int(sys.argv[2])
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
+if __name__ == "__main__":  # imported, it only lends its models and drafters (before jax is imported)
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={int(sys.argv[2])}"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dataclasses  # noqa: E402
@@ -117,16 +117,21 @@ def greedy(shape: str, mesh_text: str, methods: list[str]) -> None:
     tokens, lengths = prompts(config, rows)
     gen = GenerateConfig(max_new_tokens=48, ignore_eos=True)
     run = jax.jit(engine.run, static_argnames="config")
+    backend = os.environ.get("MESH_BACKEND", "auto")  # pallas: the kernels (interpreted here) per device
     one_params = target.prepare_for_decode(params, config)
     key = jax.random.key(0)
-    one_ar = run(one_params, (), SpecConfig(config, gen, ARDrafter(), chunk=64), tokens, lengths, key)
+    one_ar = run(one_params, (), SpecConfig(config, gen, ARDrafter(), chunk=64, backend=backend), tokens, lengths, key)
     future = tuple(tuple(row) for row in np.asarray(one_ar.out).tolist())
     for method in methods:
         drafter, dp = drafter_and_params(method, config, params, future)
-        one = run(one_params, dp, SpecConfig(config, gen, drafter, chunk=64), tokens, lengths, key)
+        one = run(one_params, dp, SpecConfig(config, gen, drafter, chunk=64, backend=backend), tokens, lengths, key)
         mp, mdp = mesh_lib.place(params, dp, config, mesh)
-        on_mesh = run(mp, mdp, SpecConfig(config, gen, drafter, chunk=64, mesh=mesh), tokens, lengths, key)
-        ar = run(mp, mdp, SpecConfig(config, gen, ARDrafter(), chunk=64, mesh=mesh), tokens, lengths, key)
+        on_mesh = run(
+            mp, mdp, SpecConfig(config, gen, drafter, chunk=64, backend=backend, mesh=mesh), tokens, lengths, key
+        )
+        ar = run(
+            mp, mdp, SpecConfig(config, gen, ARDrafter(), chunk=64, backend=backend, mesh=mesh), tokens, lengths, key
+        )
         a, b, c = (np.asarray(s.out) for s in (one, on_mesh, ar))
         split = [x for x in jax.tree.leaves(mp) if not x.sharding.is_fully_replicated]
         print(
@@ -180,7 +185,7 @@ def sampling_model():
 
 
 if __name__ == "__main__":
-    assert jax.device_count() == DEVICES, jax.devices()
+    assert jax.device_count() == int(sys.argv[2]), jax.devices()
     if sys.argv[1] == "greedy":
         greedy(sys.argv[3], sys.argv[4], sys.argv[5].split(","))
     else:

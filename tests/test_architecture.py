@@ -34,7 +34,7 @@ def layer(module: str) -> int:
         return TRAIN
     if top == "engine":
         return ENGINE
-    if top in ("models", "loading", "sharding"):  # sharding maps the models' declared axes onto a mesh
+    if top in ("models", "loading", "sharding", "mesh"):  # sharding and mesh map the models' axes onto a mesh
         return MODELS
     return BASE
 
