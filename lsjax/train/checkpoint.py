@@ -165,7 +165,13 @@ def load_draft_params(path: str | Path, step: int | None = None) -> dict:
     step = manager.latest_step() if step is None else step
     if step is None:
         raise FileNotFoundError(f"no checkpoint in {directory}")
-    out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    # As host numpy, whatever mesh wrote them (orbax would otherwise rebuild the writer's device layout, which
+    # a one-host export of a multi-host run does not have); the optimizer state is not read at all.
+    meta = ocp.StandardCheckpointer().metadata(directory.absolute() / str(step) / "state").item_metadata
+    abstract = {"params": jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), meta["params"])}
+    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), abstract)
+    args = ocp.args.PyTreeRestore(item=abstract, restore_args=as_numpy, partial_restore=True)
+    out = manager.restore(step, args=ocp.args.Composite(state=args))
     manager.close()
     return jax.tree.map(np.asarray, out["state"]["params"])
 
