@@ -32,15 +32,15 @@ WORKER = textwrap.dedent(
     """
     import json, sys
     sys.path.insert(0, {tests!r})
-    run_dir, (data, fsdp, stop_after), resume = sys.argv[1], map(int, sys.argv[2:5]), sys.argv[5] == "1"
+    run_dir, (data, fsdp, stop_after, resume, dev) = sys.argv[1], map(int, sys.argv[2:7])
     import jax
     from test_train import tiny_cfg
     from lsjax.methods.longspec import train as ls_train
     cfg = tiny_cfg(
         run_dir, steps=4, data__batch_size=8, mesh__data=data, mesh__fsdp=fsdp, optim__total_steps=4,
-        checkpoint__every=2,
+        checkpoint__every=2, log__eval_every=2 * dev, log__eval_batches=1,
     )
-    out = ls_train.fit(cfg, stop_after=stop_after or None, resume=resume, log=lambda *a: None)
+    out = ls_train.fit(cfg, stop_after=stop_after or None, resume=bool(resume), log=lambda *a: None)
     result = dict(process=jax.process_index(), of=jax.process_count(), devices=jax.device_count())
     print("RESULT " + json.dumps(dict(result, start=out["start"], losses=out["losses"])), flush=True)
     """
@@ -106,17 +106,18 @@ def test_two_processes_train_like_one_and_resume_on_any_mesh(tmp_path):
     # the loss by ~1e-3 relative (steps differ by that much). Measured here: identical (max abs diff 0).
     close = dict(rtol=1e-5, atol=0)
 
-    (ref,) = _run(script, [tmp_path / "ref", 2, 2, 0, 0], processes=1, devices=4)
+    # Arguments: run dir, mesh data, mesh fsdp, stop after (0: no), resume (0/1), dev loss every 2 steps (0/1).
+    (ref,) = _run(script, [tmp_path / "ref", 2, 2, 0, 0, 1], processes=1, devices=4)
     assert ref["of"] == 1 and ref["devices"] == 4 and len(ref["losses"]) == 4
 
-    killed = _run(script, [tmp_path / "mh", 2, 2, 3, 0], processes=2, devices=2)
+    killed = _run(script, [tmp_path / "mh", 2, 2, 3, 0, 1], processes=2, devices=2)
     assert [r["process"] for r in killed] == [0, 1] and all(r["of"] == 2 and r["devices"] == 4 for r in killed)
     for r in killed:
         np.testing.assert_allclose(r["losses"], ref["losses"][:3], **close)
     assert ckpt_lib.latest_step(tmp_path / "mh" / "checkpoints") == 2
     shutil.copytree(tmp_path / "mh", tmp_path / "other")
 
-    resumed = _run(script, [tmp_path / "mh", 2, 2, 0, 1], processes=2, devices=2)
+    resumed = _run(script, [tmp_path / "mh", 2, 2, 0, 1, 1], processes=2, devices=2)
     for r in resumed:
         assert r["start"] == 2
         np.testing.assert_allclose(r["losses"], ref["losses"][2:], **close)
@@ -124,6 +125,11 @@ def test_two_processes_train_like_one_and_resume_on_any_mesh(tmp_path):
     records = [json.loads(x) for x in (tmp_path / "mh" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     np.testing.assert_allclose([r["loss"] for r in records], ref["losses"], **close)
+    # The dev loss (every 2 steps) of the whole draft, gathered from the processes' shards on each host.
+    ref_records = [json.loads(x) for x in (tmp_path / "ref" / "metrics.jsonl").read_text().splitlines()]
+    dev = [[r["dev_ce"] for r in rs if "dev_ce" in r] for rs in (records, ref_records)]
+    assert len(dev[1]) == 2
+    np.testing.assert_allclose(dev[0], dev[1], **close)
     # The checkpoint both processes wrote holds the whole draft: the one-process run's weights.
     for a, b in zip(
         jax.tree.leaves(ckpt_lib.load_draft_params(tmp_path / "mh")),
@@ -131,7 +137,7 @@ def test_two_processes_train_like_one_and_resume_on_any_mesh(tmp_path):
     ):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)  # measured: 1.2e-7 at most
 
-    (other,) = _run(script, [tmp_path / "other", 1, 2, 0, 1], processes=1, devices=2)
+    (other,) = _run(script, [tmp_path / "other", 1, 2, 0, 1, 0], processes=1, devices=2)
     assert other["start"] == 2 and other["devices"] == 2
     np.testing.assert_allclose(other["losses"], ref["losses"][2:], **close)
 
@@ -171,6 +177,17 @@ def test_a_missing_process_is_one_line_within_the_timeout(tmp_path):
         timeout=120,
     )
     assert bad.returncode == 2 and bad.stderr == "error: JAX_NUM_PROCESSES: must be an integer >= 1, got 'two'\n"
+
+
+def test_a_one_host_trainer_refuses_a_multi_host_launch(tmp_path, monkeypatch):
+    """A kind whose step has no mesh layout would train the same batches on every host: one line instead."""
+    from lsjax.train import runner
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    with pytest.raises(ConfigError, match=r"^kind longspec: trains on one host only .* process 1 of 2$"):
+        runner.run_steps(tiny_cfg(tmp_path), None, None, None, None, None, run_dir=tmp_path, log=lambda *_: None)
+    assert not (tmp_path / "checkpoints").exists()
 
 
 def test_distributed_env_reads_the_launchers_variables():
