@@ -223,6 +223,7 @@ def batches(
     shuffle: bool = True,
     fixed_offsets: bool = False,
     extra: dict[str, np.ndarray] | None = None,
+    rows: tuple[int, int] | None = None,
 ) -> grain.MapDataset:
     """Packed sequences -> an endless grain MapDataset of step batches (see module docstring).
 
@@ -230,6 +231,10 @@ def batches(
     position in the endless stream, so each epoch sees a sequence at new offsets; with `fixed_offsets` (the
     target-feature cache) they hash the sequence index, so features computed once stay valid. `extra`
     holds per-sequence arrays [S, ...] (cached target features) passed through as [A, B, ...].
+
+    `rows` = [start, stop) keeps only those rows of every step batch's B axis ([A, stop - start, ...]): a
+    process of a multi-host run reads its share (`lsjax.sharding.process_rows`), and the processes' shares
+    put side by side are the one-process batch, element for element (same shuffle, same offsets).
     """
     d = cfg.data
     if len(tokens) < d.batch_size:
@@ -246,8 +251,12 @@ def batches(
     ds = grain.MapDataset.source(PackedSource(tokens, mask, extra))
     if shuffle:
         ds = ds.shuffle(seed=seed)
-    ds = ds.repeat(None).map_with_index(with_offset).batch(d.batch_size * d.grad_accum, drop_remainder=True)
+    ds = ds.repeat(None).map_with_index(with_offset)
     A, B = d.grad_accum, d.batch_size
+    if rows is not None:
+        ds = grain.MapDataset.source(_Rows(ds, A, B, *rows))
+        B = rows[1] - rows[0]
+    ds = ds.batch(B * A, drop_remainder=True)
 
     def to_step(b):
         out = {
@@ -261,6 +270,25 @@ def batches(
         return out
 
     return ds.map(to_step)
+
+
+class _Rows:
+    """Random access to the elements of rows [start, stop) of every step batch of an endless element
+    dataset whose step k is elements [k A B, (k + 1) A B) read as [A, B]. Only those elements are read: a
+    host never loads (or memory-maps in) the other hosts' sequences and features."""
+
+    def __init__(self, elements, A: int, B: int, start: int, stop: int):
+        if not 0 <= start < stop <= B:
+            raise ValueError(f"rows: [{start}, {stop}) is not inside a batch of {B}")
+        self.elements, self.A, self.B, self.start, self.width = elements, A, B, start, stop - start
+
+    def __len__(self) -> int:
+        return len(self.elements) // (self.A * self.B) * self.A * self.width
+
+    def __getitem__(self, i: int):
+        step, r = divmod(int(i), self.A * self.width)
+        a, b = divmod(r, self.width)
+        return self.elements[step * self.A * self.B + a * self.B + self.start + b]
 
 
 def load_sequences(cfg: TrainConfig, tokenizer, eos_id: int, vocab_size: int, *, split: str | None = None, log=print):

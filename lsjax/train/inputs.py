@@ -47,6 +47,27 @@ class GrainBatches:
         self.iterator.set_state(state)
 
 
+class ProcessBatches:
+    """A multi-host run's `Batches`: `local` reads this process's rows of each step batch
+    (`lsjax.train.data.batches(..., rows=...)`); `next()` joins every process's rows into the global batch,
+    laid out by the step's batch `shardings` (`lsjax.sharding.global_batch`). The position is the local
+    iterator's, checkpointed per process (`lsjax.train.checkpoint`)."""
+
+    def __init__(self, local: Batches, shardings: dict, batch_size: int):
+        self.local, self.shardings, self.batch_size = local, shardings, batch_size
+
+    def next(self) -> dict:
+        from lsjax.sharding import global_batch
+
+        return global_batch(self.local.next(), self.shardings, self.batch_size)
+
+    def get_state(self) -> dict:
+        return self.local.get_state()
+
+    def set_state(self, state: dict) -> None:
+        self.local.set_state(state)
+
+
 def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
     """The order in which epoch `epoch` visits n sequences (seeded, so a resumed run sees the same order)."""
     return np.random.default_rng([seed, epoch]).permutation(n)

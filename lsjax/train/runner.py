@@ -18,6 +18,11 @@ stops the run (`TrainingDiverged`) with the last good checkpoint kept as the lat
 early with a checkpoint (the learning-rate schedule keeps its length: a bounded run ends at a higher rate).
 A directory that already has checkpoints must be resumed or overwritten (`prepare_run_dir`, `RunDirError`);
 Ctrl-C in the loop raises `TrainingInterrupted` (a KeyboardInterrupt) with the steps done.
+
+Multi-host (`lsjax.sharding.maybe_initialize_distributed`, which `fit` calls first): every process runs this
+loop on the same global batches and writes the checkpoints with the others (orbax); only process 0 writes the
+other files (config.yaml, metrics.jsonl, run.json, loss.png, tb/) and shows the bar. A kind runs multi-host
+only with a `compile` that lays its step out on the mesh, and a `data` that gives global batches.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from lsjax import sharding
+from lsjax.config import ConfigError
 from lsjax.errors import LsjaxError
 from lsjax.train import checkpoint as ckpt_lib
 
@@ -91,20 +98,23 @@ def prepare_run_dir(cfg, config_dict: dict | None = None, *, resume: bool = Fals
     run_dir = Path(cfg.resolved_run_dir)
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite: pass one (continue the run, or start it afresh)")
-    if overwrite:
+    primary = sharding.is_primary()
+    if overwrite and primary:
         for name in RUN_OUTPUTS:
             path = run_dir / name
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
             elif path.exists() or path.is_symlink():
                 path.unlink()
-    elif not resume:
+    elif not resume and not overwrite:
         _check_fresh(run_dir, ckpt_lib.latest_step(run_dir / "checkpoints"))
     run_dir.mkdir(parents=True, exist_ok=True)
-    if config_dict is not None:
+    if config_dict is not None and primary:
         import yaml
 
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config_dict, sort_keys=False))
+    # The other hosts must not look at (or write into) the directory before process 0 has emptied it.
+    sharding.barrier("lsjax-run-dir")
     return run_dir
 
 
@@ -141,32 +151,43 @@ def run_steps(
     ends the run after that many steps without the final checkpoint, as a kill would (tests use it).
     `evaluate(params) -> {name: float}` adds dev metrics every `log.eval_every` steps. `compile(step, state,
     consts) -> (jitted step, state, consts)` replaces the default `jax.jit(step, donate_argnums=0)` (it runs
-    after a resume, so it may place the restored state). `tokens_per_step` feeds the throughput figures."""
+    before a resume, and the checkpoint is restored with the shardings of the state it returns).
+    `tokens_per_step` feeds the throughput figures."""
+    multi = jax.process_count() > 1
+    if multi and compile is None:
+        raise ConfigError(
+            f"kind {getattr(cfg, 'kind', '?')}: trains on one host only (its step has no mesh layout); this is "
+            f"process {jax.process_index()} of {jax.process_count()}"
+        )
+    primary = sharding.is_primary()
     ckpt = ckpt_lib.Checkpointer(run_dir / "checkpoints", keep=cfg.checkpoint.keep)
     metrics_file = run_dir / "metrics.jsonl"
     start = 0
+    # Placed first, so that a restore lays the checkpoint out on this run's mesh (any mesh wrote it).
+    if compile is None:
+        jitted = jax.jit(step, donate_argnums=(0,))
+    else:
+        jitted, state, consts = compile(step, state, consts)
     if resume and ckpt.latest_step() is not None:
         state, rng, data_state, _ = ckpt.restore(state, rng)
         data.set_state(data_state)
         start = int(state.step)
         log(f"resumed from step {start} ({ckpt.directory})")
-        _truncate_metrics(metrics_file, start)
+        if primary:
+            _truncate_metrics(metrics_file, start)
     else:
         if resume:
             log(f"--resume: no checkpoint in {ckpt.directory}; starting fresh")
         else:  # a caller that skipped prepare_run_dir: the same check
             _check_fresh(run_dir, ckpt.latest_step())
-        metrics_file.write_text("")
-    if compile is None:
-        jitted = jax.jit(step, donate_argnums=(0,))
-    else:
-        jitted, state, consts = compile(step, state, consts)
+        if primary:
+            metrics_file.write_text("")
 
     total = cfg.num_steps if stop_after is None else min(cfg.num_steps, stop_after)
     budget = max_minutes * 60 or float("inf")
     log_cfg = cfg.log
-    writer = _tensorboard(run_dir) if log_cfg.tensorboard else None
-    bar = _progress(start, cfg.num_steps, log_cfg.progress if progress is None else progress)
+    writer = _tensorboard(run_dir) if log_cfg.tensorboard and primary else None
+    bar = _progress(start, cfg.num_steps, primary and (log_cfg.progress if progress is None else progress))
     last_good = ckpt.latest_step()
     t_start, history, last_step = time.perf_counter(), [], start
     try:
@@ -192,7 +213,11 @@ def run_steps(
             history.append(record)
             last_step = i + 1
             out_of_time = time.perf_counter() - t_start > budget
-            if (i + 1) % log_cfg.every == 0 or i + 1 == total or out_of_time:
+            if multi and budget < float("inf"):  # process 0's clock decides: every process stops at one step
+                from jax.experimental import multihost_utils
+
+                out_of_time = bool(multihost_utils.broadcast_one_to_all(np.bool_(out_of_time)))
+            if ((i + 1) % log_cfg.every == 0 or i + 1 == total or out_of_time) and primary:
                 with metrics_file.open("a") as f:
                     f.write(json.dumps(record) + "\n")
                 if writer is not None:
@@ -224,8 +249,9 @@ def run_steps(
     # What an export reports as the training cost (metrics.jsonl keeps only every log.every-th step).
     seen = (last_step - start) * tokens_per_step
     run = {"steps": last_step, "wall_s": round(wall, 1), "tokens_this_process": seen, "resumed_from": start}
-    (run_dir / "run.json").write_text(json.dumps(run) + "\n")
-    if log_cfg.plot and stop_after is None and history:
+    if primary:
+        (run_dir / "run.json").write_text(json.dumps(run) + "\n")
+    if log_cfg.plot and stop_after is None and history and primary:
         plot_losses(metrics_file, run_dir / "loss.png")
     # The first step of a process includes compilation: throughput counts the steps after it.
     timed_s = wall - (history[0]["step_s"] if history else 0.0)
@@ -279,6 +305,9 @@ def fit(
     and params, calling `open_run_dir()` (the resume / overwrite check of `prepare_run_dir`; it returns the run
     directory) once what must be checked before the directory is touched has been; then the step loop
     (`run_steps`), then `job.finish`. Returns `run_steps`' summary."""
+    # Before anything touches a device: a multi-host launch joins its peers here (every kind, so that a
+    # kind that cannot train multi-host says so instead of training the same batches on every host).
+    sharding.maybe_initialize_distributed()
     opened: list[Path] = []
 
     def open_run_dir() -> Path:

@@ -21,7 +21,7 @@ from lsjax.methods.longspec import model as draft_lib
 from lsjax.methods.longspec.step import make_eval_step, make_train_step
 from lsjax.train.config import TrainConfig
 from lsjax.train.features import build_feature_cache
-from lsjax.train.inputs import GrainBatches, eos_id, load_target, shared_feature_inputs
+from lsjax.train.inputs import GrainBatches, ProcessBatches, eos_id, load_target, shared_feature_inputs
 from lsjax.train.step import init_state, make_optimizer
 from lsjax.vocab import pruned_vocab
 
@@ -49,7 +49,12 @@ def _setup(cfg: TrainConfig, open_run_dir, log):
     from lsjax.train import data as data_lib
     from lsjax.train.runner import Job
 
-    sharding.maybe_initialize_distributed()
+    multi = sharding.maybe_initialize_distributed() and jax.process_count() > 1
+    if multi and cfg.features.enabled and not cfg.features.set:
+        raise ConfigError(
+            "features.enabled: a multi-host run does not build the feature cache (every host would write it); "
+            "build it on one host (train there, or lsjax.train.feature_cache) and pass it as features.set"
+        )
     run_dir = open_run_dir()
     config, target_params, tokenizer = load_target(cfg)
     if tokenizer is None and any(s != "synthetic" for s in cfg.data.sources):
@@ -88,7 +93,7 @@ def _setup(cfg: TrainConfig, open_run_dir, log):
     elif cfg.draft.draft_vocab_size:
         counts = np.bincount(seqs[mask > 0].reshape(-1), minlength=V)
         vocab_ids = pruned_vocab(config, cfg.draft.draft_vocab_size, token_counts=counts)
-    if vocab_ids is not None:
+    if vocab_ids is not None and sharding.is_primary():  # every host computed the same one
         np.save(run_dir / "vocab_ids.npy", vocab_ids)
     if exported is not None:
         draft_params = jax.tree.map(jnp.asarray, exported.weights)
@@ -101,14 +106,26 @@ def _setup(cfg: TrainConfig, open_run_dir, log):
     optimizer = make_optimizer(cfg.optim)
     state = init_state(draft_params, optimizer)
 
-    # --- the step, on a mesh when there are several devices
+    # --- the step, on a mesh when there are several devices (of one process or of several hosts)
     step_fn = make_train_step(config, cfg, vocab_ids, optimizer)
     compile = None
+    data = GrainBatches(iter(dataset.to_iter_dataset()))
     if jax.device_count() > 1:
-        example = GrainBatches(iter(dataset.to_iter_dataset())).next()
+        mesh = sharding.make_mesh(cfg.mesh)
+        B = cfg.data.batch_size
+        sharding.batch_shardings({"rows": jax.ShapeDtypeStruct((1, B), np.int32)}, mesh)  # B fits the mesh
+        if multi:  # each host reads its rows of every batch; the step sees the global batch
+            rows = sharding.process_rows(mesh, B)
+            dataset = data_lib.batches(
+                seqs, mask, cfg, config.max_position, fixed_offsets=fixed, extra=extra, rows=rows
+            )
+        local = {k: v for k, v in dataset[0].items() if k != "index"}
+        example = {k: jax.ShapeDtypeStruct((v.shape[0], B, *v.shape[2:]), v.dtype) for k, v in local.items()}
+        batch_sh = sharding.batch_shardings(example, mesh)
+        if multi:
+            data = ProcessBatches(GrainBatches(iter(dataset.to_iter_dataset())), batch_sh, B)
 
         def compile(step, state, target_params):
-            mesh = sharding.make_mesh(cfg.mesh)
             jitted, state_sh, target_sh, _ = sharding.shard_train_step(step, mesh, state, target_params, example)
             return jitted, sharding.place(state, state_sh), sharding.place(target_params, target_sh)
 
@@ -119,7 +136,7 @@ def _setup(cfg: TrainConfig, open_run_dir, log):
         state,
         step_fn,
         target_params,
-        GrainBatches(iter(dataset.to_iter_dataset())),
+        data,
         jax.random.PRNGKey(cfg.seed),
         tokens_per_step=cfg.data.batch_size * cfg.data.grad_accum * T,
         evaluate=evaluate,
@@ -162,6 +179,10 @@ def _make_dev_eval(cfg: TrainConfig, config, target_params, tokenizer, eos, voca
     shift = jnp.asarray(1 if cfg.loss.flash_noisy else 0, jnp.int32)
 
     def evaluate(params):
+        if jax.process_count() > 1:  # every host evaluates the whole draft on its own device (one writes)
+            from jax.experimental import multihost_utils
+
+            params = multihost_utils.process_allgather(params, tiled=True)
         sums = [jax.device_get(ev(params, target_params, b, shift)) for b in batches]
         w = max(sum(float(s["weight"]) for s in sums), 1.0)
         return {"dev_ce": sum(float(s["ce"]) for s in sums) / w, "dev_acc": sum(float(s["correct"]) for s in sums) / w}
