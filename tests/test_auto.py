@@ -350,6 +350,68 @@ def test_every_candidate_forced_equals_ar_without_recompiling():
     assert engine.decode._cache_size() == before
 
 
+@dataclasses.dataclass(frozen=True)
+class _NoCatchUp(AutoDrafter):
+    """A stretch whose sub-drafters never see its tokens: what the test below must catch."""
+
+    def catch_up(self, ctx, state, ds, verdict, ran):
+        return ds
+
+
+def _priced_out(drafter):
+    """Decode with every candidate but AR priced 50x: the policy settles on AR (and stretches)."""
+    config, params = tiny_model()
+    gen = GenerateConfig(max_new_tokens=60, ignore_eos=True)
+    costs = [1.0] + [50.0] * (len(drafter.cost_names) - 1)
+    dp = auto_params(drafter, longspec_params(params, config, drafter.longspec), costs)
+    return run(params, config, repetitive_prompts(), gen, drafter, draft_params=dp)
+
+
+def test_ar_stretches_leave_output_and_draft_state_as_every_step_does():
+    """An all-AR run with stretches (inner loops of plain AR steps, the sub-drafters caught up once after each)
+    emits AR's tokens and ends with the prompt-lookup history and the draft's ring of a run without them
+    (a stretch not caught up fails that comparison: the slow test below)."""
+    config, params = tiny_model()
+    ref = run(params, config, repetitive_prompts(), GenerateConfig(max_new_tokens=60, ignore_eos=True), ARDrafter())
+    every = _priced_out(dataclasses.replace(SMALL, policy=AutoPolicy(stretch=0)))
+    stretched = _priced_out(SMALL)
+    for out in (every, stretched):
+        np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out))
+    assert int(stretched.steps) == int(every.steps) == 59  # no forward over finished rows after a stretch
+    steps = SMALL.summary(stretched.draft)["ar_stretch_steps"]
+    assert steps >= 40, steps  # most of the run: 2, 4, 8, 16, 16 ... after two policy steps
+    assert int(np.asarray(stretched.draft.policy.uses)[0]) == int(stretched.steps)
+
+    assert same_draft_state(every.draft, stretched.draft)
+
+
+def same_draft_state(a, b) -> bool:
+    """Equal prompt-lookup histories and matches, and draft rings equal to fp32 rounding."""
+    n = np.asarray(a.pld.length)
+    hist = (n == np.asarray(b.pld.length)).all() and all(
+        (np.asarray(a.pld.tokens)[i, :m] == np.asarray(b.pld.tokens)[i, :m]).all() for i, m in enumerate(n)
+    )
+    ring = np.allclose(a.ring.k, b.ring.k, atol=1e-5) and np.allclose(a.ring.v, b.ring.v, atol=1e-5)
+    match = all((np.asarray(x) == np.asarray(y)).all() for x, y in zip(a.match, b.match))
+    return bool(hist and ring and match)
+
+
+@pytest.mark.slow  # ~40 s: two more compiles of the tiny model's auto loop
+def test_a_stretch_not_caught_up_is_caught():
+    """The comparison above can fail: stretches whose tokens the sub-drafters never see stay lossless (AR
+    steps) but leave the draft state behind."""
+    every = _priced_out(dataclasses.replace(SMALL, policy=AutoPolicy(stretch=0)))
+    stale = _priced_out(_NoCatchUp(**{f.name: getattr(SMALL, f.name) for f in dataclasses.fields(SMALL)}))
+    assert int(np.asarray(stale.draft.policy.uses)[0]) < int(stale.steps)  # stretches ran (and went uncounted)
+    assert not same_draft_state(every.draft, stale.draft)
+
+
+def test_stretch_option_is_checked():
+    for bad in (-1, 1.5, True, 1000):
+        with pytest.raises(ConfigError, match="auto.stretch"):
+            AutoPolicy(stretch=bad)
+
+
 def test_registry_and_bench_offer_auto():
     from lsjax.bench.run import available_methods
 

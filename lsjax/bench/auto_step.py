@@ -9,7 +9,10 @@ a fixed method vs AR, per step, interleaved and repeated in one run.
 Prints ms per step and the ratio to a plain AR step measured in the same round (median over rounds, min-max),
 and the compile time of every program. An auto step that runs `ar` should cost ~1.0x an AR step, and one that
 runs a tree about what that tree costs as a fixed method: the policy's bookkeeping (choosing, the sub-drafters'
-updates, the statistics) is the difference.
+updates, the statistics) is the difference. `auto:policy-ar` is the policy left to itself where only AR pays
+(every other candidate priced 50x), from the start of a run: its AR stretches (`AutoPolicy.stretch`) growing
+2, 4, 8, 16 with policy steps between; `auto:stretched` the same deep into an all-AR run (longest stretches).
+Time those over a run's worth of steps: `--ar-only --steps 64`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import dataclasses
 import time
 
 import numpy as np
+
+STEADY = -2  # `timed`: the policy's own all-AR steps from a state deep into an AR run
 
 
 def main(argv=None) -> int:
@@ -75,6 +80,9 @@ def main(argv=None) -> int:
     ls_params = auto_params.get("longspec")
     programs = {"ar": Generator(model.config, params, ARDrafter())}
     programs["auto"] = Generator(model.config, params, auto, auto_params)
+    # The policy left to itself where nothing but AR pays (every other candidate priced 50x): its AR stretches.
+    priced_out = jnp.asarray([1.0] + [50.0] * (len(auto.cost_names) - 1), jnp.float32)
+    programs["auto-ar"] = Generator(model.config, params, auto, {**auto_params, "costs": priced_out})
     for c in () if args.ar_only else auto.candidates[1:]:
         programs[c.name] = Generator(model.config, params, c.drafter, ls_params if c.kind != "pld" else None)
     for name, (method, opts) in variants.items():
@@ -90,8 +98,11 @@ def main(argv=None) -> int:
         g = programs[name]
         state, decode = states[name]
         s = jax.tree.map(jnp.copy, state)  # decode donates its state
-        if force is not None:
+        if force is not None and force >= 0:
             pol = dataclasses.replace(s.draft.policy, force=jnp.int32(force))
+            s = dataclasses.replace(s, draft=dataclasses.replace(s.draft, policy=pol))
+        elif force == STEADY:  # as deep into an all-AR run as stretches get: each is the longest
+            pol = dataclasses.replace(s.draft.policy, ar_run=jnp.int32(1000))
             s = dataclasses.replace(s, draft=dataclasses.replace(s.draft, policy=pol))
         s0 = int(s.steps)
         jax.block_until_ready(s)
@@ -99,7 +110,7 @@ def main(argv=None) -> int:
         s = jax.block_until_ready(decode(g.params, g.draft_params, s, jnp.int32(s0 + args.steps)))
         return (time.perf_counter() - t) / max(int(s.steps) - s0, 1)
 
-    runs = [("ar", "ar", None)]
+    runs = [("ar", "ar", None), ("auto:policy-ar", "auto-ar", None), ("auto:stretched", "auto-ar", STEADY)]
     for i, c in enumerate(auto.candidates[:1] if args.ar_only else auto.candidates):
         runs.append((f"auto:{c.name}", "auto", i))
         if c.kind != "ar":

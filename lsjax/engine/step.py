@@ -41,7 +41,7 @@ import numpy as np
 
 from lsjax.cache import commit
 from lsjax.config import GenerateConfig, ModelConfig
-from lsjax.engine.types import DecodeState, DraftContext, Drafter, SwitchExtras, Verdict, step_keys
+from lsjax.engine.types import ARDrafter, DecodeState, DraftContext, Drafter, SwitchExtras, Verdict, step_keys
 from lsjax.engine.verify import _levels, _verify, verify_phase
 from lsjax.tree import Tree, chain_parents
 
@@ -179,11 +179,51 @@ def chain_verdict(path: PathResult, extras=()) -> Verdict:
     return Verdict(tree, jnp.where(valid, idx, 0), path.num_accepted, path.bonus, path.count, extras)
 
 
+def ar_stretch(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState, n) -> DecodeState:
+    """Up to n [] plain AR steps (`fixed_step` with `ARDrafter`: exactly what `--method ar` runs, the draft
+    state carried untouched), then one `drafter.catch_up` over the tokens they committed, as a chain verdict.
+
+    Why: a switched step that runs AR still pays for choosing, the switch, padding its path to the deepest
+    variant and every sub-drafter's update (3-4% of an AR step on a CPU for auto); a stretch pays that once.
+    At most the drafter's `stretch_limit` steps: the chain it catches up with has static length."""
+    limit = drafter.stretch_limit
+    steps0, since = state.steps, state.num_out
+    ar = ARDrafter()
+    n = jnp.minimum(n, limit)
+
+    def more(s):
+        # The last token is left to the step after the stretch, which runs anyway: ending the run inside the
+        # stretch would make that step a forward over finished rows.
+        last = jnp.any(~s.done & (s.num_out >= gen.max_new_tokens - 1))
+        return (s.steps - steps0 < n) & ~jnp.all(s.done) & ~last
+
+    state = jax.lax.while_loop(more, lambda s: fixed_step(ctx, ar, gen, s), state)
+    ran = state.steps - steps0
+
+    def catch_up(state):
+        B = state.root.shape[0]
+        # Committed: the roots of the stretch's steps, out[since - 1 ...] (the root of its first step was the
+        # last token emitted before it); emitted: out[since ...], the last of them now the pending root.
+        idx = jnp.clip(since[:, None] - 1 + jnp.arange(limit + 1)[None], 0, state.out.shape[1] - 1)
+        committed = jnp.take_along_axis(state.out, idx, axis=1)
+        count = (state.num_out - since).astype(jnp.int32)  # tokens each row committed (and emitted)
+        path = PathResult(
+            committed, jnp.maximum(count - 1, 0), state.root, count, None, None, jnp.zeros((B,), jnp.float32)
+        )
+        return drafter.catch_up(ctx, state, state.draft, chain_verdict(path), ran)
+
+    draft = jax.lax.cond(ran > 0, catch_up, lambda state: state.draft, state)
+    return dataclasses.replace(state, draft=draft)
+
+
 def switched_step(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState) -> DecodeState:
     """One step of a drafter with `step_variants`: the chosen variant drafts and verifies inside a `lax.switch`
     (its own static tree: a small tree pays only its own verification; variants with equal node counts share
     one compiled forward); the commit and `drafter.update` (with `chain_verdict(path, SwitchExtras(...))`) run once
     after it (module doc: why the cache stays out)."""
+    stretch = drafter.ar_stretch(ctx, state)
+    if stretch is not None:
+        state = ar_stretch(ctx, drafter, gen, state, stretch)
     variants = drafter.step_variants()
     for v in variants:
         if type(v).verify_extras is not Drafter.verify_extras:

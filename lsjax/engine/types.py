@@ -112,6 +112,7 @@ class Drafter:
     name = "base"
     tree: TreeConfig  # the shape of the tree verification walks
     extra_hidden_layer: int | None = None
+    stretch_limit = 0  # the longest `ar_stretch` (static: its catch-up chain has this many tokens + 1)
 
     @property
     def max_depth(self) -> int:
@@ -146,6 +147,17 @@ class Drafter:
 
     def root_logp_wanted(self, ctx: DraftContext, state) -> jax.Array | bool:
         return False
+
+    def ar_stretch(self, ctx: DraftContext, state) -> jax.Array | None:
+        """A switched drafter whose policy has settled on AR: how many plain AR steps [] int32 the engine runs
+        back to back before this step, in an inner loop with no choosing, no drafting and no bookkeeping (then
+        `catch_up` brings the draft state up to date once). None (the default): never."""
+        return None
+
+    def catch_up(self, ctx: DraftContext, state, draft_state, verdict: Verdict, ran: jax.Array) -> Any:
+        """The draft state after `ran` [] plain AR steps committed `verdict` (a chain: the stretch's committed
+        tokens as one path, `Verdict.emitted()` the tokens they emitted)."""
+        return self.update(ctx, state, draft_state, verdict)
 
 
 @dataclasses.dataclass(frozen=True)

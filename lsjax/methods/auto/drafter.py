@@ -223,6 +223,8 @@ class AutoDrafter(PolicyRules, Drafter):
         out = {"steps_by_candidate": {c.name: int(u) for c, u in zip(self.candidates, uses) if u}}
         if self.shadows:
             out["shadow_drafts"] = int(draft_state.policy.shadows)
+        if self.policy.stretch:
+            out["ar_stretch_steps"] = int(draft_state.policy.stretched)
         pol = draft_state.policy
         rates = np.asarray(pol.succ[:, 0]) / np.maximum(np.asarray(pol.trials[:, 0]), 1e-6)
         # What the policy believed at the end: each family's first-depth rate (prior included).
@@ -251,6 +253,56 @@ class AutoDrafter(PolicyRules, Drafter):
         active = (~state.done).astype(jnp.float32)
         return self.decide(ds.policy, self._costs(ctx), n, avail, active, state.steps)
 
+    @property
+    def stretch_limit(self) -> int:
+        # The catch-up writes the stretch into the draft's ring in one go: no longer than the ring.
+        window = self.longspec.draft.window if self.longspec is not None else self.policy.stretch
+        return min(self.policy.stretch, window)
+
+    def ar_stretch(self, ctx: DraftContext, state) -> jax.Array | None:
+        """`Drafter.ar_stretch`: once AR ran 2+ steps in a row, as many AR steps again (so stretches double) up
+        to `AutoPolicy.stretch`, while nothing might pay: the policy would pick AR whatever prompt-lookup match
+        turned up (its rates do not move inside a stretch, so a match found there could not change that), no
+        shadow waits for tokens, and no exploration is due or affordable before the stretch ends
+        (`quiet_steps`). The policy step after it looks again."""
+        if not self.policy.stretch:
+            return None
+        ds: AutoState = state.draft
+        pol = ds.policy
+        live = ~state.done
+        calm = (pol.force < 0) & (pol.ar_run >= 2)
+        if self.shadows:
+            calm = calm & ~jnp.any(ds.shadow.pending & live)
+
+        def length(_):
+            costs = self._costs(ctx)
+            active = live.astype(jnp.float32)
+            n = ds.match[0]
+            deep = jnp.full_like(n, self.max_depth)
+            ar_anyway = jnp.bool_(True)
+            for g in range(1, self.pld_ngram + 1):
+                ar_anyway &= self.decide(pol, costs, jnp.full_like(n, g), deep, active, state.steps) == 0
+            k = jnp.minimum(pol.ar_run, self.quiet_steps(pol, costs, state.steps))
+            return jnp.where(ar_anyway, jnp.maximum(k, 0), 0).astype(jnp.int32)
+
+        # Most steps of a speculating run are not calm: skip the hypothetical choices then.
+        return jax.lax.cond(calm, length, lambda _: jnp.int32(0), None)
+
+    def catch_up(self, ctx: DraftContext, state, ds: AutoState, verdict: Verdict, ran) -> AutoState:
+        """After a stretch of `ran` AR steps: the sub-drafters see its committed tokens at once, and the policy
+        counts them as the AR steps they were (each adds `budget` to the slack, as `learn` would)."""
+        pld = self._pld(max(self.pld_tokens)).update(ctx, state, ds.pld, verdict)
+        ring = self.longspec.update(sub_context(ctx), state, ds.ring, verdict) if self.longspec is not None else ()
+        pol = ds.policy
+        pol = dataclasses.replace(
+            pol,
+            uses=pol.uses.at[0].add(ran),
+            slack=pol.slack + self.policy.budget * ran.astype(jnp.float32),
+            ar_run=pol.ar_run + ran,
+            stretched=pol.stretched + ran,
+        )
+        return AutoState(pld, ring, pol, ds.shadow, self._match(pld), ds.lookup)
+
     def root_logp_wanted(self, ctx: DraftContext, state) -> jax.Array | bool:
         """Only the step right after a shadow was drafted at T > 0 (`DraftShadow.first_accept`)."""
         shadow = state.draft.shadow
@@ -271,6 +323,7 @@ class AutoDrafter(PolicyRules, Drafter):
         operands = (ds.policy, costs, n, avail, verdict.num_accepted, active, state.steps)
         ran = verdict.extras.index
         pol = jax.lax.switch(ran, learners, *operands)
+        pol = dataclasses.replace(pol, ar_run=jnp.where(ran == 0, pol.ar_run + 1, 0))
         # What prompt lookup would have proposed, against what was emitted (a prompt-lookup step taught itself).
         D = self.max_depth
         proposal = _window(ds.pld, start, D)

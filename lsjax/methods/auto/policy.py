@@ -29,6 +29,8 @@ class PolicyState:
     # profiling); -1 = the policy
     slack: jax.Array  # [] f32 AR steps the run may still lose: (1 + budget) x its tokens - its cost, + initial
     shadows: jax.Array  # [] int32 shadow drafts run (diagnostics)
+    ar_run: jax.Array  # [] int32 steps in a row that ran AR (stretches included)
+    stretched: jax.Array  # [] int32 AR steps run inside stretches (diagnostics)
 
 
 class PolicyRules:
@@ -50,6 +52,8 @@ class PolicyRules:
             force=jnp.int32(-1),
             slack=jnp.float32(self.policy.initial_slack),
             shadows=jnp.int32(0),
+            ar_run=jnp.int32(0),
+            stretched=jnp.int32(0),
         )
 
     def _rows(self, c: Candidate, n, avail):
@@ -121,6 +125,20 @@ class PolicyRules:
         probe = (steps >= pol.due) & jnp.isfinite(score[reps]) & (reps != greedy)  # score is -inf if unaffordable
         choice = jnp.where(jnp.any(probe), reps[jnp.argmax(probe)], greedy)
         return jnp.where(pol.force >= 0, forced, choice).astype(jnp.int32)
+
+    def quiet_steps(self, pol: PolicyState, costs, steps) -> jax.Array:
+        """[] int32: steps before exploration can next run (a shadow or probe due and the slack covering the
+        cheapest one), which an AR stretch must not pass. AR steps add `budget` to the slack each."""
+        C = len(self.candidates)
+        if pol.due.shape[0] == 0 or C == 1:  # nothing to explore (prompt lookup is observed for free)
+            return jnp.int32(2**30)
+        if self.shadows:
+            cheapest = costs[-1] / costs[0] - 1.0
+        else:
+            cheapest = jnp.min(costs[1:C]) / costs[0] - 1.0
+        until_due = jnp.min(pol.due) - steps
+        until_affordable = jnp.ceil((cheapest - pol.slack) / self.policy.budget)
+        return jnp.maximum(until_due, until_affordable.astype(jnp.int32))
 
     def shadow_due(self, pol: PolicyState, costs, steps) -> jax.Array:
         """Whether a shadow draft runs now: some group's exploration is due and the slack covers the draft."""
