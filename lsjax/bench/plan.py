@@ -299,7 +299,7 @@ def plan_decode(config: ModelConfig, shape: mesh_lib.MeshShape, chip: Chip, *, c
     exact = {
         "weights": shard_bytes(params, p_sh),
         "draft": shard_bytes(draft, d_sh),
-        "kv_cache": shard_bytes(cache, c_sh),
+        "kv_cache": shard_bytes((cache.k, cache.v), (kv, kv)),
         "kv_read": batch // shape.data * context * kv_per_token // M,  # the filled part: what a step reads
     }
     exact["total"] = exact["weights"] + exact["draft"] + exact["kv_cache"]
