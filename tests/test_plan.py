@@ -114,6 +114,8 @@ def test_fit_verdict_follows_the_chip_memory(tpu_plan):
         (["--platform", "tpu-v9"], "tpu-v5e, tpu-v5p, gpu-h100"),
         (["--mesh", "tp=2"], "AXIS=SIZE"),
         (["--tree", "x,y"], "--tree"),
+        (["--tree", "1"], "--tree"),
+        (["--layers", "0"], "--layers"),
         (["--context", "999999"], "--context"),
         (["--bogus"], "unrecognized"),
         (["--no-decode"], "--train"),

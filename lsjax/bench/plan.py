@@ -140,9 +140,9 @@ def parse_tree_arg(text: str) -> TreeConfig:
         return TREE_PRESETS[text]
     if text.isdigit():
         T = int(text)
-        if T < 1:
-            raise PlanError("--tree: a node count must be >= 1")
-        return TreeConfig((1,) * (T - 1)) if T > 1 else TreeConfig((1,))
+        if T < 2:
+            raise PlanError(f"--tree: a node count must be >= 2 (the AR step, 1 node, is planned anyway), got {T}")
+        return TreeConfig((1,) * (T - 1))
     try:
         return parse_tree(text)
     except (ConfigError, ValueError) as e:
@@ -502,7 +502,7 @@ def render(plans: list[dict], chip: Chip, markdown: bool = False, note: bool = T
                 say(f"| {label} | {flops} | {must} / {_gb(c['bytes_accessed'])} | {r1} | {r2} | "
                     f"{c['compile_s']:.0f} | {lowers} |")  # fmt: skip
             else:
-                say(f"  {label}: {flops}FLOP; bytes must read {must}, compiler's {_gb(c['bytes_accessed'])}; "
+                say(f"  {label}: FLOPs {flops}; bytes must read {must}, compiler's {_gb(c['bytes_accessed'])}; "
                     f"roofline {r1} ms (must-read) / {r2} ms (compiler's bytes); compiled in "
                     f"{c['compile_s']:.0f} s; lowers for {chip.platform}: {lowers}")  # fmt: skip
         say("")
@@ -519,6 +519,9 @@ DOC_RUNS = (
      "--platform tpu-v5e --no-decode --train configs/train/llama3.1-8b-stage1-v5e16.yaml"),
     ("LongSpec stage-1 training on a TPU v5p-8 (4 chips)",
      "--platform tpu-v5p --no-decode --train configs/train/llama3.1-8b-stage1-v5p8.yaml"),
+    ("For comparison: the paper's stage-1 config as it is, on a TPU v5e-16",
+     "--platform tpu-v5e --no-decode --no-export --train configs/train/llama3.1-8b-stage1-short.yaml "
+     "--train-mesh data=1,fsdp=16"),
 )  # fmt: skip
 
 
@@ -535,6 +538,16 @@ def _summary_row(title: str, plan: dict) -> str:
             f"| {ms} |")  # fmt: skip
 
 
+def _header_comment(path: str) -> list[str]:
+    """The leading comment lines of a YAML file, without their '#'."""
+    lines = []
+    for line in (ROOT / path).read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    return lines
+
+
 def doc(results: list[tuple[str, str, list[dict], Chip]], seconds: float) -> str:
     out = [
         "# The plan: Llama-3.1-8B per chip, from the compiler",
@@ -548,9 +561,21 @@ def doc(results: list[tuple[str, str, list[dict], Chip]], seconds: float) -> str
         "|---|---|---|---|---|---|",
     ]
     out += [_summary_row(title, p) for title, _, plans, _ in results for p in plans]
-    out.append("")
+    out += [
+        "",
+        "The decode plans stand for `python decode.py --model DIR --method longspec --draft DIR --tree paper --dtype "
+        "bf16 --mesh model=4 --prompt-file FILE` on a v5e-4 (`--mesh model=1` on an H100), with a prompt of up to "
+        "32K tokens and the default 256 new tokens (the plan leaves room for 1024). The train configs are the "
+        "paper's stage 1 (`configs/train/llama3.1-8b-stage1-short.yaml`, batch 256 x 2048 tokens on 8 GPUs) "
+        "resized for the slice; each YAML's header, quoted in its section, says what changed and why.",
+        "",
+    ]
     for title, cmd, plans, chip in results:
-        out += [f"## {title}", "", f"    python -m lsjax.bench.plan {cmd}", "", render(plans, chip, True, False)]
+        out += [f"## {title}", "", f"    python -m lsjax.bench.plan {cmd}", ""]
+        for p in plans:
+            if p["kind"] == "train":
+                out += [f"> {line}" for line in _header_comment(cmd.split("--train ")[1].split()[0])] + [""]
+        out.append(render(plans, chip, True, False))
     out.append(NOTE_MD)
     return "\n".join(out)
 
