@@ -529,7 +529,7 @@ def _summary_row(title: str, plan: dict) -> str:
     if plan["kind"] == "decode":
         steps = plan["steps"]
         peak = max(s["compiler"]["peak_with_draft"] for s in steps.values())
-        ms = f"verify {steps['verify']['roofline']['ms']:.2f}, AR {steps['ar']['roofline']['ms']:.2f}"
+        ms = f"verify {steps['verify']['roofline']['ms']:.2f} ms, AR {steps['ar']['roofline']['ms']:.2f} ms"
     else:
         peak = plan["step"]["compiler"]["peak"]
         ms = f"step {plan['step']['roofline']['ms'] / 1e3:.1f} s"
