@@ -15,7 +15,7 @@ VENV312 ?= .venv312
 CONSTRAINTS312 ?= constraints/py312-jax011.txt
 PY312 := $(VENV312)/bin/python
 
-.PHONY: demo test test-slow test-jax011 lint install install-test device-bundle tables
+.PHONY: demo test test-slow test-jax011 lint install install-test device-bundle tables plan
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -76,6 +76,12 @@ tables:
 	@test -x $(PY) || $(MAKE) install
 	$(PY) -m lsjax.bench.tables $(RESULTS) --section task --section equality --out docs/results/headline.md
 	$(PY) -m lsjax.bench.tables $(RESULTS) --out docs/results/tables.md
+
+# docs/plan.md: the compiler's per-chip memory and roofline for Llama-3.1-8B decoding on a TPU v5e-4 and one H100
+# and LongSpec stage-1 training on a v5e-16 and a v5p-8 (lsjax.bench.plan.DOC_RUNS); a CPU is enough, ~2 minutes.
+plan:
+	@test -x $(PY) || $(MAKE) install
+	$(PY) -m lsjax.bench.plan --doc > docs/plan.md.tmp && mv docs/plan.md.tmp docs/plan.md
 
 # What `python -m lsjax.bench.device` needs on a GPU/TPU machine without a network, in .device/ (git-ignored):
 # the gguf wheel for Python 3.12 and the default model's GGUF cut into 24 MB parts (docs/hardware/README.md).
