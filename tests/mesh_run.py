@@ -42,9 +42,10 @@ LS = DraftConfig(window=8)
 
 
 def model(shape: str):
+    dtype = os.environ.get("MESH_DTYPE", "float32")  # bfloat16: weights and K/V cache in bf16
     config = ModelConfig(
         num_layers=2, head_dim=8, max_position=2048, rope_theta=10000.0, eos_token_ids=(2,), pad_token_id=0,
-        **SHAPES[shape],
+        dtype=dtype, **SHAPES[shape],
     )  # fmt: skip
     return config, target.init_params(config, jax.random.key(3), scale=0.3)
 

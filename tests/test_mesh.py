@@ -156,6 +156,15 @@ def test_pallas_kernels_per_device_on_a_mesh():
     _assert_lossless(rows, ["oracle"])
 
 
+@pytest.mark.slow  # ~35 s
+def test_bf16_on_a_mesh():
+    """bf16 weights and K/V cache on model=3,data=2: speculative output equals AR's on the mesh (the lossless
+    claim) and the one-device output (fp32 residual stream and matmul results keep the tiny model's margins)."""
+    methods = ["oracle", "pld"]
+    rows = _mesh_run("greedy", 6, "smollm2", "model=3,data=2", ",".join(methods), env={"MESH_DTYPE": "bfloat16"})
+    _assert_lossless(rows, methods)
+
+
 @pytest.mark.slow  # ~60 s: 100K sampled rows on model=2 x data=2
 def test_sampling_on_a_mesh_keeps_the_target_distribution(tmp_path):
     """T=1 LongSpec trees verified on a mesh: the first K tokens' joint law is the target's (the test and its
