@@ -288,6 +288,14 @@ def hybrid_attention_reference(
 # ------------------------------------------------------------------------------------------- on a mesh
 
 
+def model_mesh():
+    """The context mesh when it has a `model` axis and is not already split into per-device pieces, else None."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or "model" not in mesh.axis_names or mesh.manual_axes:
+        return None
+    return mesh
+
+
 def head_shards(num_heads: int, num_kv_heads: int, batch: int):
     """(mesh, batch axis) when the context mesh (`jax.sharding.use_abstract_mesh`, entered by the engine for a
     `SpecConfig.mesh`) splits heads over a `model` axis of more than one device; None otherwise.
@@ -298,8 +306,8 @@ def head_shards(num_heads: int, num_kv_heads: int, batch: int):
     narrower than the mesh) stay whole and XLA partitions what it can. Inside the per-device function the
     mesh's axes are manual, so the call below it runs plainly.
     """
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or "model" not in mesh.axis_names or mesh.shape["model"] == 1 or mesh.manual_axes:
+    mesh = model_mesh()
+    if mesh is None or mesh.shape["model"] == 1:
         return None
     M = mesh.shape["model"]
     if num_heads % M or num_kv_heads % M:

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from lsjax import attention
 from lsjax.config import ModelConfig
 from lsjax.errors import LsjaxError
 from lsjax.models import target
@@ -169,8 +170,8 @@ def scope(mesh: Mesh | None):
 def constrain_cache(cache):
     """The target cache pinned to its mesh layout inside a traced function under `scope`, so the compiler
     never chooses another (e.g. gathering it) for the decode loop's carry."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or "model" not in mesh.axis_names or mesh.manual_axes:
+    mesh = attention.model_mesh()
+    if mesh is None:
         return cache
     D = int(mesh.shape["data"])
     batch_ok = cache.k.shape[1] % D == 0
