@@ -18,8 +18,14 @@ class AutoPolicy:
     # of text): a ~20-observation memory and a narrow confidence width kept >= 0.89 of the best's speed in all.
     decay: float = 0.95  # per observation of a family
     prior_weight: float = 1.5  # pseudo-observations behind each prior rate
-    probe_min: int = 8  # steps between probes of a family that may be better
-    probe_max: int = 64  # ... and of one that was confirmed worse, after doubling
+    probe_min: int = 8  # fewest steps between two looks at a group (shadow drafts or probes)
+    probe_max: int = 64  # ... and most, for a group that cannot win enough to pay for looking more often
+    # Between those, a group's next look is spaced by what it can win (`PolicyRules._backoff`): exploration may
+    # spend this share of the speedup the group would give were its rates `explore_optimism` std above their
+    # estimates. Where nothing can pay at this device's costs, looks thin out to probe_max. 0: the plain back-off
+    # (doubled while the group ranks below the rest, reset when it wins), whatever the costs.
+    explore_share: float = 0.25
+    explore_optimism: float = 1.0
     optimism: float = 0.25  # confidence width (binomial std units) a probe's optimistic score adds
     # The never-slower budget (module doc): a run may spend at most `budget` of its AR-equivalent time, plus
     # `initial_slack` AR steps, on steps that accept less than they cost. Held-out prompts lost up to 18% to
@@ -65,6 +71,12 @@ class AutoPolicy:
             raise ConfigError(f"auto.probe_min/probe_max: must be integers >= 1, got {self.probe_min!r}")
         if self.probe_max < self.probe_min:
             raise ConfigError(f"auto.probe_max: must be >= probe_min={self.probe_min}, got {self.probe_max}")
+        if not (isinstance(self.explore_share, (int, float)) and 0.0 <= self.explore_share <= 1.0):
+            raise ConfigError(f"auto.explore_share: must be a float in [0, 1], got {self.explore_share!r}")
+        if not (isinstance(self.explore_optimism, (int, float)) and 0.0 <= self.explore_optimism <= 10.0):
+            raise ConfigError(
+                f"auto.explore_optimism: must be a float in [0, 10] (std units), got {self.explore_optimism!r}"
+            )
         if not self.optimism >= 0:
             raise ConfigError(f"auto.optimism: must be >= 0, got {self.optimism!r}")
         if not (isinstance(self.budget, (int, float)) and 0.0 < self.budget <= 1.0):

@@ -69,11 +69,14 @@ class PolicyRules:
         full = jnp.full(n.shape, 1)
         return c.family * full, k * full, full > 0
 
-    def _scores(self, costs, policy: PolicyState, n, avail, active, optimism: float = 0.0):
-        """Expected tokens per second of every candidate for the batch [C] (-inf where no row can use it)."""
+    def _scores(self, costs, policy: PolicyState, n, avail, active, optimism: float = 0.0, first_only=False):
+        """Expected tokens per second of every candidate for the batch [C] (-inf where no row can use it).
+        `optimism`: rates that many binomial std above their estimates (`first_only`: the first depth's)."""
         rates = policy.succ / jnp.maximum(policy.trials, 1e-6)
         if optimism:
             width = jnp.sqrt(jnp.maximum(rates * (1 - rates), 0.04) / jnp.maximum(policy.trials, 1e-6))
+            if first_only:
+                width = width.at[:, 1:].set(0.0)
             rates = jnp.clip(rates + optimism * width, 0.0, 1.0)
         w = active / jnp.maximum(jnp.sum(active), 1)
         depths = jnp.arange(1, rates.shape[1] + 1)
@@ -152,7 +155,7 @@ class PolicyRules:
         self, pol: PolicyState, costs, n, avail, active, ready, got: ShadowAccepts, steps
     ) -> PolicyState:
         """The draft's families learn what a shadow (rows `ready` [B]) would have accepted; each probe group is
-        then due again after its back-off (doubled while it ranks below the rest, reset when it wins).
+        then due again after a spacing priced by what it can still win (`_backoff`).
         n, avail, active: the current step's prompt-lookup match and live rows, for the ranking."""
         d = jnp.arange(1, pol.succ.shape[1] + 1)[None]
 
@@ -169,18 +172,44 @@ class PolicyRules:
             new = add(new, fams.index("ls-chain"), got.chain_known, got.chain, ready, got.chain_first)
         if "hybrid" in fams:
             new = add(new, fams.index("hybrid"), got.hybrid_limit, got.hybrid, ready & (got.hybrid_limit > 0))
-        score = self._scores(costs, new, n, avail, active)
         for g in range(members_of(self).shape[0]):
-            new = self._backoff(new, g, score, steps)
+            new = self._backoff(new, g, costs, n, avail, active, steps)
         return jax.tree.map(lambda a, b: jnp.where(jnp.any(ready), a, b), new, pol)
 
-    def _backoff(self, pol: PolicyState, group: int, score, steps) -> PolicyState:
-        """Group `group` was just observed (`score`: every candidate's after it): explore it again after
-        probe_max at most if the estimates still rank it below the rest, soon if it wins."""
+    def _backoff(self, pol: PolicyState, group: int, costs, n, avail, active, steps) -> PolicyState:
+        """Group `group` was just observed: its next look is spaced by what it can still win (`explore_share`).
+
+        A look (a shadow draft, or a probe's worst case) costs `look` AR steps; the group could win `gain` per
+        step over the best of the rest if its rates sat `explore_optimism` std above their estimates. Looking
+        every `look / (explore_share x gain)` steps spends at most that share of the possible gain on finding
+        out: a group that could pay much is looked at again soon (probe_min), one whose optimistic rates still
+        lose, or win too little at this device's costs, at probe_max. Fresh estimates are wide, so the first
+        looks come soon; confirmed ones narrow and space out."""
         mine = np.asarray(members_of(self)[group])
-        worse = jnp.max(jnp.where(mine, score, -jnp.inf)) < jnp.max(jnp.where(mine, -jnp.inf, score))
-        iv = jnp.where(worse, jnp.minimum(2 * pol.interval[group], self.policy.probe_max), self.policy.probe_min)
-        return dataclasses.replace(pol, interval=pol.interval.at[group].set(iv), due=pol.due.at[group].set(steps + iv))
+        score = self._scores(costs, pol, n, avail, active)
+        p = self.policy
+        if not p.explore_share:  # the plain back-off: doubled while the group ranks below the rest, else reset
+            worse = jnp.max(jnp.where(mine, score, -jnp.inf)) < jnp.max(jnp.where(mine, -jnp.inf, score))
+            iv = jnp.where(worse, jnp.minimum(2 * pol.interval[group], p.probe_max), p.probe_min)
+            return self._due_in(pol, group, iv, steps)
+        # Optimism at the first depth only: deeper depths of a family that rarely passes the first are seldom
+        # observed, and their wide prior would make every such family look worth a look.
+        hopeful = self._scores(costs, pol, n, avail, active, self.policy.explore_optimism, first_only=True)
+        rest = jnp.max(jnp.where(mine, -jnp.inf, score))
+        gain = jnp.max(jnp.where(mine, hopeful, -jnp.inf)) / rest - 1.0
+        if self.shadows:
+            look = costs[-1] / costs[0] - 1.0
+        else:
+            look = jnp.min(jnp.where(mine, costs[: len(self.candidates)], jnp.inf)) / costs[0] - 1.0
+        spacing = jnp.maximum(look, 1e-3) / (p.explore_share * jnp.maximum(gain, 1e-6))
+        iv = jnp.clip(jnp.ceil(jnp.minimum(spacing, p.probe_max)), p.probe_min, p.probe_max).astype(jnp.int32)
+        return self._due_in(pol, group, iv, steps)
+
+    @staticmethod
+    def _due_in(pol: PolicyState, group: int, interval, steps) -> PolicyState:
+        return dataclasses.replace(
+            pol, interval=pol.interval.at[group].set(interval), due=pol.due.at[group].set(steps + interval)
+        )
 
     def _learn_at(self, index: int, pol, costs, n, avail, accepted, active, steps) -> PolicyState:
         return self.learn(pol, index, costs, n, avail, accepted, active, steps)
@@ -243,4 +272,4 @@ class PolicyRules:
         pol = self._observe(pol, fam, trial, trial & (accepted[:, None] >= d))
         if c.group < 0 or self.shadows:  # shadows schedule exploration
             return pol
-        return self._backoff(pol, c.group, self._scores(costs, pol, n, avail, active.astype(jnp.float32)), steps)
+        return self._backoff(pol, c.group, costs, n, avail, active.astype(jnp.float32), steps)
