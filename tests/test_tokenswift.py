@@ -54,7 +54,9 @@ def test_greedy_tokenswift_equals_ar(name, penalty):
     sp = run(params, config, prompts, gen, drafter, draft_params=dp)
     np.testing.assert_array_equal(np.asarray(sp.num_out), np.asarray(ar.num_out))
     np.testing.assert_array_equal(np.asarray(sp.out), np.asarray(ar.out))
-    assert float(sp.mean_accepted) > 1.3  # drafts get accepted
+    # Drafts get accepted. The penalty pushes the target off the repetitions these prompts are made of, which the
+    # n-gram and heads propose (measured 1.14-2.14 with it, 1.49-2.56 without): nothing accepted would be 1.0.
+    assert float(sp.mean_accepted) > (1.1 if penalty else 1.3)
 
 
 @pytest.mark.slow
