@@ -277,40 +277,48 @@ def test_cost_margin_prices_speculation_above_ar():
 CHEAP = (1.0, 1.2, 1.4, 1.05, 1.08, 1.12, 1.1, 1.25, 1.03)
 
 
+PRICED = dataclasses.replace(FULL, policy=AutoPolicy(explore_share=0.25))  # looks spaced by what they can win
+
+
 def shadows_after(auto, costs, spec, start=100):
     return int(np.sum(simulate_accepted(auto, costs, [(SIM_STEPS, true_rates(FULL, spec))])[2][start:]))
 
 
 def test_exploration_is_priced_by_what_it_can_win():
-    """Looks at the draft are spaced by what it could win at this device's costs: where it cannot pay they thin
-    out to one per probe_max steps; where it comes close (or on a device where drafting is cheap, so the same
-    rates come close) they come far more often. With explore_share tiny they stay at probe_max everywhere."""
+    """With `explore_share` (opt-in), looks at the draft are spaced by what it could win at this device's
+    costs: where it cannot pay they thin out to one per probe_max steps; where it comes close (or on a device
+    where drafting is cheap, so the same rates come close) they come far more often. With explore_share tiny
+    they stay at probe_max everywhere."""
     steps = SIM_STEPS - 100
-    sparse = steps // FULL.policy.probe_max + 2
-    nothing = shadows_after(FULL, COSTS, {})
+    sparse = steps // PRICED.policy.probe_max + 2
+    nothing = shadows_after(PRICED, COSTS, {})
     late = SIM_STEPS - 300  # after the first looks, whose wide estimates still hope
-    assert late // FULL.policy.probe_max - 1 <= shadows_after(FULL, COSTS, {}, 300) <= late // FULL.policy.probe_max + 1
+    assert (
+        late // PRICED.policy.probe_max - 1
+        <= shadows_after(PRICED, COSTS, {}, 300)
+        <= late // PRICED.policy.probe_max + 1
+    )
     close = {"ls-chain": 0.1, "ls-tree": 0.05}  # the one-node chain ~4% slower than AR on the CPU profile
     assert best(FULL, COSTS, true_rates(FULL, close)) == 0
-    assert shadows_after(FULL, COSTS, close) >= 1.5 * nothing, (shadows_after(FULL, COSTS, close), nothing)
+    assert shadows_after(PRICED, COSTS, close) >= 1.5 * nothing, (shadows_after(PRICED, COSTS, close), nothing)
     weak = {"ls-chain": 0.03}  # the one-node chain 2% slower than AR on the cheap device, 10% on the CPU
     assert best(FULL, CHEAP, true_rates(FULL, weak)) == 0 and best(FULL, COSTS, true_rates(FULL, weak)) == 0
-    on_cpu, on_cheap = shadows_after(FULL, COSTS, weak), shadows_after(FULL, CHEAP, weak)
+    on_cpu, on_cheap = shadows_after(PRICED, COSTS, weak), shadows_after(PRICED, CHEAP, weak)
     assert on_cheap >= 1.5 * on_cpu, (on_cpu, on_cheap)
-    plain = dataclasses.replace(FULL, policy=AutoPolicy(explore_share=0))  # the back-off that ignores costs
-    assert shadows_after(plain, CHEAP, weak) < 1.5 * shadows_after(plain, COSTS, weak)  # (8 vs 10)
+    assert shadows_after(FULL, CHEAP, weak) < 1.5 * shadows_after(FULL, COSTS, weak)  # the default back-off: 8 vs 10
     stingy = dataclasses.replace(FULL, policy=AutoPolicy(explore_share=1e-4))
     assert shadows_after(stingy, COSTS, close) <= sparse
 
 
-def test_the_draft_is_picked_up_when_the_text_changes():
+@pytest.mark.parametrize("auto", [FULL, PRICED], ids=["back-off", "priced"])
+def test_the_draft_is_picked_up_when_the_text_changes(auto):
     """Prose where nothing pays (looks thinned out to probe_max), then text the draft's chain predicts: the
     policy runs the draft within about one probe_max of the change, and stays with it."""
     prose, easy = true_rates(FULL, {}), true_rates(FULL, {"ls-chain": 0.85, "ls-tree": 0.6})
-    chosen = simulate(FULL, COSTS, [(300, prose), (300, easy)], match=0)
+    chosen = simulate(auto, COSTS, [(300, prose), (300, easy)], match=0)
     assert np.mean(chosen[200:300] == 0) >= 0.97
     switched = int(np.argmax(chosen[300:] != 0))
-    assert switched <= FULL.policy.probe_max + 8, f"picked up the draft only after {switched} steps"
+    assert switched <= auto.policy.probe_max + 8, f"picked up the draft only after {switched} steps"
     assert FULL.candidates[best(FULL, COSTS, easy, match=0)].kind == "ls"
     assert efficiency(FULL, COSTS, easy, chosen[300 + switched + 30 :]) >= 0.9
 

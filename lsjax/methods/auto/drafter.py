@@ -30,10 +30,10 @@ tree) and hybrid at once (at T > 0 with sampled drafts, the chain's first depth 
 that rejection sampling accepts a child drawn from the draft's q, from q and the target's p of the emitted
 token: `DraftShadow.first_accept`). With `AutoPolicy.shadow=False` they are probed instead: a group's most hopeful
 candidate (rates + a binomial confidence width) runs once, a full verification that costs 1.3-2.3x an AR
-step when it accepts nothing. Either way, a group's next look is spaced by what it can win: the speedup it
-would give were its rates a std above their estimates, priced against what a look costs on this device
-(`AutoPolicy.explore_share`, 8 .. 64 steps). Where nothing can pay, exploration thins out to one look per
-64 steps after the first few; a group that might pay is looked at every 8. Everything is a deterministic
+step when it accepts nothing. Either way, exploration that leaves every group ranked below the rest doubles
+its interval (8 .. 64 steps) and one that makes a group win resets it (or, with `AutoPolicy.explore_share`,
+a group's next look is spaced by what it can win at this device's costs). This bounds what exploration costs
+when AR is best and notices when the text changes (prose, then code). Everything is a deterministic
 function of the decode state: the same seed gives the same choices.
 
 Never slower: the run keeps a slack, in AR steps, of (1 + budget) x the tokens it has emitted minus what

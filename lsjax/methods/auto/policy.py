@@ -155,7 +155,7 @@ class PolicyRules:
         self, pol: PolicyState, costs, n, avail, active, ready, got: ShadowAccepts, steps
     ) -> PolicyState:
         """The draft's families learn what a shadow (rows `ready` [B]) would have accepted; each probe group is
-        then due again after a spacing priced by what it can still win (`_backoff`).
+        then due again (`_backoff`).
         n, avail, active: the current step's prompt-lookup match and live rows, for the ranking."""
         d = jnp.arange(1, pol.succ.shape[1] + 1)[None]
 
@@ -177,8 +177,10 @@ class PolicyRules:
         return jax.tree.map(lambda a, b: jnp.where(jnp.any(ready), a, b), new, pol)
 
     def _backoff(self, pol: PolicyState, group: int, costs, n, avail, active, steps) -> PolicyState:
-        """Group `group` was just observed: its next look is spaced by what it can still win (`explore_share`).
+        """Group `group` was just observed: when is it looked at again.
 
+        `explore_share` 0 (the default): after probe_max at most if the estimates still rank it below the rest
+        (the interval doubles), after probe_min if it wins. Otherwise its next look is spaced by what it can win.
         A look (a shadow draft, or a probe's worst case) costs `look` AR steps; the group could win `gain` per
         step over the best of the rest if its rates sat `explore_optimism` std above their estimates. Looking
         every `look / (explore_share x gain)` steps spends at most that share of the possible gain on finding
