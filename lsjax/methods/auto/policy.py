@@ -172,11 +172,12 @@ class PolicyRules:
             new = add(new, fams.index("ls-chain"), got.chain_known, got.chain, ready, got.chain_first)
         if "hybrid" in fams:
             new = add(new, fams.index("hybrid"), got.hybrid_limit, got.hybrid, ready & (got.hybrid_limit > 0))
+        score = self._scores(costs, new, n, avail, active)  # looks only move due dates: one ranking serves all
         for g in range(members_of(self).shape[0]):
-            new = self._backoff(new, g, costs, n, avail, active, steps)
+            new = self._backoff(new, g, costs, n, avail, active, steps, score)
         return jax.tree.map(lambda a, b: jnp.where(jnp.any(ready), a, b), new, pol)
 
-    def _backoff(self, pol: PolicyState, group: int, costs, n, avail, active, steps) -> PolicyState:
+    def _backoff(self, pol: PolicyState, group: int, costs, n, avail, active, steps, score=None) -> PolicyState:
         """Group `group` was just observed: when is it looked at again.
 
         `explore_share` 0 (the default): after probe_max at most if the estimates still rank it below the rest
@@ -188,7 +189,7 @@ class PolicyRules:
         lose, or win too little at this device's costs, at probe_max. Fresh estimates are wide, so the first
         looks come soon; confirmed ones narrow and space out."""
         mine = np.asarray(members_of(self)[group])
-        score = self._scores(costs, pol, n, avail, active)
+        score = self._scores(costs, pol, n, avail, active) if score is None else score
         p = self.policy
         if not p.explore_share:  # the plain back-off: doubled while the group ranks below the rest, else reset
             worse = jnp.max(jnp.where(mine, score, -jnp.inf)) < jnp.max(jnp.where(mine, -jnp.inf, score))
