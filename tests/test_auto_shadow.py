@@ -133,11 +133,19 @@ def test_shadow_every_step_is_lossless_in_the_same_loop():
     assert int(free.draft.policy.shadows) > 0
 
 
-def test_a_put_aside_lookup_proposal_teaches_every_depth():
-    """AR steps emit one token, so prompt lookup's per-step check sees depth 1 only; a lookup proposal put aside
-    at a root is checked at every depth once the tokens after it are committed (depth 1 is not counted twice)."""
+def _lookup_at(hist, lookup, pol, step, done=False):
     from types import SimpleNamespace
 
+    from tests.test_auto import FULL
+
+    state = SimpleNamespace(done=jnp.full((1,), done), steps=jnp.int32(step))
+    return FULL._lookup_step(state, hist, lookup, pol, FULL._match(hist))
+
+
+def test_a_put_aside_lookup_proposal_teaches_every_depth():
+    """AR steps emit one token, so the step's own tokens show prompt lookup's depth 1 only; a lookup proposal
+    put aside at a root is checked at every depth once the tokens after it are committed, and its slot is free
+    again once a depth failed."""
     from lsjax.methods.auto.shadow import LookupShadow
     from lsjax.methods.pld.drafter import History
     from tests.test_auto import FULL
@@ -145,22 +153,57 @@ def test_a_put_aside_lookup_proposal_teaches_every_depth():
     D = max(FULL.pld_tokens)
     seq = [5, 6, 7, *range(10, 10 + D), 5, 6, 7]  # the last 3-gram matches; its continuation is 10 .. 17
     hist = History(jnp.zeros((1, 64), jnp.int32).at[0, : len(seq)].set(jnp.asarray(seq)), jnp.array([len(seq)]))
-    state = SimpleNamespace(done=jnp.zeros((1,), bool), steps=jnp.int32(0))
     pol0 = FULL.init_policy()
-    pol1, put = FULL._lookup_step(state, hist, LookupShadow.empty(1, D + 1, D), pol0, FULL._match(hist))
+    pol1, put = _lookup_at(hist, LookupShadow.empty(1, D + 1, D), pol0, 0)
     assert bool(put.pending[0, 0]) and np.asarray(put.tokens[0, 0]).tolist() == list(range(10, 10 + D))
     np.testing.assert_array_equal(np.asarray(pol1.trials), np.asarray(pol0.trials))  # nothing known yet
     follow = [10, 11, 12, 13, 14, 99, 98, 97]  # the target continued 5 tokens as the lookup proposed
     later = History(hist.tokens.at[0, len(seq) : len(seq) + D].set(jnp.asarray(follow)), jnp.array([len(seq) + D]))
-    pol2, after = FULL._lookup_step(
-        SimpleNamespace(done=state.done, steps=jnp.int32(D)), later, put, pol1, FULL._match(later)
-    )
+    pol2, after = _lookup_at(later, put, pol1, D)
     assert not bool(after.pending[0, 0])
     fam = FULL.families.index("pld3")
     tried = np.flatnonzero(np.asarray(pol2.trials[fam]) != np.asarray(pol1.trials[fam])) + 1
-    assert tried.tolist() == [2, 3, 4, 5, 6]  # depth 1 is the per-step check's; depth 6 failed, 7-8 untried
+    assert tried.tolist() == [1, 2, 3, 4, 5, 6]  # depth 6 failed, 7-8 untried
     gained = np.asarray(pol2.succ[fam]) - FULL.policy.decay * np.asarray(pol1.succ[fam])
-    np.testing.assert_allclose(gained[1:6], [1, 1, 1, 1, 0], atol=1e-6)
+    np.testing.assert_allclose(gained[:6], [1, 1, 1, 1, 1, 0], atol=1e-6)
+
+
+def test_a_put_aside_proposal_is_checked_depth_by_depth():
+    """Each depth is observed once, as soon as its token is committed (a copy is trusted within a few steps, not
+    after D); a failed depth frees the slot at once; a prompt-lookup step's own depths are not counted again."""
+    from lsjax.methods.auto.shadow import LookupShadow
+    from lsjax.methods.pld.drafter import History
+    from tests.test_auto import FULL
+
+    D = max(FULL.pld_tokens)
+    fam = FULL.families.index("pld3")
+    seq = [5, 6, 7, *range(10, 10 + D), 5, 6, 7]
+    tokens = jnp.zeros((1, 64), jnp.int32).at[0, : len(seq)].set(jnp.asarray(seq))
+    empty = LookupShadow.empty(1, D + 1, D)
+    pol, lookup = _lookup_at(History(tokens, jnp.array([len(seq)])), empty, FULL.init_policy(), 0)
+    trials = [np.asarray(pol.trials[fam]).copy()]
+    for i, tok in enumerate([10, 11, 12]):  # three AR steps that copy
+        tokens = tokens.at[0, len(seq) + i].set(tok)
+        pol, lookup = _lookup_at(History(tokens, jnp.array([len(seq) + i + 1])), lookup, pol, i + 1, done=True)
+        trials.append(np.asarray(pol.trials[fam]).copy())
+        assert int(lookup.seen[0, 0]) == i + 1 and bool(lookup.pending[0, 0])
+    for i in range(3):  # step i + 1 observed depth i + 1 of the first proposal, and no other
+        moved = np.flatnonzero(trials[i + 1] != trials[i]) + 1
+        assert moved.tolist() == [i + 1]
+    tokens = tokens.at[0, len(seq) + 3].set(99)  # depth 4 fails: the slot is free, depths 5.. never tried
+    before = pol
+    pol, lookup = _lookup_at(History(tokens, jnp.array([len(seq) + 4])), lookup, pol, 4, done=True)
+    assert not bool(lookup.pending[0, 0])
+    succ_before = np.asarray(before.succ[fam])
+    np.testing.assert_allclose(np.asarray(pol.succ[fam])[3], FULL.policy.decay * succ_before[3])  # tried, missed
+    assert np.asarray(pol.trials[fam])[3] > trials[-1][3] and np.asarray(pol.trials[fam])[4] == trials[-1][4]
+    # Depths a prompt-lookup step saw itself (`seen`) are skipped: a slot marked seen=3 after 3 tokens observes
+    # nothing more until the 4th.
+    pol0, fresh = _lookup_at(History(tokens, jnp.array([len(seq)])), empty, FULL.init_policy(), 0)
+    fresh = dataclasses.replace(fresh, seen=fresh.seen.at[0, 0].set(3))
+    tok = tokens.at[0, len(seq) : len(seq) + 3].set(jnp.asarray([10, 11, 12]))
+    pol1, _ = _lookup_at(History(tok, jnp.array([len(seq) + 3])), fresh, pol0, 3, done=True)
+    np.testing.assert_array_equal(np.asarray(pol1.trials), np.asarray(pol0.trials))
 
 
 def test_a_lookup_proposal_is_put_aside_every_step():

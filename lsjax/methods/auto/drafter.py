@@ -302,7 +302,10 @@ class AutoDrafter(PolicyRules, Drafter):
             ar_run=pol.ar_run + ran,
             stretched=pol.stretched + ran,
         )
-        return AutoState(pld, ring, pol, ds.shadow, self._match(pld), ds.lookup)
+        # Put-aside lookup proposals are checked against the stretch's tokens, and the next step's match put aside.
+        match = self._match(pld)
+        pol, lookup = self._lookup_step(state, pld, ds.lookup, pol, match)
+        return AutoState(pld, ring, pol, ds.shadow, match, lookup)
 
     def root_logp_wanted(self, ctx: DraftContext, state) -> jax.Array | bool:
         """Only the step right after a shadow was drafted at T > 0 (`DraftShadow.first_accept`)."""
@@ -325,14 +328,16 @@ class AutoDrafter(PolicyRules, Drafter):
         ran = verdict.extras.index
         pol = jax.lax.switch(ran, learners, *operands)
         pol = dataclasses.replace(pol, ar_run=jnp.where(ran == 0, pol.ar_run + 1, 0))
-        # What prompt lookup would have proposed, against what was emitted (a prompt-lookup step taught itself).
-        D = self.max_depth
-        proposal = _window(ds.pld, start, D)
-        shadowed = self.lookup_shadow(pol, n, avail, proposal, verdict.emitted()[:, :D], verdict.count)
-        ran_pld = jnp.asarray([c.kind == "pld" for c in self.candidates])[ran]
-        pol = jax.tree.map(lambda a, b: jnp.where(ran_pld, a, b), pol, shadowed)
+        # Prompt lookup learns from the committed tokens through its put-aside proposals (`_lookup_step`): the
+        # one this step was chosen with sits in the slot whose base is the history's length before the commit.
+        # A prompt-lookup step taught its family itself (`learn`): that slot skips the depths it saw.
+        lookup = ds.lookup
+        depth = jnp.asarray([c.drafter.max_depth if c.kind == "pld" else 0 for c in self.candidates])[ran]
+        taught = jnp.minimum(verdict.count, depth)[:, None]  # [B, 1]; 0 unless prompt lookup ran
+        mine = lookup.pending & (lookup.base == ds.pld.length[:, None])
+        lookup = dataclasses.replace(lookup, seen=jnp.where(mine, jnp.maximum(lookup.seen, taught), lookup.seen))
         match = self._match(pld)  # the next step's
-        pol, lookup = self._lookup_step(state, pld, ds.lookup, pol, match)
+        pol, lookup = self._lookup_step(state, pld, lookup, pol, match)
         if not self.shadows:
             return AutoState(pld, ring, pol, ds.shadow, match, lookup)
         shadow = ds.shadow.score_first(verdict.emitted()[:, 0], verdict.extras.root_logp, active)
@@ -340,22 +345,38 @@ class AutoDrafter(PolicyRules, Drafter):
         return AutoState(pld, ring, pol, shadow, match, lookup)
 
     def _lookup_step(self, state, pld: History, lookup: LookupShadow, pol: PolicyState, match):
-        """Put-aside prompt-lookup proposals whose tokens are all committed teach their deeper depths; then the
-        new root's match, if there is one, is put aside in this step's slot of the ring (if that slot is free)."""
+        """Put-aside prompt-lookup proposals teach the depths whose tokens were committed since they were last
+        checked (a slot is free again once a depth failed or every depth it can be tried at was checked); then
+        the new root's match, if there is one, is put aside in this step's slot."""
         B, R, D = lookup.tokens.shape
-        ready = lookup.pending & (pld.length[:, None] >= lookup.base + D)  # [B, R]
+        committed = jnp.clip(pld.length[:, None] - lookup.base, 0, D)  # [B, R] depths whose token is known
+        ready = lookup.pending & (committed > lookup.seen)
 
-        def observe(pol):
-            following = _window(pld, lookup.base, D).reshape(B * R, D)
+        def observe(args):
+            pol, lookup = args
+            following = _window(pld, lookup.base, D).reshape(B, R, D)
             n = jnp.where(ready, lookup.n, 0).reshape(-1)
-            tokens, avail = lookup.tokens.reshape(B * R, D), lookup.avail.reshape(-1)
-            return self.lookup_shadow(pol, n, avail, tokens, following, jnp.full_like(n, D), 2)
+            tokens, avail, known = lookup.tokens, lookup.avail, committed
+            pol = self.lookup_shadow(
+                pol,
+                n,
+                avail.reshape(-1),
+                tokens.reshape(B * R, D),
+                following.reshape(B * R, D),
+                known.reshape(-1),
+                lookup.seen.reshape(-1) + 1,
+            )
+            d = jnp.arange(1, D + 1)
+            same = (tokens == following) & (d <= known[..., None])
+            matched = jnp.sum(jnp.cumprod(same, axis=-1), axis=-1)  # [B, R]
+            over = (matched < jnp.minimum(known, avail)) | (known >= jnp.minimum(avail, D))
+            pending = lookup.pending & ~(ready & over)
+            return pol, dataclasses.replace(lookup, pending=pending, seen=jnp.where(ready, known, lookup.seen))
 
-        pol = jax.lax.cond(jnp.any(ready), observe, lambda pol: pol, pol)
-        pending = lookup.pending & ~ready
+        pol, lookup = jax.lax.cond(jnp.any(ready), observe, lambda args: args, (pol, lookup))
         n, start, avail = match
         slot = state.steps % R
-        fresh = ~pending[:, slot] & (n > 0) & ~state.done  # [B]
+        fresh = ~lookup.pending[:, slot] & (n > 0) & ~state.done  # [B]
         proposal = _window(pld, start, D)
 
         def put(old, new):  # old [B, R, ...], new [B, ...]: row b's slot gets new where fresh
@@ -367,7 +388,8 @@ class AutoDrafter(PolicyRules, Drafter):
             put(lookup.n, n),
             put(lookup.avail, avail),
             put(lookup.base, pld.length),
-            put(pending, jnp.ones_like(fresh)),
+            put(lookup.pending, jnp.ones_like(fresh)),
+            put(lookup.seen, jnp.zeros_like(n)),
         )
         return pol, lookup
 

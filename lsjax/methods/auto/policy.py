@@ -230,20 +230,20 @@ class PolicyRules:
             trials=jnp.where(seen, g * pol.trials + add_t, pol.trials),
         )
 
-    def lookup_shadow(self, pol: PolicyState, n, avail, proposal, emitted, count, from_depth: int = 1) -> PolicyState:
+    def lookup_shadow(self, pol: PolicyState, n, avail, proposal, emitted, count, from_depth=1) -> PolicyState:
         """Prompt lookup's rates from a step it did not run: its proposal [B, D] (the continuation of the match
         the step saw) against the emitted tokens [B, D] (the first count [B] valid). Whatever ran, the emitted
         tokens are the target's own (T = 0: its greedy choices; T > 0: draws from its distribution), and a
         prompt-lookup child is accepted exactly when it equals that token (greedy or sample-and-match): so
         depth d is observed, without bias, whenever d <= count. Free, so prompt lookup is never probed.
-        `from_depth`: record depths from there on only (a put-aside proposal's first depth was seen already)."""
+        `from_depth` (an int or [B]): record depths from there on only (the ones before were seen already)."""
         D = proposal.shape[1]
         d = jnp.arange(1, D + 1)[None]
         same = (proposal == emitted) & (d <= avail[:, None]) & (d <= count[:, None])
         matched = jnp.sum(jnp.cumprod(same, axis=1), axis=1)  # [B] leading depths that would be accepted
         valid = (n > 0) & (count > 0)
         trial = valid[:, None] & (d <= count[:, None]) & (d <= avail[:, None]) & (matched[:, None] >= d - 1)
-        trial = trial & (d >= from_depth)
+        trial = trial & (d >= jnp.reshape(jnp.asarray(from_depth), (-1, 1)))
         hit = trial & (matched[:, None] >= d)
         fam = self.families.index("pld1") + jnp.maximum(n - 1, 0)
         return self._observe(pol, fam, trial, hit)
