@@ -312,3 +312,27 @@ def test_observing_a_shadow_adds_the_first_depth_as_a_probability():
     np.testing.assert_allclose(float(new.trials[f, 0]), g * float(pol.trials[f, 0]) + 2, rtol=1e-6)
     # Depth 2 is tried only where the greedy token matched (nowhere here).
     np.testing.assert_allclose(float(new.trials[f, 1]), float(pol.trials[f, 1]), rtol=1e-6)
+
+
+def test_prompt_lookup_learns_from_the_roots_inside_a_stretch():
+    """An AR stretch puts nothing aside; its catch-up checks lookup at every root the stretch passed against
+    the stretch's tokens, so a copy that began inside it is known when it ends (and nothing past its end is)."""
+    from lsjax.methods.pld.drafter import History
+    from tests.test_auto import FULL
+
+    fam = FULL.families.index("pld3")
+    text = list(range(100, 140))
+    seq = text + [7, 8, 9] + text[:12]  # the stretch (12 tokens) copies the text's start
+    L = len(seq)
+    hist = History(jnp.zeros((1, 96), jnp.int32).at[0, :L].set(jnp.asarray(seq)), jnp.array([L]))
+    pol0 = FULL.init_policy()
+    before = jnp.array([L - 12])  # the history's length when the stretch began
+    pol = FULL._stretch_lookups(hist, before, pol0)
+    rate = np.asarray(pol.succ[fam]) / np.asarray(pol.trials[fam])
+    prior = np.asarray(pol0.succ[fam]) / np.asarray(pol0.trials[fam])
+    # Roots after stretch tokens 3 .. 11 have a 3-gram match that continues as the stretch did.
+    assert np.asarray(pol.trials[fam])[0] - np.asarray(pol0.trials[fam])[0] * FULL.policy.decay**9 > 7.0
+    assert rate[0] > 0.9 > prior[0] and rate[3] > prior[3]
+    # A one-step stretch passes no root: nothing is learnt (its roots are put aside like any step's).
+    same = FULL._stretch_lookups(hist, jnp.array([L - 1]), pol0)
+    np.testing.assert_array_equal(np.asarray(same.trials), np.asarray(pol0.trials))

@@ -302,10 +302,27 @@ class AutoDrafter(PolicyRules, Drafter):
             ar_run=pol.ar_run + ran,
             stretched=pol.stretched + ran,
         )
-        # Put-aside lookup proposals are checked against the stretch's tokens, and the next step's match put aside.
+        # Prompt lookup learns from the stretch's tokens: at the roots inside it, at once; the proposals put aside
+        # before it as every step's are; then the next step's match is put aside.
+        pol = self._stretch_lookups(pld, ds.pld.length, pol)
         match = self._match(pld)
         pol, lookup = self._lookup_step(state, pld, ds.lookup, pol, match)
         return AutoState(pld, ring, pol, ds.shadow, match, lookup)
+
+    def _stretch_lookups(self, pld: History, before: jax.Array, pol: PolicyState) -> PolicyState:
+        """Prompt lookup's would-be proposals at the roots a stretch passed (history lengths before + 1 .. its
+        end - 1; the roots before and after it are put aside as every step's are), each checked against the
+        stretch's tokens. Without it a copy that starts inside a stretch is noticed only steps after it ends."""
+        K = self.stretch_limit - 1
+        if K <= 0:
+            return pol
+        D = max(self.pld_tokens)
+        lengths = before[:, None] + 1 + jnp.arange(K)[None]  # [B, K]
+        count = jnp.clip(pld.length[:, None] - lengths, 0, D).reshape(-1)  # tokens committed after each root
+        hist = History(jnp.repeat(pld.tokens, K, axis=0), jnp.minimum(lengths, pld.length[:, None]).reshape(-1))
+        n, start, avail = self._match(hist)
+        n = jnp.where(count > 0, n, 0)
+        return self.lookup_shadow(pol, n, avail, _window(hist, start, D), _window(hist, hist.length, D), count)
 
     def root_logp_wanted(self, ctx: DraftContext, state) -> jax.Array | bool:
         """Only the step right after a shadow was drafted at T > 0 (`DraftShadow.first_accept`)."""
