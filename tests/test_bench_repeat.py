@@ -42,3 +42,25 @@ def test_bad_variant_is_one_line_exit_2(capsys):
         repeat.main(["--variant", "no-equals-sign"])
     assert e.value.code == 2
     assert "--variant 'no-equals-sign'" in capsys.readouterr().err
+
+
+def test_report_reprints_saved_runs_without_decoding(tmp_path, capsys):
+    import json
+
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"command": ["lsjax/bench/repeat.py", "--suite", "dev"], "rows": _rows()}))
+    assert repeat.main(["--report", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "run: lsjax/bench/repeat.py --suite dev" in out
+    assert "| a | 0 | 1.10x (1.10-1.10), tau 1.50 |" in out  # per prompt: speed over AR and tau
+    assert "auto = 124.2% of the best fixed method (pld)" in out
+
+
+def test_report_of_a_file_that_is_not_a_run_is_exit_2(tmp_path, capsys):
+    bad = tmp_path / "notes.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(SystemExit) as e:
+        repeat.main(["--report", str(bad)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--report" in err and "not a file written by --out" in err.strip().splitlines()[-1]

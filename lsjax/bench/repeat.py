@@ -11,7 +11,8 @@ in an unrecorded warm-up round per prompt bucket and temperature.
 
 Prints per prompt and temperature the median (min-max) speedup over AR of every method, then per temperature
 each method's mean speedup, auto's share of the best fixed method's mean and its worst prompt (every row,
-with auto's choices, goes to --out). Prompts come from a suite (`lsjax.bench.suites`: dev, or heldout, which
+with auto's choices, goes to --out; `--report FILE...` prints that summary again from saved rows, decoding
+nothing: the tables in docs/ are made with it). Prompts come from a suite (`lsjax.bench.suites`: dev, or heldout, which
 nothing is tuned on) or a JSONL file (--prompts).
 """
 
@@ -43,6 +44,12 @@ def main(argv=None) -> int:
     )
     p.add_argument("--out", help="write every measurement here (JSON)")
     p.add_argument(
+        "--report",
+        nargs="+",
+        metavar="FILE",
+        help="decode nothing: print the summary of runs written by --out (several files: their rows together)",
+    )
+    p.add_argument(
         "--flops",
         action="store_true",
         help="also print each method's extra parameters and FLOPs per step and per token (lsjax.bench.flops)",
@@ -55,6 +62,8 @@ def main(argv=None) -> int:
         help="also run a registry method with build options, e.g. auto-free=auto:budget=1,initial_slack=1e6",
     )
     args = p.parse_args(argv)
+    if args.report:
+        return report_files(args.report, p)
     from lsjax.bench.methods import parse_variant
 
     variants = {}
@@ -194,14 +203,39 @@ def _decode(spec, params, draft_params, state, step_limit):
     return engine.decode(params, draft_params, spec, state, step_limit)
 
 
+def report_files(paths: list[str], parser) -> int:
+    """`--report`: the summary of saved runs, as the run printed it (the tables in docs/ are made with this)."""
+    rows, commands = [], []
+    for path in paths:
+        try:
+            with open(path) as f:
+                saved = json.load(f)
+            got = saved["rows"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            parser.error(f"--report {path}: not a file written by --out ({type(e).__name__}: {e})")
+        rows += got
+        commands.append(" ".join(saved.get("command", [])))
+    if not rows:
+        parser.error(f"--report: no rows in {' '.join(paths)}")
+    methods = list(dict.fromkeys(["ar", *(r["method"] for r in rows)]))
+    for c in commands:
+        print(f"run: {c}")
+    report(rows, methods, sorted({r["T"] for r in rows}))
+    return 0
+
+
 def report(rows: list[dict], methods: list[str], temperatures) -> None:
     print(f"| prompt | T | {' | '.join(methods[1:])} |")
     print("|---|---|" + "---|" * (len(methods) - 1))
     for pid, t in dict.fromkeys((r["prompt"], r["T"]) for r in rows):
         cells = []
         for m in methods[1:]:
-            s = [r["speedup"] for r in rows if r["prompt"] == pid and r["T"] == t and r["method"] == m]
-            cells.append(f"{np.median(s):.2f}x ({min(s):.2f}-{max(s):.2f})")
+            got = [r for r in rows if r["prompt"] == pid and r["T"] == t and r["method"] == m]
+            if not got:
+                cells.append("-")
+                continue
+            s = [r["speedup"] for r in got]
+            cells.append(f"{np.median(s):.2f}x ({min(s):.2f}-{max(s):.2f}), tau {np.mean([r['tau'] for r in got]):.2f}")
         print(f"| {pid} | {t:g} | {' | '.join(cells)} |")
     for t in temperatures:
         print(f"\nT={t:g}: | method | mean tau | mean tok/s | mean x AR |")
