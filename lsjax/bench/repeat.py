@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -64,6 +65,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.report:
         return report_files(args.report, p)
+    if args.out:  # before the run, not after it: a run takes most of an hour
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     from lsjax.bench.methods import parse_variant
 
     variants = {}
