@@ -336,3 +336,40 @@ def test_prompt_lookup_learns_from_the_roots_inside_a_stretch():
     # A one-step stretch passes no root: nothing is learnt (its roots are put aside like any step's).
     same = FULL._stretch_lookups(hist, jnp.array([L - 1]), pol0)
     np.testing.assert_array_equal(np.asarray(same.trials), np.asarray(pol0.trials))
+
+
+def test_a_stretch_stops_where_the_policy_would_run_lookup():
+    """Inside an AR stretch, before each AR step: the match of the history so far (the stretch's tokens
+    appended), and whether the policy would run lookup for it. A copy that begins inside a stretch ends it."""
+    from types import SimpleNamespace
+
+    from lsjax.methods.auto.drafter import AutoState
+    from lsjax.methods.auto.profile import prior_costs
+    from lsjax.methods.pld.drafter import History
+    from tests.test_auto import FULL
+
+    fams = FULL.families
+    pol = FULL.init_policy()
+    rates = np.zeros(pol.succ.shape, np.float32) + 0.05  # every family pays nothing ...
+    rates[fams.index("pld3")] = 0.95  # ... but a 3-gram match, seen often
+    trials = np.full(pol.trials.shape, 40.0, np.float32)
+    pol = dataclasses.replace(pol, succ=jnp.asarray(rates * trials), trials=jnp.asarray(trials))
+    text = list(range(100, 140))
+    seq = text + [7, 8, 9]  # the history when the stretch began: no match for its last tokens
+    L0 = len(seq)
+    pld = History(jnp.zeros((1, 128), jnp.int32).at[0, :L0].set(jnp.asarray(seq)), jnp.array([L0]))
+    ds = AutoState(pld, (), pol, (), FULL._match(pld), ())
+    out = jnp.zeros((1, 64), jnp.int32).at[0, :5].set(jnp.asarray([3, 4, 7, 8, 9]))
+    start = SimpleNamespace(draft=ds, num_out=jnp.array([5]), out=out, done=jnp.zeros((1,), bool), steps=0)
+    ctx = SimpleNamespace(draft_params={"costs": jnp.asarray(prior_costs(FULL))})
+
+    def stop_after(stretch_tokens):
+        o = out.at[0, 5 : 5 + len(stretch_tokens)].set(jnp.asarray(stretch_tokens, jnp.int32))
+        s = SimpleNamespace(**{**vars(start), "num_out": jnp.array([5 + len(stretch_tokens)]), "out": o})
+        return bool(FULL.stretch_stop(ctx, start, s))
+
+    assert not stop_after([])  # no match: AR
+    assert not stop_after([100])  # a 1-gram match: its family pays nothing
+    assert not stop_after([100, 101])  # a 2-gram: the same
+    assert stop_after([100, 101, 102])  # a 3-gram match, the family that pays: the stretch ends
+    assert not stop_after([55, 56, 200])  # no match anywhere

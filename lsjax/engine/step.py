@@ -187,7 +187,7 @@ def ar_stretch(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: 
     variant and every sub-drafter's update (3-4% of an AR step on a CPU for auto); a stretch pays that once.
     At most the drafter's `stretch_limit` steps: the chain it catches up with has static length."""
     limit = drafter.stretch_limit
-    steps0, since = state.steps, state.num_out
+    start, steps0, since = state, state.steps, state.num_out
     ar = ARDrafter()
     n = jnp.minimum(n, limit)
 
@@ -195,7 +195,8 @@ def ar_stretch(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: 
         # The last token is left to the step after the stretch, which runs anyway: ending the run inside the
         # stretch would make that step a forward over finished rows.
         last = jnp.any(~s.done & (s.num_out >= gen.max_new_tokens - 1))
-        return (s.steps - steps0 < n) & ~jnp.all(s.done) & ~last
+        stop = jnp.asarray(drafter.stretch_stop(ctx, start, s), bool)
+        return (s.steps - steps0 < n) & ~jnp.all(s.done) & ~last & ~stop
 
     state = jax.lax.while_loop(more, lambda s: fixed_step(ctx, ar, gen, s), state)
     ran = state.steps - steps0

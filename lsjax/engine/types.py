@@ -154,6 +154,12 @@ class Drafter:
         `catch_up` brings the draft state up to date once). None (the default): never."""
         return None
 
+    def stretch_stop(self, ctx: DraftContext, start, state) -> jax.Array | bool:
+        """Before each AR step of a stretch begun at `start` (`state`: the loop's state, its draft state still
+        `start`'s): whether the stretch ends here, because something the policy would act on turned up.
+        False (the default): it runs its length."""
+        return False
+
     def catch_up(self, ctx: DraftContext, state, draft_state, verdict: Verdict, ran: jax.Array) -> Any:
         """The draft state after `ran` [] plain AR steps committed `verdict` (a chain: the stretch's committed
         tokens as one path, `Verdict.emitted()` the tokens they emitted)."""

@@ -57,10 +57,10 @@ class AutoPolicy:
     # At T > 0 with sampled drafts, shadows score the draft chain's first depth as the probability that
     # rejection sampling accepts it (`DraftShadow.first_accept`); False: as the greedy token's match (biased low).
     sampled_first: bool = True
-    # Once AR has run 2+ steps in a row and nothing might pay (no prompt-lookup match, no shadow waiting, no
-    # exploration due or affordable yet), up to this many AR steps run back to back in an inner loop with none
-    # of the policy's per-step work, the sub-drafters caught up once after (`engine.step.ar_stretch`); the
-    # length grows with the AR run (2, 4, 8, ...). 0: every step is a policy step.
+    # Once AR has run 2+ steps in a row (no shadow waiting, no exploration due or affordable yet), up to this
+    # many AR steps run back to back in an inner loop with none of the policy's per-step work but a check that
+    # no prompt-lookup match the policy would run has turned up, the sub-drafters caught up once after
+    # (`engine.step.ar_stretch`); the length grows with the AR run (2, 4, 8, ...). 0: every step is a policy step.
     stretch: int = 16
 
     def __post_init__(self):

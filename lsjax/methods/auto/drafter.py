@@ -262,10 +262,9 @@ class AutoDrafter(PolicyRules, Drafter):
 
     def ar_stretch(self, ctx: DraftContext, state) -> jax.Array | None:
         """`Drafter.ar_stretch`: once AR ran 2+ steps in a row, as many AR steps again (so stretches double) up
-        to `AutoPolicy.stretch`, while nothing might pay: the policy would pick AR whatever prompt-lookup match
-        turned up (its rates do not move inside a stretch, so a match found there could not change that), no
-        shadow waits for tokens, and no exploration is due or affordable before the stretch ends
-        (`quiet_steps`). The policy step after it looks again."""
+        to `AutoPolicy.stretch`, while nothing might pay: no shadow waits for tokens, no exploration is due or
+        affordable before the stretch ends (`quiet_steps`), and no prompt-lookup match turns up that the policy
+        would run (`stretch_stop`, checked before every AR step of it). The policy step after it looks again."""
         if not self.policy.stretch:
             return None
         ds: AutoState = state.draft
@@ -274,20 +273,27 @@ class AutoDrafter(PolicyRules, Drafter):
         calm = (pol.force < 0) & (pol.ar_run >= 2)
         if self.shadows:
             calm = calm & ~jnp.any(ds.shadow.pending & live)
+        k = jnp.minimum(pol.ar_run, self.quiet_steps(pol, self._costs(ctx), state.steps))
+        return jnp.where(calm, jnp.maximum(k, 0), 0).astype(jnp.int32)
 
-        def length(_):
-            costs = self._costs(ctx)
-            active = live.astype(jnp.float32)
-            n = ds.match[0]
-            deep = jnp.full_like(n, self.max_depth)
-            ar_anyway = jnp.bool_(True)
-            for g in range(1, self.pld_ngram + 1):
-                ar_anyway &= self.decide(pol, costs, jnp.full_like(n, g), deep, active, state.steps) == 0
-            k = jnp.minimum(pol.ar_run, self.quiet_steps(pol, costs, state.steps))
-            return jnp.where(ar_anyway, jnp.maximum(k, 0), 0).astype(jnp.int32)
-
-        # Most steps of a speculating run are not calm: skip the hypothetical choices then.
-        return jax.lax.cond(calm, length, lambda _: jnp.int32(0), None)
+    def stretch_stop(self, ctx: DraftContext, start, state) -> jax.Array:
+        """`Drafter.stretch_stop`: the policy, at the stretch's rates and costs, would run something other than
+        AR for the prompt-lookup match the history has now (the stretch's tokens appended to the history it
+        began with). A copy that begins inside a stretch is run from its first match, as without stretches;
+        checking only for a possible match (before 2026-11-27) kept a run with one well-rated 3-gram family
+        out of stretches altogether."""
+        ds: AutoState = start.draft
+        B, C = ds.pld.tokens.shape
+        j = jnp.arange(self.stretch_limit)[None]
+        ran = (state.num_out - start.num_out)[:, None]  # [B, 1] tokens the stretch emitted so far
+        idx = jnp.clip(start.num_out[:, None] + j, 0, state.out.shape[1] - 1)
+        pos = jnp.where(j < ran, ds.pld.length[:, None] + j, C)  # C: past the buffer, dropped
+        tokens = ds.pld.tokens.at[jnp.arange(B)[:, None], pos].set(
+            jnp.take_along_axis(state.out, idx, axis=1), mode="drop"
+        )
+        n, _, avail = self._match(History(tokens, ds.pld.length + ran[:, 0]))
+        live = (~state.done).astype(jnp.float32)
+        return self.decide(ds.policy, self._costs(ctx), n, avail, live, state.steps) != 0
 
     def catch_up(self, ctx: DraftContext, state, ds: AutoState, verdict: Verdict, ran) -> AutoState:
         """After a stretch of `ran` AR steps: the sub-drafters see its committed tokens at once, and the policy
