@@ -20,21 +20,21 @@ family is keyed by the n-gram its match used (a 3-gram match is far more reliabl
 the match is found before choosing, so a step without one never pays for an empty chain. Families start from
 a prior (a few pseudo-observations) and forget with a ~20-observation window.
 
-Prompt lookup learns from every step, whichever candidate ran (`lookup_shadow`): its would-be proposal is
-compared with the tokens the step emitted, which are the target's own, so acceptance up to the step's length
-is observed exactly and for free. The draft's families are explored by shadow drafts
-(`lsjax.methods.auto.shadow`, the default): when exploration is due, the draft alone proposes its tree at the
-new root (~0.2 AR steps on a 2-core CPU), the proposal waits until the tokens after that root are committed,
-and is then walked against them as verification would walk it, teaching ls-tree, ls-chain (read off the beam
-tree) and hybrid at once (at T > 0 with sampled drafts, the chain's first depth is scored as the probability
-that rejection sampling accepts a child drawn from the draft's q, from q and the target's p of the emitted
-token: `DraftShadow.first_accept`). With `AutoPolicy.shadow=False` they are probed instead: a group's most hopeful
-candidate (rates + a binomial confidence width) runs once, a full verification that costs 1.3-2.3x an AR
-step when it accepts nothing. Either way, exploration that leaves every group ranked below the rest doubles
-its interval (8 .. 64 steps) and one that makes a group win resets it (or, with `AutoPolicy.explore_share`,
-a group's next look is spaced by what it can win at this device's costs). This bounds what exploration costs
-when AR is best and notices when the text changes (prose, then code). Everything is a deterministic
-function of the decode state: the same seed gives the same choices.
+Prompt lookup learns from every step, whichever candidate ran (`lookup_shadow`): its would-be proposal at each
+root is put aside and compared, depth by depth, with the tokens committed after that root, which are the target's
+own, so its acceptance is observed exactly and for free (`LookupShadow`). The draft's families are explored by
+shadow drafts (`lsjax.methods.auto.shadow`, the default): when exploration is due, the draft alone proposes its
+tree at the new root (~0.2 AR steps on a 2-core CPU), the proposal waits until the tokens after that root are
+committed, and is then walked against them as verification would walk it, teaching ls-tree, ls-chain (read off
+the beam tree) and hybrid at once (at T > 0 with sampled drafts, the chain's first depth is scored as the
+probability that rejection sampling accepts a child drawn from the draft's q, from q and the target's p of the
+emitted token: `DraftShadow.first_accept`). With `AutoPolicy.shadow=False` they are probed instead: a group's
+most hopeful candidate (rates + a binomial confidence width) runs once, a full verification that costs 1.3-2.3x
+an AR step when it accepts nothing. Either way, exploration that leaves every group ranked below the rest doubles
+its interval (8 .. 64 steps) and one that makes a group win resets it (or, with `AutoPolicy.explore_share`, a
+group's next look is spaced by what it can win at this device's costs). This bounds what exploration costs when
+AR is best and notices when the text changes (prose, then code). Everything is a deterministic function of the
+decode state: the same seed gives the same choices.
 
 Never slower: the run keeps a slack, in AR steps, of (1 + budget) x the tokens it has emitted minus what
 its steps cost (from the profile, priced with `cost_margin`), starting at `initial_slack`. A candidate runs,
@@ -342,7 +342,7 @@ class AutoDrafter(PolicyRules, Drafter):
         tokens."""
         pld = self._pld(max(self.pld_tokens)).update(ctx, state, ds.pld, verdict)
         ring = self.longspec.update(sub_context(ctx), state, ds.ring, verdict) if self.longspec is not None else ()
-        n, start, avail = ds.match  # the match the step was chosen and drafted with (old history)
+        n, _, avail = ds.match  # the match the step was chosen and drafted with (old history)
         costs = self._costs(ctx)
         active = verdict.count > 0
         # One small branch per candidate: the policy state is a few hundred floats, so this switch is cheap.
