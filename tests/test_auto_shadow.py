@@ -366,10 +366,15 @@ def test_a_stretch_stops_where_the_policy_would_run_lookup():
     def stop_after(stretch_tokens):
         o = out.at[0, 5 : 5 + len(stretch_tokens)].set(jnp.asarray(stretch_tokens, jnp.int32))
         s = SimpleNamespace(**{**vars(start), "num_out": jnp.array([5 + len(stretch_tokens)]), "out": o})
-        return bool(FULL.stretch_stop(ctx, start, s))
+        return bool(FULL.stretch_stop(ctx, start, FULL.stretch_plan(ctx, start), s))
 
     assert not stop_after([])  # no match: AR
     assert not stop_after([100])  # a 1-gram match: its family pays nothing
     assert not stop_after([100, 101])  # a 2-gram: the same
     assert stop_after([100, 101, 102])  # a 3-gram match, the family that pays: the stretch ends
     assert not stop_after([55, 56, 200])  # no match anywhere
+    assert np.asarray(FULL.stretch_plan(ctx, start)).tolist() == [False, False, False, True]
+    # Where no match could tempt the policy (every family pays nothing), nothing is searched and nothing stops.
+    low = dataclasses.replace(pol, succ=jnp.asarray(np.full(rates.shape, 0.05, np.float32) * trials))
+    start = SimpleNamespace(**{**vars(start), "draft": dataclasses.replace(ds, policy=low)})
+    assert not np.asarray(FULL.stretch_plan(ctx, start)).any() and not stop_after([100, 101, 102])

@@ -190,12 +190,13 @@ def ar_stretch(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: 
     start, steps0, since = state, state.steps, state.num_out
     ar = ARDrafter()
     n = jnp.minimum(n, limit)
+    plan = drafter.stretch_plan(ctx, start)
 
     def more(s):
         # The last token is left to the step after the stretch, which runs anyway: ending the run inside the
         # stretch would make that step a forward over finished rows.
         last = jnp.any(~s.done & (s.num_out >= gen.max_new_tokens - 1))
-        stop = jnp.asarray(drafter.stretch_stop(ctx, start, s), bool)
+        stop = jnp.asarray(drafter.stretch_stop(ctx, start, plan, s), bool)
         return (s.steps - steps0 < n) & ~jnp.all(s.done) & ~last & ~stop
 
     state = jax.lax.while_loop(more, lambda s: fixed_step(ctx, ar, gen, s), state)

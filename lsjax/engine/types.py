@@ -154,10 +154,15 @@ class Drafter:
         `catch_up` brings the draft state up to date once). None (the default): never."""
         return None
 
-    def stretch_stop(self, ctx: DraftContext, start, state) -> jax.Array | bool:
+    def stretch_plan(self, ctx: DraftContext, start) -> Any:
+        """Computed once before a stretch begun at `start`, for `stretch_stop` (the loop's condition runs
+        before every AR step: what does not change inside the stretch belongs here). None by default."""
+        return None
+
+    def stretch_stop(self, ctx: DraftContext, start, plan, state) -> jax.Array | bool:
         """Before each AR step of a stretch begun at `start` (`state`: the loop's state, its draft state still
-        `start`'s): whether the stretch ends here, because something the policy would act on turned up.
-        False (the default): it runs its length."""
+        `start`'s; `plan`: `stretch_plan`'s): whether the stretch ends here, because something the policy would
+        act on turned up. False (the default): it runs its length."""
         return False
 
     def catch_up(self, ctx: DraftContext, state, draft_state, verdict: Verdict, ran: jax.Array) -> Any:

@@ -276,24 +276,41 @@ class AutoDrafter(PolicyRules, Drafter):
         k = jnp.minimum(pol.ar_run, self.quiet_steps(pol, self._costs(ctx), state.steps))
         return jnp.where(calm, jnp.maximum(k, 0), 0).astype(jnp.int32)
 
-    def stretch_stop(self, ctx: DraftContext, start, state) -> jax.Array:
-        """`Drafter.stretch_stop`: the policy, at the stretch's rates and costs, would run something other than
-        AR for the prompt-lookup match the history has now (the stretch's tokens appended to the history it
-        began with). A copy that begins inside a stretch is run from its first match, as without stretches;
-        checking only for a possible match (before 2026-11-27) kept a run with one well-rated 3-gram family
-        out of stretches altogether."""
+    def stretch_plan(self, ctx: DraftContext, start) -> jax.Array:
+        """[pld_ngram + 1] bool: for a match of each n-gram length (0: none), whether the policy, at the
+        stretch's rates and costs, would run something other than AR for it (with as many tokens after the match
+        as any candidate uses: a stop on a match too short to pay costs one policy step)."""
         ds: AutoState = start.draft
-        B, C = ds.pld.tokens.shape
-        j = jnp.arange(self.stretch_limit)[None]
-        ran = (state.num_out - start.num_out)[:, None]  # [B, 1] tokens the stretch emitted so far
-        idx = jnp.clip(start.num_out[:, None] + j, 0, state.out.shape[1] - 1)
-        pos = jnp.where(j < ran, ds.pld.length[:, None] + j, C)  # C: past the buffer, dropped
-        tokens = ds.pld.tokens.at[jnp.arange(B)[:, None], pos].set(
-            jnp.take_along_axis(state.out, idx, axis=1), mode="drop"
-        )
-        n, _, avail = self._match(History(tokens, ds.pld.length + ran[:, 0]))
-        live = (~state.done).astype(jnp.float32)
-        return self.decide(ds.policy, self._costs(ctx), n, avail, live, state.steps) != 0
+        costs, live = self._costs(ctx), (~start.done).astype(jnp.float32)
+        n = ds.match[0]
+        deep = jnp.full_like(n, self.max_depth)
+        acts = [
+            self.decide(ds.policy, costs, jnp.full_like(n, g), deep, live, start.steps) != 0
+            for g in range(1, self.pld_ngram + 1)
+        ]
+        return jnp.stack([jnp.bool_(False), *acts])
+
+    def stretch_stop(self, ctx: DraftContext, start, plan, state) -> jax.Array:
+        """`Drafter.stretch_stop`: the prompt-lookup match the history has now (the stretch's tokens appended to
+        the history it began with) is one the policy would act on (`stretch_plan`). A copy that begins inside a
+        stretch is run from its first match, as without stretches; before 2026-11-27 a stretch began only if no
+        possible match could tempt the policy, which kept a run with one well-rated 3-gram family out of
+        stretches altogether. The search runs only where some match would tempt it (on prose, none does)."""
+
+        def search(_):
+            ds: AutoState = start.draft
+            B, C = ds.pld.tokens.shape
+            j = jnp.arange(self.stretch_limit)[None]
+            ran = (state.num_out - start.num_out)[:, None]  # [B, 1] tokens the stretch emitted so far
+            idx = jnp.clip(start.num_out[:, None] + j, 0, state.out.shape[1] - 1)
+            pos = jnp.where(j < ran, ds.pld.length[:, None] + j, C)  # C: past the buffer, dropped
+            tokens = ds.pld.tokens.at[jnp.arange(B)[:, None], pos].set(
+                jnp.take_along_axis(state.out, idx, axis=1), mode="drop"
+            )
+            n, _, _ = self._match(History(tokens, ds.pld.length + ran[:, 0]))
+            return jnp.any(plan[n] & ~state.done)
+
+        return jax.lax.cond(jnp.any(plan), search, lambda _: jnp.bool_(False), None)
 
     def catch_up(self, ctx: DraftContext, state, ds: AutoState, verdict: Verdict, ran) -> AutoState:
         """After a stretch of `ran` AR steps: the sub-drafters see its committed tokens at once, and the policy
