@@ -190,7 +190,13 @@ def ar_stretch(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: 
     start, steps0, since = state, state.steps, state.num_out
     ar = ARDrafter()
     n = jnp.minimum(n, limit)
-    plan = drafter.stretch_plan(ctx, start)
+
+    def planned(_):
+        return drafter.stretch_plan(ctx, start)
+
+    # Most switched steps run no stretch (n = 0): the plan is only worked out for one that does.
+    blank = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(planned, None))
+    plan = jax.lax.cond(n > 0, planned, lambda _: blank, None)
 
     def more(s):
         # The last token is left to the step after the stretch, which runs anyway: ending the run inside the
