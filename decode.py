@@ -9,8 +9,9 @@ context window, a bad flag value) print one line and exit with status 2; a
 method option the chosen method does not read prints one warning line. Ctrl-C
 prints one line and exits with status 130.
 
-Compiled programs are kept in JAX's persistent cache, so a second run of the
-same decode compiles in a fraction of the time: ~/.cache/lsjax/jax-cache
+Compiled programs are kept on disk (JAX's persistent cache, and whole programs
+found without tracing: lsjax.engine.programs), so a second run of the same
+decode starts in a fraction of the time: ~/.cache/lsjax/jax-cache
 ($XDG_CACHE_HOME/lsjax/jax-cache), moved or turned off by --compile-cache DIR|off
 or $LSJAX_COMPILE_CACHE (lsjax.compile_cache).
 """
@@ -227,10 +228,14 @@ def main(argv=None, *, as_program: bool = False) -> int:
     # A warning (a kernel falling back to XLA, say) is one line on stderr, not a file:line and a source line.
     warnings.formatwarning = lambda message, category, *_a, **_k: f"decode.py: warning: {message}\n"
     # The engine's imports come after argument parsing, so `--help` and flag errors stay quick.
+    programs = None
     if as_program:
-        from lsjax.compile_cache import enable
+        from lsjax.compile_cache import enable, programs_dir
+        from lsjax.engine.programs import ProgramCache
 
         enable(args.compile_cache, "decode.py")
+        where = programs_dir(args.compile_cache)
+        programs = ProgramCache(where) if where is not None else None
     from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
     from lsjax.engine.host import Generator, check_prompt, first_difference
     from lsjax.errors import LsjaxError, MethodNote
@@ -283,7 +288,9 @@ def main(argv=None, *, as_program: bool = False) -> int:
 
             mesh = mesh_lib.make(args.mesh)
             mesh_lib.check(model.config, mesh, batch=1)
-        generator = Generator(model.config, model.params, drafter, draft_params, backend=args.backend, mesh=mesh)
+        generator = Generator(
+            model.config, model.params, drafter, draft_params, backend=args.backend, mesh=mesh, program_cache=programs
+        )
         print(
             f"[lsjax] {model.path.name} ({model.config.dtype}): {len(ids)} prompt tokens, method {method}, "
             f"loaded in {load_s:.1f}s; compiling...",

@@ -58,3 +58,15 @@ def enable(flag: str | None, prog: str = "lsjax") -> Path | None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_S)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return path
+
+
+def programs_dir(flag: str | None) -> Path | None:
+    """Where the CLIs keep whole compiled programs (`lsjax.engine.programs`, found without tracing): a folder
+    in JAX's cache directory, wherever that is; None when `--compile-cache off` (or the variable) says off."""
+    spec = flag if flag is not None else os.environ.get(ENV) or None
+    if spec is not None and spec.strip().lower() == OFF:
+        return None
+    import jax
+
+    root = jax.config.jax_compilation_cache_dir
+    return Path(root) / "lsjax-programs" if root else None

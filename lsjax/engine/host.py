@@ -20,6 +20,7 @@ import numpy as np
 from lsjax import mesh as mesh_lib
 from lsjax.config import GenerateConfig, ModelConfig
 from lsjax.engine import loop
+from lsjax.engine.programs import ProgramCache
 from lsjax.engine.step import stop_ids
 from lsjax.engine.types import ARDrafter, Drafter, HostRun, HostTuned, SpecConfig, Summarized
 from lsjax.errors import LsjaxError
@@ -88,8 +89,11 @@ class Generator:
         *,
         backend: str = "auto",
         mesh=None,
+        program_cache: ProgramCache | None = None,
     ):
         self.config = config
+        # Compiled programs on disk, found without tracing (`lsjax.engine.programs`); never over a mesh.
+        self.programs = program_cache if mesh is None else None
         self.mesh = mesh  # a ("data", "model") Mesh (lsjax.mesh.make): the target split over it
         if mesh is not None:
             draft_params = () if draft_params is None else draft_params
@@ -112,10 +116,22 @@ class Generator:
         lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
         spec = SpecConfig(self.config, gen, drafter, capacity=capacity, backend=self.backend, mesh=self.mesh)
         start_fn = functools.partial(loop.start, config=spec)
-        start = jax.jit(start_fn).lower(self.params, self.draft_params, tokens=tokens, lengths=lengths, key=key)
-        start = start.compile()
-        state_shape = jax.eval_shape(start_fn, self.params, self.draft_params, tokens=tokens, lengths=lengths, key=key)
-        decode = loop.decode_jit.lower(self.params, self.draft_params, spec, state_shape, jnp.int32(0)).compile()
+        args = (self.params, self.draft_params)
+        kwargs = {"tokens": tokens, "lengths": lengths, "key": key}
+
+        def lower_start():
+            return jax.jit(start_fn).lower(*args, **kwargs)
+
+        def lower_decode():
+            state_shape = jax.eval_shape(start_fn, *args, **kwargs)
+            return loop.decode_jit.lower(*args, spec, state_shape, jnp.int32(0))
+
+        if self.programs is None:
+            start, decode = lower_start().compile(), lower_decode().compile()
+        else:
+            # Both programs are determined by the spec and the start arguments (decode's state is start's output).
+            start = self.programs.get("start", spec, (args, kwargs), lower_start)
+            decode = self.programs.get("decode", spec, (args, kwargs), lower_decode)
         self._compiled[sig] = (start, decode, drafter)
         return self._compiled[sig], time.perf_counter() - t0
 

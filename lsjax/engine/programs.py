@@ -1,0 +1,158 @@
+"""A disk cache of compiled programs, found without tracing: a second `decode.py` of the same decode loads its
+prefill and decode programs instead of tracing, lowering and compiling them again.
+
+JAX's persistent compilation cache (`lsjax.compile_cache`) spares XLA's compile, but JAX must still trace and
+lower a program to find its cache key: 9 of the 36 s of a second start of `auto` on a 2-core CPU. This cache
+keys a program by what determines it, known before any tracing: lsjax's source, JAX's version and
+configuration, `XLA_FLAGS`, the devices, the static configuration (the repr of a frozen dataclass such as
+`SpecConfig`) and the arguments' tree structure, shapes and dtypes. It stores the executable serialized
+(`jax.experimental.serialize_executable`); loading it costs what loading from JAX's cache costs.
+
+Never cached (compiled as usual): a program whose static configuration holds code from outside lsjax (a
+plugin method: its source is not in the key), one whose configuration's repr names an object by address,
+and programs over a mesh. A file that cannot be read or loaded is compiled again and replaced; the newest
+`MAX_FILES` programs are kept.
+
+Only `Generator(program_cache=...)` uses it, and only `decode.py` passes one (next to JAX's cache): a library
+writes nothing to disk unless asked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import os
+import pickle
+import re
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+
+MAX_FILES = 32
+SUFFIX = ".lsjax-program"
+# Settings that move or describe caches and logs: the same program whatever they say.
+_CONFIG_IGNORED = re.compile(r"cache|log|dump|pprint|traceback|explain")
+
+
+@functools.cache
+def _source_digest() -> str:
+    """Every source file of the lsjax package: any edit makes every key new."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _environment() -> str:
+    import jaxlib
+
+    devices = jax.devices()
+    config = sorted((k, repr(v)) for k, v in jax.config.values.items() if not _CONFIG_IGNORED.search(k))
+    return repr(
+        (
+            _source_digest(),
+            jax.__version__,
+            jaxlib.__version__,
+            devices[0].platform,
+            devices[0].client.platform_version,
+            [d.device_kind for d in devices],
+            os.environ.get("XLA_FLAGS", ""),
+            config,
+        )
+    )
+
+
+def _foreign_code(obj, depth: int = 0) -> bool:
+    """Whether a static configuration holds an object of a class defined outside lsjax (a plugin drafter)."""
+    if depth > 8:
+        return True
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        if not type(obj).__module__.startswith("lsjax."):
+            return True
+        return any(_foreign_code(getattr(obj, f.name), depth + 1) for f in dataclasses.fields(obj))
+    if isinstance(obj, tuple | list):
+        return any(_foreign_code(x, depth + 1) for x in obj)
+    if isinstance(obj, dict):
+        return any(_foreign_code(v, depth + 1) for v in obj.values())
+    return not isinstance(obj, str | int | float | bool | type(None) | bytes)
+
+
+def _leaf(x) -> str:
+    return f"{tuple(x.shape)}:{x.dtype}:{getattr(x, 'weak_type', False)}"
+
+
+def program_key(name: str, static, args) -> str | None:
+    """The cache key of program `name` with static configuration `static` and arguments `args` (arrays or
+    ShapeDtypeStructs); None when the program must not be cached (module docstring)."""
+    text = repr(static)
+    if _foreign_code(static) or re.search(r" at 0x[0-9a-f]+", text):
+        return None
+    h = hashlib.sha256()
+    for part in (name, _environment(), text, str(jax.tree.structure(args)), *map(_leaf, jax.tree.leaves(args))):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+class ProgramCache:
+    """Compiled programs under `root` (created on first write)."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self.hits = 0  # programs loaded from disk (a test and `decode.py --json` read it)
+
+    def get(self, name: str, static, args, lower: Callable[[], jax.stages.Lowered]) -> jax.stages.Compiled:
+        """Program `name` for `args`: loaded when this cache holds it, else `lower().compile()`, stored."""
+        key = program_key(name, static, args)
+        if key is None:
+            return lower().compile()
+        path = self.root / f"{name}-{key}{SUFFIX}"
+        compiled = self._load(path)
+        if compiled is not None:
+            self.hits += 1
+            return compiled
+        compiled = lower().compile()
+        self._store(path, compiled)
+        return compiled
+
+    def _load(self, path: Path) -> jax.stages.Compiled | None:
+        from jax.experimental.serialize_executable import deserialize_and_load
+
+        try:
+            payload, in_tree, out_tree = pickle.loads(zlib.decompress(path.read_bytes()))
+            compiled = deserialize_and_load(payload, in_tree, out_tree)
+        except FileNotFoundError:
+            return None
+        except Exception:  # a damaged or foreign file is compiled again and replaced  # noqa: BLE001
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # kept as recently used
+        return compiled
+
+    def _store(self, path: Path, compiled: jax.stages.Compiled) -> None:
+        from jax.experimental.serialize_executable import serialize
+
+        try:
+            # Level 1: a 32 MB executable (auto on a CPU) becomes 5.5 MB in 0.2 s, read back in 0.1 s.
+            data = zlib.compress(pickle.dumps(serialize(compiled)), 1)
+        except Exception:  # a program JAX cannot serialize is simply not cached  # noqa: BLE001
+            return
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            tmp.replace(path)  # atomic: a concurrent reader sees the old file or the new one
+            self._evict()
+        except OSError:
+            pass
+
+    def _evict(self) -> None:
+        files = sorted(self.root.glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in files[MAX_FILES:]:
+            old.unlink(missing_ok=True)
