@@ -169,6 +169,12 @@ class Ticker:
             sys.stderr.flush()
 
     def __exit__(self, *exc):
+        self.stop()
+
+    def stop(self):
+        """Ends the ticker (once; later calls do nothing)."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         self._thread.join()
         if self.tty:
@@ -297,12 +303,14 @@ def main(argv=None, *, as_program: bool = False) -> int:
             file=sys.stderr,
             flush=True,
         )
-        with Ticker(compiling_label(drafter)):
-            compile_s = generator.compile(ids, gen, seed=args.seed)
         stream = tok.stream_decoder(skip_special_tokens=True)
         on_tokens = None if args.json else (lambda new: print(stream.push(new), end="", flush=True))
-        result = generator.run(ids, gen, seed=args.seed, on_tokens=on_tokens)
-        result.compile_s += compile_s  # run compiled nothing more (it found the programs compile made)
+        with Ticker(compiling_label(drafter)) as ticker:
+            # The decode program compiles on a host thread while the prompt is prefilled.
+            compile_s = generator.compile(ids, gen, seed=args.seed, background=True)
+            ticker.label += " (prefilling meanwhile)"
+            result = generator.run(ids, gen, seed=args.seed, on_tokens=on_tokens, on_ready=ticker.stop)
+        result.compile_s += compile_s  # the prefill program's; run added the decode program's
         if not args.json:
             print(stream.flush())
         baseline = split = None
@@ -315,6 +323,13 @@ def main(argv=None, *, as_program: bool = False) -> int:
             split = time_split(generator, ids, gen, seed=args.seed)
     except (LsjaxError, FileNotFoundError) as e:
         fail(str(e))
+    except Exception as e:
+        if programs is None or not programs.hits or type(e).__name__ != "JaxRuntimeError":
+            raise
+        # A program loaded from disk that XLA cannot run: dropped, so the next run compiles afresh.
+        programs.clear()
+        first = str(e).splitlines()[0]
+        fail(f"a compiled program from {programs.root} failed to run ({first}); it was removed: run again")
 
     out_text = tok.decode(result.tokens, skip_special_tokens=True)
     summary = {
@@ -328,6 +343,7 @@ def main(argv=None, *, as_program: bool = False) -> int:
         "load_s": round(load_s, 3),
         "compile_s": round(result.compile_s, 3),
         "prefill_s": round(result.prefill_s, 3),
+        "prefill_alongside_compile": result.prefill_alongside_compile,
         "decode_s": round(result.decode_s, 3),
         "tokens_per_s": round(result.tokens_per_s, 2),
         "target_forwards": result.target_forwards,
@@ -377,6 +393,8 @@ def main(argv=None, *, as_program: bool = False) -> int:
             if result.prompt_tokens > 1 and result.prefill_s > 0
             else ""
         )
+        if result.prefill_alongside_compile:
+            prefill_rate += " while compiling"
         print(
             f"[lsjax] {result.new_tokens} tokens ({result.stop_reason}); prefill {result.prefill_s:.2f}s"
             f"{prefill_rate}, decode {result.tokens_per_s:.1f} tok/s, "

@@ -82,6 +82,38 @@ def test_a_damaged_file_is_compiled_again_and_replaced(tmp_path):
     assert lowered == [1] and cache.hits == 0 and path.read_bytes() != b"not a program"
 
 
+@pytest.fixture
+def jax_cache(tmp_path):
+    """JAX's persistent cache on, in tmp_path/jax, for this test only."""
+    from jax._src import compilation_cache
+
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    saved = {n: getattr(jax.config, n) for n in names}
+    compilation_cache.reset_cache()  # JAX decides once per process whether it has a cache
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    yield tmp_path / "jax"
+    for n, v in saved.items():
+        jax.config.update(n, v)
+    compilation_cache.reset_cache()
+
+
+def test_a_program_from_jax_cache_is_not_stored(tmp_path, jax_cache):
+    """XLA:CPU re-serializes an executable JAX loaded from its cache without its kernels: storing one would
+    fail at its first run in the next process."""
+    x = jnp.arange(5.0)
+
+    def lower():
+        return jax.jit(lambda a: jnp.sin(a) * 3 + jnp.cumsum(a)).lower(x)
+
+    ProgramCache(tmp_path / "first").get("f", ("f",), (x,), lower)  # compiled: stored in both caches
+    assert len(list((tmp_path / "first").glob(f"*{programs.SUFFIX}"))) == 1 and any(jax_cache.iterdir())
+    jax.clear_caches()
+    compiled = ProgramCache(tmp_path / "second").get("f", ("f",), (x,), lower)  # JAX's cache hit
+    np.testing.assert_allclose(compiled(x), jnp.sin(x) * 3 + jnp.cumsum(x))
+    assert not (tmp_path / "second").exists()
+
+
 def test_only_the_newest_files_are_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(programs, "MAX_FILES", 2)
     _, get, _ = _cache_with_counted_lowering(tmp_path)
@@ -109,3 +141,64 @@ def test_a_mesh_generator_does_not_use_the_cache(tmp_path):
 
     g = Generator(config, params, mesh=mesh_lib.make("data=1"), program_cache=ProgramCache(tmp_path))
     assert g.programs is None
+
+
+# ------------------------------------------------------------------ the decode program compiled during prefill
+
+
+def test_a_decode_program_compiled_while_prefilling_decodes_the_same():
+    config, params = tiny_model()
+    ids = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    gen = GenerateConfig(max_new_tokens=12, ignore_eos=True)
+    plain = Generator(config, params, PLDDrafter(num_tokens=3)).run(ids, gen)
+    g = Generator(config, params, PLDDrafter(num_tokens=3))
+    assert g.compile(ids, gen, background=True) > 0
+    ready = []
+    overlapped = g.run(ids, gen, on_ready=lambda: ready.append(1))
+    assert overlapped.tokens == plain.tokens and ready == [1]
+    assert overlapped.prefill_alongside_compile and not plain.prefill_alongside_compile
+    assert overlapped.compile_s > 0  # the decode program's seconds, added by the run that waited for it
+    again = g.run(ids, gen)
+    assert again.tokens == plain.tokens and again.compile_s == 0 and not again.prefill_alongside_compile
+
+
+def test_a_background_compile_error_is_raised_by_run_and_the_next_run_compiles_again(monkeypatch):
+    from lsjax.engine import loop
+
+    config, params = tiny_model()
+    ids = [5, 6, 7, 8, 5, 6]
+    gen = GenerateConfig(max_new_tokens=6, ignore_eos=True)
+    g = Generator(config, params)
+    real = loop.decode_jit.lower
+
+    def broken(*a, **k):
+        raise RuntimeError("XLA ran out of something")
+
+    monkeypatch.setattr(loop.decode_jit, "lower", broken, raising=False)
+    g.compile(ids, gen, background=True)
+    with pytest.raises(RuntimeError, match="ran out"):
+        g.run(ids, gen)
+    monkeypatch.setattr(loop.decode_jit, "lower", real, raising=False)
+    assert g.run(ids, gen).new_tokens == 6
+
+
+def test_a_loaded_program_that_fails_to_run_is_removed_with_one_line(tmp_path, monkeypatch, capsys):
+    import decode
+    from lsjax import compile_cache
+
+    class JaxRuntimeError(RuntimeError):  # XLA's error type, by name (jax.errors.JaxRuntimeError)
+        pass
+
+    def loaded_then_broken(self, *a, **k):
+        self.programs.hits = 1
+        (self.programs.root / f"decode-x{programs.SUFFIX}").write_bytes(b"")
+        raise JaxRuntimeError("NOT_FOUND: Function iota_compare_fusion not found (type id: 1)\ndetails")
+
+    monkeypatch.setattr(compile_cache, "enable", lambda *a: None)  # JAX's own cache stays as the test has it
+    monkeypatch.setattr(compile_cache, "programs_dir", lambda flag: tmp_path)
+    monkeypatch.setattr(Generator, "run", loaded_then_broken)
+    with pytest.raises(SystemExit) as exit_:
+        decode.main(["--method", "ar", "--prompt", "hi", "--max-new-tokens", "2"], as_program=True)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_.value.code == 2 and "failed to run (NOT_FOUND: Function" in err and "run again" in err
+    assert not list(tmp_path.glob(f"*{programs.SUFFIX}"))

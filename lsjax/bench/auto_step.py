@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     states, compile_s = {}, {}
     for name, g in programs.items():
-        gen_, P, buf, key, (start, decode, _), compile_s[name] = g._prepare(ids, gen, 0)
+        gen_, P, buf, key, (start, decode, _), compile_s[name] = g.programs_for(ids, gen, 0)
         state = start(g.params, g.draft_params, tokens=jnp.asarray(buf), lengths=jnp.array([P], jnp.int32), key=key)
         states[name] = (jax.block_until_ready(state), decode)
 

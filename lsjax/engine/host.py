@@ -8,8 +8,10 @@ Used by `decode.py` and the benchmarks.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
+import threading
 import time
 from collections.abc import Callable
 
@@ -49,6 +51,9 @@ class GenerationResult:
     method: str = "ar"
     # Drafter diagnostics (auto: steps run by each candidate), from `drafter.summary(draft_state)` if it has one.
     drafter_stats: dict | None = None
+    # The prefill ran while the decode program compiled (`Generator.compile(background=True)`): prefill_s then
+    # includes sharing the host with XLA.
+    prefill_alongside_compile: bool = False
 
     @property
     def new_tokens(self) -> int:
@@ -106,10 +111,10 @@ class Generator:
         self._host_params: dict = {}  # (bucket, sampling) -> a HostTuned drafter's params
         self._compiled: dict = {}
 
-    def _compile(self, bucket: int, capacity: int, gen: GenerateConfig, key):
+    def _compile(self, bucket: int, capacity: int, gen: GenerateConfig, key, background: bool = False):
         sig = (bucket, capacity, gen)
         if sig in self._compiled:
-            return self._compiled[sig], 0.0
+            return sig, 0.0
         t0 = time.perf_counter()
         drafter = self.drafter
         tokens = jax.ShapeDtypeStruct((1, bucket), jnp.int32)
@@ -126,18 +131,53 @@ class Generator:
             state_shape = jax.eval_shape(start_fn, *args, **kwargs)
             return loop.decode_jit.lower(*args, spec, state_shape, jnp.int32(0))
 
-        if self.programs is None:
-            start, decode = lower_start().compile(), lower_decode().compile()
-        else:
+        def build(name, lower):
+            if self.programs is None:
+                return lower().compile()
             # Both programs are determined by the spec and the start arguments (decode's state is start's output).
-            start = self.programs.get("start", spec, (args, kwargs), lower_start)
-            decode = self.programs.get("decode", spec, (args, kwargs), lower_decode)
-        self._compiled[sig] = (start, decode, drafter)
-        return self._compiled[sig], time.perf_counter() - t0
+            return self.programs.get(name, spec, (args, kwargs), lower)
 
-    def _prepare(self, prompt_ids: list[int], gen: GenerateConfig, seed: int):
+        def timed_decode():
+            t = time.perf_counter()
+            return build("decode", lower_decode), time.perf_counter() - t
+
+        start = build("start", lower_start)
+        if background:
+            # XLA compiles (or loads) on one host thread while the device, or the other CPU cores, prefill.
+            decode = concurrent.futures.Future()
+
+            def work():
+                try:
+                    decode.set_result(timed_decode())
+                except BaseException as e:  # raised where the program is waited for  # noqa: BLE001
+                    decode.set_exception(e)
+
+            # Not a daemon: a process that ends meanwhile waits for XLA (a daemon thread still inside XLA at
+            # exit aborts the process, "terminate called ..."); Ctrl-C in decode.py exits at once regardless.
+            threading.Thread(target=work, name="lsjax-compile").start()
+            self._compiled[sig] = (start, decode, drafter)
+            return sig, time.perf_counter() - t0
+        self._compiled[sig] = (start, build("decode", lower_decode), drafter)
+        return sig, time.perf_counter() - t0
+
+    def _ready(self, sig) -> float:
+        """Waits for a decode program compiled in the background; returns its compile seconds (0 if none)."""
+        start, decode, drafter = self._compiled[sig]
+        if not isinstance(decode, concurrent.futures.Future):
+            return 0.0
+        try:
+            decode, seconds = decode.result()
+        except BaseException:
+            del self._compiled[sig]  # the next call compiles again, in the foreground
+            raise
+        self._compiled[sig] = (start, decode, drafter)
+        return seconds
+
+    def _prepare(self, prompt_ids: list[int], gen: GenerateConfig, seed: int, wait=True, background=False):
         """Validates the prompt, caps max_new_tokens to the context, pads the prompt into its bucket and
-        compiles (once per bucket). Returns (gen, P, buf [1, bucket], key, compiled, compile_s)."""
+        compiles (once per bucket). Returns (gen, P, buf [1, bucket], key, sig, compile_s), the programs in
+        `self._compiled[sig]`; `wait=False` leaves a decode program compiling in the background as it is, and
+        `background=True` compiles a new one there."""
         max_new = check_prompt(self.config, prompt_ids, gen.max_new_tokens)
         if max_new != gen.max_new_tokens:
             gen = dataclasses.replace(gen, max_new_tokens=max_new)
@@ -145,16 +185,26 @@ class Generator:
         bucket = loop.prompt_bucket(P)
         capacity = loop.required_capacity(bucket, gen, self.drafter)
         key = jax.random.key(seed)
-        compiled, compile_s = self._compile(bucket, capacity, gen, key)
+        sig, compile_s = self._compile(bucket, capacity, gen, key, background)
+        if wait:
+            compile_s += self._ready(sig)
         buf = np.zeros((1, bucket), np.int32)
         buf[0, :P] = prompt_ids
-        return gen, P, buf, key, compiled, compile_s
+        return gen, P, buf, key, sig, compile_s
 
-    def compile(self, prompt_ids: list[int], gen: GenerateConfig, seed: int = 0) -> float:
+    def programs_for(self, prompt_ids: list[int], gen: GenerateConfig, seed: int = 0):
+        """(gen capped to the context, P, buf [1, bucket], key, (start, decode, drafter), compile_s): the
+        compiled programs for this prompt, compiled now if they are not yet."""
+        gen, P, buf, key, sig, compile_s = self._prepare(prompt_ids, gen, seed)
+        return gen, P, buf, key, self._compiled[sig], compile_s
+
+    def compile(self, prompt_ids: list[int], gen: GenerateConfig, seed: int = 0, background: bool = False) -> float:
         """Compiles what `run` needs for this prompt (once per prompt bucket) ahead of it; returns the seconds
         it took (0 when already compiled, and `run` then reports compile_s 0). For a caller that shows
-        progress while compiling (`decode.py`)."""
-        return self._prepare(prompt_ids, gen, seed)[-1]
+        progress while compiling (`decode.py`). `background=True` compiles the prefill program and returns,
+        leaving the decode program compiling on a host thread: the next `run` prefills meanwhile and waits
+        for it (its compile seconds are then added to that run's `compile_s`)."""
+        return self._prepare(prompt_ids, gen, seed, wait=not background, background=background)[-1]
 
     def run(
         self,
@@ -163,14 +213,23 @@ class Generator:
         seed: int = 0,
         on_tokens: Callable[[list[int]], None] | None = None,
         stream_every: int = 8,
+        on_ready: Callable[[], None] | None = None,
     ) -> GenerationResult:
-        gen, P, buf, key, (start, decode, _), compile_s = self._prepare(prompt_ids, gen, seed)
+        """Prefills and decodes `prompt_ids`; `on_tokens` gets the new tokens every `stream_every` steps (else
+        the decode runs in one call), `on_ready` is called once the programs are compiled and decoding starts."""
+        gen, P, buf, key, sig, compile_s = self._prepare(prompt_ids, gen, seed, wait=False)
+        start = self._compiled[sig][0]
         t0 = time.perf_counter()
         state = start(
             self.params, self.draft_params, tokens=jnp.asarray(buf), lengths=jnp.array([P], jnp.int32), key=key
         )
         jax.block_until_ready(state.num_out)
         prefill_s = time.perf_counter() - t0
+        alongside = isinstance(self._compiled[sig][1], concurrent.futures.Future)
+        compile_s += self._ready(sig)
+        decode = self._compiled[sig][1]
+        if on_ready is not None:
+            on_ready()
         draft_params = self._draft_params(gen, buf.shape[1], state, decode)
 
         t0 = time.perf_counter()
@@ -199,6 +258,7 @@ class Generator:
             prompt_tokens=P,
             compile_s=compile_s,
             prefill_s=prefill_s,
+            prefill_alongside_compile=alongside,
             decode_s=decode_s,
             target_forwards=1 + int(state.steps),
             stop_reason="eos" if tokens and tokens[-1] in stops else "max_new_tokens",

@@ -45,7 +45,7 @@ def _phases(generator: Generator, bucket: int, capacity: int, gen: GenerateConfi
 
 
 def _prefilled(generator: Generator, prompt_ids: list[int], gen: GenerateConfig, seed: int):
-    gen, P, buf, key, compiled, _ = generator._prepare(prompt_ids, gen, seed)
+    gen, P, buf, key, compiled, _ = generator.programs_for(prompt_ids, gen, seed)
     state = compiled[0](
         generator.params, generator.draft_params, tokens=jnp.asarray(buf), lengths=jnp.array([P], jnp.int32), key=key
     )

@@ -10,7 +10,10 @@ configuration, `XLA_FLAGS`, the devices, the static configuration (the repr of a
 
 Never cached (compiled as usual): a program whose static configuration holds code from outside lsjax (a
 plugin method: its source is not in the key), one whose configuration's repr names an object by address,
-and programs over a mesh. A file that cannot be read or loaded is compiled again and replaced; the newest
+programs over a mesh, and a program JAX found in its own persistent cache rather than compiled: XLA:CPU
+serializes such an executable without its kernels (jaxlib 0.10.2: loaded again, it fails at its first run
+with "NOT_FOUND: Function ... not found"), so only a fresh compile is stored. A file that cannot be read or
+loaded is compiled again and replaced; the newest
 `MAX_FILES` programs are kept.
 
 Only `Generator(program_cache=...)` uses it, and only `decode.py` passes one (next to JAX's cache): a library
@@ -26,6 +29,7 @@ import hashlib
 import os
 import pickle
 import re
+import threading
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +37,8 @@ from pathlib import Path
 import jax
 
 MAX_FILES = 32
+_JAX_CACHE_HIT = "/jax/compilation_cache/cache_hits"
+_compiling = threading.local()  # per thread: JAX cache hits seen while this module compiles a program
 SUFFIX = ".lsjax-program"
 # Settings that move or describe caches and logs: the same program whatever they say.
 _CONFIG_IGNORED = re.compile(r"cache|log|dump|pprint|traceback|explain")
@@ -100,6 +106,28 @@ def program_key(name: str, static, args) -> str | None:
     return h.hexdigest()[:32]
 
 
+def _on_event(event: str, **_kw) -> None:
+    if event == _JAX_CACHE_HIT and getattr(_compiling, "hits", None) is not None:
+        _compiling.hits += 1
+
+
+@functools.cache
+def _listen() -> None:
+    jax.monitoring.register_event_listener(_on_event)
+
+
+def _compile(lower: Callable[[], jax.stages.Lowered]) -> tuple[jax.stages.Compiled, bool]:
+    """`lower().compile()`, and whether JAX loaded it from its persistent cache (JAX compiles in the calling
+    thread, so a hit counted in this thread while it compiles is this program's)."""
+    _listen()
+    _compiling.hits = 0
+    try:
+        compiled = lower().compile()
+        return compiled, _compiling.hits > 0
+    finally:
+        _compiling.hits = None
+
+
 class ProgramCache:
     """Compiled programs under `root` (created on first write)."""
 
@@ -117,9 +145,15 @@ class ProgramCache:
         if compiled is not None:
             self.hits += 1
             return compiled
-        compiled = lower().compile()
-        self._store(path, compiled)
+        compiled, from_jax_cache = _compile(lower)
+        if not from_jax_cache:
+            self._store(path, compiled)
         return compiled
+
+    def clear(self) -> None:
+        """Removes every program this cache holds."""
+        for path in self.root.glob(f"*{SUFFIX}"):
+            path.unlink(missing_ok=True)
 
     def _load(self, path: Path) -> jax.stages.Compiled | None:
         from jax.experimental.serialize_executable import deserialize_and_load
