@@ -146,12 +146,19 @@ def test_a_mesh_generator_does_not_use_the_cache(tmp_path):
 # ------------------------------------------------------------------ the decode program compiled during prefill
 
 
-def test_a_decode_program_compiled_while_prefilling_decodes_the_same():
+@pytest.mark.parametrize("where", ["accelerator", "cpu-loading"])
+def test_a_decode_program_compiled_while_prefilling_decodes_the_same(tmp_path, monkeypatch, where):
+    from lsjax.engine import host
+
     config, params = tiny_model()
     ids = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
     gen = GenerateConfig(max_new_tokens=12, ignore_eos=True)
-    plain = Generator(config, params, PLDDrafter(num_tokens=3)).run(ids, gen)
-    g = Generator(config, params, PLDDrafter(num_tokens=3))
+    plain = Generator(config, params, PLDDrafter(num_tokens=3), program_cache=ProgramCache(tmp_path)).run(ids, gen)
+    if where == "accelerator":
+        monkeypatch.setattr(host, "compiler_beside_device", lambda: True)
+        g = Generator(config, params, PLDDrafter(num_tokens=3))
+    else:  # on a CPU: only a program loaded from disk (one thread) is left to the background
+        g = Generator(config, params, PLDDrafter(num_tokens=3), program_cache=ProgramCache(tmp_path))
     assert g.compile(ids, gen, background=True) > 0
     ready = []
     overlapped = g.run(ids, gen, on_ready=lambda: ready.append(1))
@@ -162,9 +169,19 @@ def test_a_decode_program_compiled_while_prefilling_decodes_the_same():
     assert again.tokens == plain.tokens and again.compile_s == 0 and not again.prefill_alongside_compile
 
 
-def test_a_background_compile_error_is_raised_by_run_and_the_next_run_compiles_again(monkeypatch):
-    from lsjax.engine import loop
+def test_on_a_cpu_a_program_to_compile_is_not_compiled_beside_the_prefill(tmp_path):
+    config, params = tiny_model()
+    ids = [5, 6, 7, 8, 5, 6]
+    gen = GenerateConfig(max_new_tokens=6, ignore_eos=True)
+    g = Generator(config, params, program_cache=ProgramCache(tmp_path))
+    g.compile(ids, gen, background=True)
+    assert not g.run(ids, gen).prefill_alongside_compile
 
+
+def test_a_background_compile_error_is_raised_by_run_and_the_next_run_compiles_again(monkeypatch):
+    from lsjax.engine import host, loop
+
+    monkeypatch.setattr(host, "compiler_beside_device", lambda: True)
     config, params = tiny_model()
     ids = [5, 6, 7, 8, 5, 6]
     gen = GenerateConfig(max_new_tokens=6, ignore_eos=True)

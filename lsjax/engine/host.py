@@ -82,6 +82,11 @@ def check_prompt(config: ModelConfig, prompt_ids: list[int], max_new_tokens: int
     return min(max_new_tokens, config.max_position - len(prompt_ids))
 
 
+def compiler_beside_device() -> bool:
+    """Whether XLA compiles on other hardware than the programs run on (an accelerator, not the host CPU)."""
+    return jax.default_backend() != "cpu"
+
+
 class Generator:
     """Compiles prefill + decode for one model and one drafter (AR by default) and runs prompts through them."""
 
@@ -142,6 +147,10 @@ class Generator:
             return build("decode", lower_decode), time.perf_counter() - t
 
         start = build("start", lower_start)
+        if background and not compiler_beside_device():
+            # On a CPU, XLA compiles on the same cores the prefill runs on (measured on 2 cores: the demo's
+            # first token 20 s later side by side than one after the other); loading from disk is one thread.
+            background = self.programs is not None and self.programs.holds("decode", spec, (args, kwargs))
         if background:
             # XLA compiles (or loads) on one host thread while the device, or the other CPU cores, prefill.
             decode = concurrent.futures.Future()
@@ -203,7 +212,8 @@ class Generator:
         it took (0 when already compiled, and `run` then reports compile_s 0). For a caller that shows
         progress while compiling (`decode.py`). `background=True` compiles the prefill program and returns,
         leaving the decode program compiling on a host thread: the next `run` prefills meanwhile and waits
-        for it (its compile seconds are then added to that run's `compile_s`)."""
+        for it (its compile seconds are then added to that run's `compile_s`). On a CPU only a program loaded
+        from the program cache is left to the background: XLA's compile would share the prefill's cores."""
         return self._prepare(prompt_ids, gen, seed, wait=not background, background=background)[-1]
 
     def run(

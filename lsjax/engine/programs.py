@@ -135,6 +135,11 @@ class ProgramCache:
         self.root = Path(root)
         self.hits = 0  # programs loaded from disk (a test and `decode.py --json` read it)
 
+    def holds(self, name: str, static, args) -> bool:
+        """Whether `get` would load program `name` from disk (it may still fail to load and compile)."""
+        key = program_key(name, static, args)
+        return key is not None and (self.root / f"{name}-{key}{SUFFIX}").is_file()
+
     def get(self, name: str, static, args, lower: Callable[[], jax.stages.Lowered]) -> jax.stages.Compiled:
         """Program `name` for `args`: loaded when this cache holds it, else `lower().compile()`, stored."""
         key = program_key(name, static, args)
