@@ -171,6 +171,10 @@ class Ticker:
     def __exit__(self, *exc):
         self.stop()
 
+    def restart(self, label: str):
+        """Counts again from 0 under a new label."""
+        self.label, self._t0 = label, time.perf_counter()
+
     def stop(self):
         """Ends the ticker (once; later calls do nothing)."""
         if self._stop.is_set():
@@ -308,7 +312,10 @@ def main(argv=None, *, as_program: bool = False) -> int:
         with Ticker(compiling_label(drafter)) as ticker:
             # The decode program compiles on a host thread while the prompt is prefilled.
             compile_s = generator.compile(ids, gen, seed=args.seed, background=True)
-            ticker.label += " (prefilling meanwhile)"
+            if generator.compiling:
+                ticker.label += " (prefilling meanwhile)"
+            else:
+                ticker.restart(f"prefilling {len(ids)} prompt tokens")
             result = generator.run(ids, gen, seed=args.seed, on_tokens=on_tokens, on_ready=ticker.stop)
         result.compile_s += compile_s  # the prefill program's; run added the decode program's
         if not args.json:

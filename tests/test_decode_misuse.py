@@ -270,3 +270,12 @@ def test_auto_time_split_is_ms_per_step_of_each_candidate(tmp_path, monkeypatch)
     g.run(ids, gen)  # measures the profile once (written under LSJAX_PROFILE_DIR)
     split = time_split(g, ids, gen)
     assert split["step_ms_source"] == "profile" and split["step_ms_by_candidate"]["ar"] > 0
+
+
+def test_the_ticker_restarts_under_a_new_label(capsys):
+    with decode.Ticker("compiling", every=0.2) as ticker:
+        time.sleep(0.5)
+        ticker.restart("prefilling 9 prompt tokens")
+        time.sleep(0.5)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "[lsjax] compiling: 0s" and lines[-1] == "[lsjax] prefilling 9 prompt tokens: 0s", lines

@@ -159,7 +159,7 @@ def test_a_decode_program_compiled_while_prefilling_decodes_the_same(tmp_path, m
         g = Generator(config, params, PLDDrafter(num_tokens=3))
     else:  # on a CPU: only a program loaded from disk (one thread) is left to the background
         g = Generator(config, params, PLDDrafter(num_tokens=3), program_cache=ProgramCache(tmp_path))
-    assert g.compile(ids, gen, background=True) > 0
+    assert g.compile(ids, gen, background=True) > 0 and g.compiling
     ready = []
     overlapped = g.run(ids, gen, on_ready=lambda: ready.append(1))
     assert overlapped.tokens == plain.tokens and ready == [1]
@@ -175,7 +175,7 @@ def test_on_a_cpu_a_program_to_compile_is_not_compiled_beside_the_prefill(tmp_pa
     gen = GenerateConfig(max_new_tokens=6, ignore_eos=True)
     g = Generator(config, params, program_cache=ProgramCache(tmp_path))
     g.compile(ids, gen, background=True)
-    assert not g.run(ids, gen).prefill_alongside_compile
+    assert not g.compiling and not g.run(ids, gen).prefill_alongside_compile
 
 
 def test_a_background_compile_error_is_raised_by_run_and_the_next_run_compiles_again(monkeypatch):

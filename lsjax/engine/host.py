@@ -169,6 +169,11 @@ class Generator:
         self._compiled[sig] = (start, build("decode", lower_decode), drafter)
         return sig, time.perf_counter() - t0
 
+    @property
+    def compiling(self) -> bool:
+        """Whether a decode program is compiling (or loading) in the background (`compile(background=True)`)."""
+        return any(isinstance(c[1], concurrent.futures.Future) for c in self._compiled.values())
+
     def _ready(self, sig) -> float:
         """Waits for a decode program compiled in the background; returns its compile seconds (0 if none)."""
         start, decode, drafter = self._compiled[sig]
