@@ -148,8 +148,8 @@ class Generator:
 
         start = build("start", lower_start)
         if background and not compiler_beside_device():
-            # On a CPU, XLA compiles on the same cores the prefill runs on (measured on 2 cores: the demo's
-            # first token 20 s later side by side than one after the other); loading from disk is one thread.
+            # On a CPU, XLA's compile uses the cores the prefill runs on (the demo's first run side by side on 2
+            # cores: 20 s slower in one pair of runs, 4 s faster in the next); loading from disk is one thread.
             background = self.programs is not None and self.programs.holds("decode", spec, (args, kwargs))
         if background:
             # XLA compiles (or loads) on one host thread while the device, or the other CPU cores, prefill.
