@@ -30,12 +30,21 @@ def default_dir() -> Path:
     return Path(base) / "lsjax" / "jax-cache"
 
 
+def _requested(flag: str | None) -> str | None:
+    """What the user asked for: the flag, else the environment variable, else None."""
+    return flag if flag is not None else os.environ.get(ENV) or None
+
+
+def _is_off(spec: str) -> bool:
+    return spec.strip().lower() == OFF
+
+
 def resolve(flag: str | None) -> Path | None:
     """The cache directory for `--compile-cache` value `flag` (None: not given); None when it is off or JAX
     already has one (set by the caller's environment)."""
-    spec = flag if flag is not None else os.environ.get(ENV) or None
+    spec = _requested(flag)
     if spec is not None:
-        return None if spec.strip().lower() == OFF else Path(spec).expanduser()
+        return None if _is_off(spec) else Path(spec).expanduser()
     import jax
 
     return None if jax.config.jax_compilation_cache_dir else default_dir()
@@ -63,8 +72,8 @@ def enable(flag: str | None, prog: str = "lsjax") -> Path | None:
 def programs_dir(flag: str | None) -> Path | None:
     """Where the CLIs keep whole compiled programs (`lsjax.engine.programs`, found without tracing): a folder
     in JAX's cache directory, wherever that is; None when `--compile-cache off` (or the variable) says off."""
-    spec = flag if flag is not None else os.environ.get(ENV) or None
-    if spec is not None and spec.strip().lower() == OFF:
+    spec = _requested(flag)
+    if spec is not None and _is_off(spec):
         return None
     import jax
 

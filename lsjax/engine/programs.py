@@ -37,9 +37,9 @@ from pathlib import Path
 import jax
 
 MAX_FILES = 32
+SUFFIX = ".lsjax-program"
 _JAX_CACHE_HIT = "/jax/compilation_cache/cache_hits"
 _compiling = threading.local()  # per thread: JAX cache hits seen while this module compiles a program
-SUFFIX = ".lsjax-program"
 # Settings that move or describe caches and logs: the same program whatever they say.
 _CONFIG_IGNORED = re.compile(r"cache|log|dump|pprint|traceback|explain")
 
@@ -133,7 +133,7 @@ class ProgramCache:
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
-        self.hits = 0  # programs loaded from disk (a test and `decode.py --json` read it)
+        self.hits = 0  # programs loaded from disk (decode.py: whether a failing program came from here)
 
     def holds(self, name: str, static, args) -> bool:
         """Whether `get` would load program `name` from disk (it may still fail to load and compile)."""
@@ -166,9 +166,7 @@ class ProgramCache:
         try:
             payload, in_tree, out_tree = pickle.loads(zlib.decompress(path.read_bytes()))
             compiled = deserialize_and_load(payload, in_tree, out_tree)
-        except FileNotFoundError:
-            return None
-        except Exception:  # a damaged or foreign file is compiled again and replaced  # noqa: BLE001
+        except Exception:  # none yet, or damaged or foreign: compiled again and replaced  # noqa: BLE001
             return None
         with contextlib.suppress(OSError):
             os.utime(path)  # kept as recently used
