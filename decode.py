@@ -19,6 +19,7 @@ or $LSJAX_COMPILE_CACHE (lsjax.compile_cache).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -93,6 +94,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, tuple[str, ...]]:
         default="auto",
         help="weights and K/V cache: bf16 | fp32 (default auto: fp32 on a CPU, bf16 on TPU/GPU; accumulation and "
         "softmax statistics are fp32 either way, and AR and verification share the dtype)",
+    )
+    p.add_argument(
+        "--invariant-rows",
+        type=int,
+        default=0,
+        metavar="R",
+        help="batch-invariant numerics: every decode forward (AR's too) runs as R rows with attention that sums "
+        "each query's keys alike in every step, so the output is AR's bit for bit in bf16 on any device; R >= the "
+        "largest tree (128 covers every built-in method), the same R for runs compared; default 0 = off",
     )
     p.add_argument("--json", action="store_true", help="no streaming; print one JSON object with the text and timings")
     p.add_argument(
@@ -235,6 +245,10 @@ def main(argv=None, *, as_program: bool = False) -> int:
         fail(f"{registry.flag_of(name)}: {rest}" if sep and name.isidentifier() else str(e))
     if args.dtype not in ("auto", "bf16", "fp32"):
         fail(f"--dtype must be bf16, fp32 or auto, got {args.dtype!r}")
+    if not 0 <= args.invariant_rows <= 1024:
+        fail(f"--invariant-rows must be in [0, 1024] (0 = off), got {args.invariant_rows}")
+    if args.invariant_rows and args.mesh:
+        fail("--invariant-rows with --mesh: batch-invariant numerics run on one device only for now")
     # A warning (a kernel falling back to XLA, say) is one line on stderr, not a file:line and a source line.
     warnings.formatwarning = lambda message, category, *_a, **_k: f"decode.py: warning: {message}\n"
     # The engine's imports come after argument parsing, so `--help` and flag errors stay quick.
@@ -275,6 +289,8 @@ def main(argv=None, *, as_program: bool = False) -> int:
     try:
         t0 = time.perf_counter()
         model = load_model(args.model, dtype=args.dtype)
+        if args.invariant_rows:
+            model = model._replace(config=dataclasses.replace(model.config, invariant_rows=args.invariant_rows))
         load_s = time.perf_counter() - t0
         tok = model.tokenizer
         if chat:
@@ -343,6 +359,7 @@ def main(argv=None, *, as_program: bool = False) -> int:
         "method": method,
         "model": str(model.path),
         "dtype": model.config.dtype,
+        "invariant_rows": model.config.invariant_rows,
         "mesh": str(mesh_lib.shape_of(mesh)) if mesh is not None else None,
         "prompt_tokens": result.prompt_tokens,
         "new_tokens": result.new_tokens,
@@ -388,8 +405,8 @@ def main(argv=None, *, as_program: bool = False) -> int:
 
                 why = (
                     " (bf16 on an accelerator: a near-tied choice can round apart between AR and verification,"
-                    " docs/hardware/README.md; --dtype fp32 is exact)"
-                    if summary["dtype"] == "bfloat16" and jax.default_backend() != "cpu"
+                    " docs/hardware/README.md; --invariant-rows 128 makes bf16 exact)"
+                    if summary["dtype"] == "bfloat16" and jax.default_backend() != "cpu" and not summary["invariant_rows"]
                     else " (a bug: please report it with this command)"
                 )
                 at = summary["first_difference_vs_ar"]

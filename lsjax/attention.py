@@ -481,3 +481,76 @@ def hybrid_tree_attention(
     )
     out, _ = merge_attention(out_p, lse_p, out_t, lse_t)
     return out.astype(out_dtype or q.dtype)
+
+
+# ------------------------------------------------------------------------------- batch-invariant numerics
+
+
+def tree_ancestors(tree_mask, depth, max_depth: int):
+    """anc [B, T, max_depth + 1]: anc[b, i, d] = the node at depth d on node i's path (i itself at its own
+    depth); 0 where the path has no node at d (the caller masks those slots)."""
+    at = tree_mask[..., None] & (depth[:, None, :, None] == jnp.arange(max_depth + 1))  # [B, T(i), T(j), D]
+    return jnp.argmax(at, axis=2).astype(jnp.int32)
+
+
+def invariant_tree_attention(q, cache_k, cache_v, lengths, tree_k, tree_v, tree_mask, positions, *, layer, sm_scale=None):
+    """Attention whose output for a query depends on its position and the keys at positions [0, pos] only,
+    never on where the cache ends or on the other queries: AR (cache [0, pos), the query alone) and a
+    verification forward (cache [0, p), the query's ancestors in the tree) give the same bits.
+
+    Why: an attention split into a cache part and a tree part sums each query's keys in another grouping in
+    AR than in verification (the cache ends at another place), so the two differ in the last bits; in bf16
+    every later rounding can turn that into a bf16-sized difference and a greedy tie can flip. Here every
+    query with R = q.shape[1] rows sees two fixed parts: the cache keys [0, pos - R + 1) as one masked
+    softmax over all S slots (a tree is at most R - 1 deep, so these are in the cache in any step), and the
+    R positions [pos - R + 1, pos] gathered per query from the cache below the length and from the query's
+    path in the tree above it. Both parts share one running max and are added in a fixed order. The shapes
+    depend on R and S only, so a forward padded to R rows runs the same operations in every step.
+
+    q [B, R, N, H]; cache_k/v [L, B, K, S, H] (read at `layer`); lengths [B]; tree_k/v [B, R, K, H];
+    tree_mask [B, R, R]; positions [B, R] (lengths + depth). Returns fp32 [B, R, N, H].
+    """
+    B, R, N, H = q.shape
+    K, S = cache_k.shape[2], cache_k.shape[3]
+    G = N // K
+    f32 = jnp.float32
+    scale = sm_scale if sm_scale is not None else H**-0.5
+    precision = jax.lax.Precision.HIGHEST if q.dtype == f32 else None
+    ck, cv = cache_k[layer], cache_v[layer]  # [B, K, S, H]
+    qg = _grouped(q, K)  # [B, R, K, G, H]
+    lengths = lengths.astype(jnp.int32)
+    pos = positions.astype(jnp.int32)
+    low = pos - (R - 1)  # the first position of the window; everything below it comes from the cache
+
+    # Part 1: cache keys [0, low), one masked softmax over every slot.
+    s1 = jnp.einsum("brkgh,bksh->brkgs", qg, ck, precision=precision, preferred_element_type=f32) * scale
+    ok1 = (jnp.arange(S)[None, None, :] < low[:, :, None])[:, :, None, None, :]  # [B, R, 1, 1, S]
+
+    # Part 2: positions [low, pos], per query: cache below the length, the query's tree path from it on.
+    x = low[:, :, None] + jnp.arange(R)  # [B, R, W]
+    depth = pos - lengths[:, None]
+    rel = x - lengths[:, None, None]  # depth in the tree of the node at position x (< 0: in the cache)
+    anc = tree_ancestors(tree_mask, depth, R - 1)  # [B, R, R]
+    node = jnp.take_along_axis(anc, jnp.clip(rel, 0, R - 1), axis=2)  # [B, R, W]
+    slot = jnp.clip(x, 0, S - 1)
+
+    def window(cache, tree):  # -> [B, R, W, K, H]
+        from_cache = jax.vmap(lambda c, s: c[:, s].transpose(1, 2, 0, 3))(cache, slot)  # c [K, S, H], s [R, W]
+        from_tree = jax.vmap(lambda t, n: t[n])(tree, node)  # t [R, K, H], n [R, W]
+        return jnp.where((rel < 0)[..., None, None], from_cache, from_tree.astype(cache.dtype))
+
+    kw, vw = window(ck, tree_k), window(cv, tree_v)
+    s2 = jnp.einsum("brkgh,brwkh->brkgw", qg, kw, precision=precision, preferred_element_type=f32) * scale
+    ok2 = (x >= 0)[:, :, None, None, :]
+
+    m = jnp.maximum(
+        jnp.max(jnp.where(ok1, s1, NEG_INF), axis=-1), jnp.max(jnp.where(ok2, s2, NEG_INF), axis=-1)
+    )  # every query sees itself, so m is finite
+    p1 = jnp.where(ok1, jnp.exp(s1 - m[..., None]), 0.0)
+    p2 = jnp.where(ok2, jnp.exp(s2 - m[..., None]), 0.0)
+    denom = jnp.sum(p1, axis=-1) + jnp.sum(p2, axis=-1)
+    hi = jax.lax.Precision.HIGHEST
+    acc = jnp.einsum("brkgs,bksh->brkgh", p1, cv.astype(f32), precision=hi) + jnp.einsum(
+        "brkgw,brwkh->brkgh", p2, vw.astype(f32), precision=hi
+    )
+    return (acc / denom[..., None]).reshape(B, R, N, H)

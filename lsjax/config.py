@@ -120,6 +120,10 @@ class ModelConfig:
     pad_token_id: int = 2
     dtype: str = "float32"  # activations and weights; fp32 on CPU, bf16 on accelerators
     name: str = "model"
+    # Batch-invariant numerics (0 = off): every decode forward, AR's included, runs on exactly this many rows
+    # with attention that sums each query's keys the same way in every step, so speculative output is AR's bit
+    # for bit in any dtype on any device. Must be >= the largest tree verified, and equal between runs compared.
+    invariant_rows: int = 0
 
     def __post_init__(self):
         _check(
@@ -147,6 +151,11 @@ class ModelConfig:
         _check(self.rope_theta > 0, "rope_theta", f"must be > 0, got {self.rope_theta}")
         _check(0 < self.rms_norm_eps < 1, "rms_norm_eps", f"must be in (0, 1), got {self.rms_norm_eps}")
         _check(self.dtype in DTYPES, "dtype", f"must be one of {'|'.join(DTYPES)}, got {self.dtype!r}")
+        _check(
+            isinstance(self.invariant_rows, int) and 0 <= self.invariant_rows <= 1024,
+            "invariant_rows",
+            f"must be an int in [0, 1024] (0 = off), got {self.invariant_rows!r}",
+        )
         _check(isinstance(self.eos_token_ids, tuple), "eos_token_ids", "must be a tuple of ints")
         for t in (*self.eos_token_ids, self.pad_token_id):
             _check(0 <= t < self.vocab_size, "eos_token_ids", f"token id {t} outside [0, {self.vocab_size})")
@@ -159,7 +168,8 @@ class ModelConfig:
         """A short hash of the configuration (shapes, dtype): what a step's cost depends on, not the weights."""
         import hashlib
 
-        return hashlib.sha1(repr(self).encode()).hexdigest()[:12]
+        # Without invariant numerics the repr (and every profile keyed by it) is what it was before the field.
+        return hashlib.sha1(repr(self).replace(", invariant_rows=0", "").encode()).hexdigest()[:12]
 
     def num_params(self) -> int:
         D, F, L, V = self.hidden_size, self.intermediate_size, self.num_layers, self.vocab_size

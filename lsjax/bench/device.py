@@ -96,6 +96,9 @@ class CheckConfig:
     # one prompt bucket (one compile); one prompt catches few of the rounding differences bf16 can hide.
     e2e_prompts: int = 4
     e2e_dtypes: tuple[str, ...] = ("bfloat16",)
+    # Batch-invariant numerics for the end-to-end runs (`ModelConfig.invariant_rows`; 0 = off): outputs are
+    # compared with AR in the same numerics, speed with plain AR (timed in the same rounds).
+    e2e_invariant_rows: int = 128
     # Part b also times these PrefixTuning variants at the middle context (`--sweep`): what to change when the
     # kernel misses its bandwidth goal, measured on the card itself.
     sweep: tuple[tuple[tuple[str, int], ...], ...] = ()
@@ -110,6 +113,8 @@ class CheckConfig:
             raise ValueError(f"e2e_dtypes: unknown dtype {bad[0]!r}; choose from bfloat16, float32")
         if not 1 <= self.e2e_prompts <= 16:
             raise ValueError(f"e2e_prompts: must be an int in [1, 16], got {self.e2e_prompts}")
+        if not 0 <= self.e2e_invariant_rows <= 1024:
+            raise ValueError(f"e2e_invariant_rows: must be an int in [0, 1024], got {self.e2e_invariant_rows}")
         if not self.budget_s > 0:
             raise ValueError(f"budget_s: must be > 0 seconds, got {self.budget_s}")
 
@@ -124,6 +129,7 @@ class CheckConfig:
             e2e_methods=("pld",),
             e2e_prompts=2,
             e2e_dtypes=("float32",),
+            e2e_invariant_rows=32,
         )
         return cls(**{**small, **kw})
 
@@ -645,11 +651,20 @@ def _check_e2e(rep: Report, dtype: str) -> None:
         return
     gen = GenerateConfig(max_new_tokens=cfg.max_new_tokens)
     lengths = "/".join(str(len(p)) for p in prompts)
+    rows = cfg.e2e_invariant_rows
+    numerics = f", batch-invariant over {rows} rows" if rows else ""
     rep.note(
-        "e2e", f"{model.config.name} ({model.config.dtype}), prompts of {lengths} tokens, {gen.max_new_tokens} new"
+        "e2e",
+        f"{model.config.name} ({model.config.dtype}{numerics}), prompts of {lengths} tokens, {gen.max_new_tokens} new",
     )
-    ar = Generator(model.config, model.params)
-    ar.run(prompts[0], gen)  # compiles
+    plain = Generator(model.config, model.params)  # the speed baseline: AR as fast as it runs
+    plain.run(prompts[0], gen)  # compiles
+    if rows:  # the output baseline: AR in the methods' numerics
+        model = model._replace(config=dataclasses.replace(model.config, invariant_rows=rows))
+        ar = Generator(model.config, model.params)
+        ar.run(prompts[0], gen)
+    else:
+        ar = plain
     for name in cfg.e2e_methods:
         opts = methods[name]
         if rep.over_budget("e2e", f"{name} ({dtype})"):
@@ -659,24 +674,29 @@ def _check_e2e(rep: Report, dtype: str) -> None:
             drafter, draft_params = registry.build(name, model, **opts, cost_profile=profile)
             g = Generator(model.config, model.params, drafter, draft_params)
             g.run(prompts[0], gen)  # compiles (and measures auto's costs once)
-            pairs = [(ar.run(ids, gen), g.run(ids, gen)) for ids in prompts]  # interleaved with AR
+            # interleaved with AR (and plain AR when the numerics are invariant)
+            runs = [(ar.run(ids, gen), g.run(ids, gen), plain.run(ids, gen) if rows else None) for ids in prompts]
             split = time_split(g, prompts[0], gen)
         except (LsjaxError, ValueError) as e:
             rep.skip("e2e", f"{name} ({dtype}): {_first_line(e)}")
             continue
+        pairs = [(b, r) for b, r, _ in runs]
         diffs = [first_difference(b.tokens, r.tokens) for b, r in pairs]
         same = sum(d is None for d in diffs)
-        speed = float(np.median([r.tokens_per_s / max(b.tokens_per_s, 1e-9) for b, r in pairs]))
+        base = [p or b for b, _, p in runs]  # the speed baseline: plain AR
+        speed = float(np.median([r.tokens_per_s / max(b.tokens_per_s, 1e-9) for b, (_, r) in zip(base, pairs)]))
         row = dict(
             method=name,
             dtype=dtype,
+            invariant_rows=rows,
             identical=same == len(pairs),
             prompts_identical=f"{same}/{len(pairs)}",
             first_difference=min((d for d in diffs if d is not None), default=None),
             speedup=speed,
             tau=float(np.mean([r.mean_accepted for _, r in pairs])),
             tokens_per_s=float(np.median([r.tokens_per_s for _, r in pairs])),
-            ar_tokens_per_s=float(np.median([b.tokens_per_s for b, _ in pairs])),
+            ar_tokens_per_s=float(np.median([b.tokens_per_s for b in base])),
+            invariant_ar_tokens_per_s=float(np.median([b.tokens_per_s for b, _ in pairs])) if rows else None,
             new_tokens=sum(r.new_tokens for _, r in pairs),
             **split,
         )
@@ -686,7 +706,9 @@ def _check_e2e(rep: Report, dtype: str) -> None:
             "e2e",
             row,
             f"{name:<9} {dtype:<8} {'identical' if row['identical'] else 'DIFFERENT'} on {same}/{len(pairs)}"
-            f" prompts{where}; {speed:.2f}x AR ({row['tokens_per_s']:.1f} vs {row['ar_tokens_per_s']:.1f} tok/s),"
+            f" prompts{where}; {speed:.2f}x AR ({row['tokens_per_s']:.1f} vs {row['ar_tokens_per_s']:.1f} tok/s"
+            + (f"; invariant AR {row['invariant_ar_tokens_per_s']:.1f}" if rows else "")
+            + "),"
             f" tau {row['tau']:.2f}" + (f"; {ms}" if ms else ""),
         )
     rep.note("e2e", f"{dtype}: {time.perf_counter() - t0:.0f} s")
@@ -857,6 +879,12 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", action="store_true", help="part b also times prefix-kernel tuning variants")
     p.add_argument("--e2e-prompts", type=int, default=None, help="end to end: prompts per method (4; dry 2)")
     p.add_argument("--e2e-dtypes", default=None, help="end to end: comma-separated bf16,fp32 (default bf16; dry fp32)")
+    p.add_argument(
+        "--e2e-invariant-rows",
+        type=int,
+        default=None,
+        help="end to end: batch-invariant numerics over this many rows, 0 = off (default 128; dry 32)",
+    )
     args = p.parse_args(argv)
     # JAX 0.11 warns at every Triton lowering; the report says which backend built the kernels, once.
     warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning)
@@ -868,6 +896,8 @@ def main(argv=None) -> int:
         kw["sweep"] = SWEEP
     if args.e2e_prompts is not None:
         kw["e2e_prompts"] = args.e2e_prompts
+    if args.e2e_invariant_rows is not None:
+        kw["e2e_invariant_rows"] = args.e2e_invariant_rows
     if args.e2e_dtypes is not None:
         from lsjax.config import ConfigError, resolve_dtype
 

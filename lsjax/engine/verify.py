@@ -6,7 +6,8 @@ the target's *processed* distribution at a node (`processed_logprobs`, the one A
 * T = 0: walk from the root while some child holds the target's argmax at its parent; the argmax at the last
   accepted node is the bonus token. The guarantee is "exactly the target's greedy choice as computed by the
   verification forward": AR computes the same logits with other matmul shapes (differences ~1e-6), so the
-  two agree token for token except where two logits tie to that precision.
+  two agree token for token except where two logits tie to that precision. With batch-invariant numerics
+  (`ModelConfig.invariant_rows`) they are the same bits, and the outputs equal in every dtype.
 * T > 0, deterministic children (beam trees, prompt lookup; `tree.logq is None`): draw x ~ p at the node and
   move to the child holding x, else emit x and stop (sample-and-match). Each emitted token is a fresh draw
   from p given exactly the tokens before it. A child is accepted with probability p(child).
@@ -49,10 +50,11 @@ def tree_forward(params: dict, config: ModelConfig, tree: Tree, cache: KVCache, 
     """Target hidden states [B, T, D] (the model's dtype, for drafters), logits [B, T, V] (fp32, from the fp32
     hidden states) at every node, and the nodes' K/V [L, B, T, K, H] (not committed)."""
     positions = cache.lengths[:, None] + tree.depth
+    rows = config.invariant_rows
     hidden, new_k, new_v = target.forward_hidden(
-        params, config, tree.tokens, positions, cache, tree_mask=tree.mask, backend=backend
+        params, config, tree.tokens, positions, cache, tree_mask=tree.mask, backend=backend, pad_to=rows
     )
-    return _for_drafter(hidden, config), target.lm_head(params, config, hidden), new_k, new_v
+    return _for_drafter(hidden, config), target.lm_head(params, config, hidden, rows), new_k, new_v
 
 
 def _for_drafter(x: jax.Array, config: ModelConfig) -> jax.Array:
@@ -99,7 +101,8 @@ def tapped_tree_forward(
     `tree_forward`'s up to float rounding.
     """
     positions = cache.lengths[:, None] + tree.depth
-    fwd = functools.partial(target.forward_hidden, params, config, cache=cache, backend=backend)
+    rows = config.invariant_rows
+    fwd = functools.partial(target.forward_hidden, params, config, cache=cache, backend=backend, pad_to=rows)
     if layer > 0:
         x, k_lo, v_lo = fwd(tree.tokens, positions, tree_mask=tree.mask, layers=(0, layer))
     else:
@@ -116,7 +119,7 @@ def tapped_tree_forward(
     new_k = k_hi if k_lo is None else jnp.concatenate([k_lo, k_hi], axis=0)
     new_v = v_hi if v_lo is None else jnp.concatenate([v_lo, v_hi], axis=0)
     taps = ForwardTaps(_for_drafter(x, config), positions, cache, new_k, new_v)
-    return tree, _for_drafter(hidden, config), target.lm_head(params, config, hidden), new_k, new_v, taps
+    return tree, _for_drafter(hidden, config), target.lm_head(params, config, hidden, rows), new_k, new_v, taps
 
 
 def _take(x: jax.Array, idx: jax.Array) -> jax.Array:

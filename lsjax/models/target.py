@@ -28,7 +28,7 @@ import numpy as np
 
 from lsjax import attention
 from lsjax.cache import KVCache, commit
-from lsjax.config import ModelConfig
+from lsjax.config import ConfigError, ModelConfig
 from lsjax.models.layers import (
     ACT_DTYPE,
     ParamSpec,
@@ -105,8 +105,14 @@ def param_specs(config: ModelConfig) -> dict[str, ParamSpec]:
     return specs
 
 
-def lm_head(params: dict, config: ModelConfig, hidden: jax.Array) -> jax.Array:
-    """Final norm + output projection: hidden [..., D] -> logits [..., V] (fp32)."""
+def lm_head(params: dict, config: ModelConfig, hidden: jax.Array, pad_to: int = 0) -> jax.Array:
+    """Final norm + output projection: hidden [..., D] -> logits [..., V] (fp32).
+
+    `pad_to=R`: hidden [B, T <= R, D] runs as R rows (the same GEMM shapes in every call; `forward_hidden`)."""
+    if pad_to and hidden.shape[1] != pad_to:
+        T = hidden.shape[1]
+        full = jnp.pad(hidden, ((0, 0), (0, pad_to - T), (0, 0)))
+        return lm_head(params, config, full, pad_to)[:, :T]
     h = rms_norm(hidden, params["final_norm"], config.rms_norm_eps)
     if config.tie_embeddings:
         return head_logits(h, params["embed"])
@@ -230,6 +236,7 @@ def forward_hidden(
     backend: str = "auto",
     layers: tuple[int, int] | None = None,
     x: jax.Array | None = None,
+    pad_to: int = 0,
 ):
     """Runs the decoder over T new tokens.
 
@@ -241,7 +248,14 @@ def forward_hidden(
     `layers=(lo, hi)` runs layers [lo, hi) only, from `x` [B, T, D] (the residual stream entering layer lo;
     the embeddings when None), and returns that range's K/V [hi - lo, B, T, K, H]: a caller can stop
     between layers (to read or prune the tree there) and go on. Without it the code is the plain forward.
+
+    `pad_to=R` (batch-invariant numerics, `ModelConfig.invariant_rows`): the T <= R tokens run as R rows (the
+    rest padding, each seeing only itself) with `attention.invariant_tree_attention`, so every matmul,
+    reduction and attention has the same shapes in every call and a token's outputs are the same bits
+    whichever row it sits in and however many real rows there are. Outputs are cut back to T rows.
     """
+    if pad_to:
+        return _padded(params, config, tokens, positions, cache, tree_mask, backend, layers, x, pad_to)
     cos, sin = rope_angles(positions, inverse_frequencies(config))
     lo, hi = layers if layers is not None else (0, config.num_layers)
     # The residual stream is fp32 whatever the weights' dtype (`layers.dense` says why).
@@ -288,6 +302,41 @@ def forward_hidden(
         stacked = jax.tree.map(lambda a: a[lo:hi], stacked)
     x, (new_k, new_v) = jax.lax.scan(layer_fn, x, (stacked, jnp.arange(lo, hi)))
     return x, new_k, new_v
+
+
+def _padded(params, config, tokens, positions, cache, tree_mask, backend, layers, x, rows: int):
+    B, T = tokens.shape
+    if T > rows:
+        raise ConfigError(
+            f"invariant_rows: a forward over {T} tree nodes does not fit {rows} rows; raise invariant_rows to >= {T}"
+        )
+    extra = rows - T
+    if tree_mask is None:  # a causal chain
+        tree_mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
+    # Padding rows sit at the cache length (depth 0) and see only themselves: a finite row nothing reads.
+    pad_rows = jnp.arange(rows) >= T
+    tree_mask = jnp.pad(tree_mask, ((0, 0), (0, extra), (0, extra))) | (jnp.eye(rows, dtype=bool) & pad_rows)
+    tokens = jnp.pad(tokens, ((0, 0), (0, extra)))
+    positions = jnp.concatenate([positions, jnp.broadcast_to(cache.lengths[:, None], (B, extra))], axis=1)
+    if x is not None:
+        x = jnp.pad(x, ((0, 0), (0, extra), (0, 0)))
+    lengths, cos_sin = cache.lengths, rope_angles(positions, inverse_frequencies(config))
+    lo, hi = layers if layers is not None else (0, config.num_layers)
+    x = (embed(params, tokens) if x is None else x).astype(ACT_DTYPE)
+
+    def attend(q, k, v, index):
+        out = attention.invariant_tree_attention(
+            q, cache.k, cache.v, lengths, k, v, tree_mask, positions, layer=index
+        )
+        return out.astype(ACT_DTYPE)
+
+    layer_list = prepare_for_decode(params, config)["layers"]
+    new_k, new_v = [], []
+    for i, layer in enumerate(layer_list[lo:hi], start=lo):
+        x, k, v = _prepared_layer(layer, config, x, *cos_sin, lambda q, k, v, i=i: attend(q, k, v, i))
+        new_k.append(k)
+        new_v.append(v)
+    return x[:, :T], jnp.stack(new_k)[:, :, :T], jnp.stack(new_v)[:, :, :T]
 
 
 def forward(
