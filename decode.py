@@ -406,7 +406,9 @@ def main(argv=None, *, as_program: bool = False) -> int:
                 why = (
                     " (bf16 on an accelerator: a near-tied choice can round apart between AR and verification,"
                     " docs/hardware/README.md; --invariant-rows 128 makes bf16 exact)"
-                    if summary["dtype"] == "bfloat16" and jax.default_backend() != "cpu" and not summary["invariant_rows"]
+                    if summary["dtype"] == "bfloat16"
+                    and jax.default_backend() != "cpu"
+                    and not summary["invariant_rows"]
                     else " (a bug: please report it with this command)"
                 )
                 at = summary["first_difference_vs_ar"]

@@ -493,7 +493,9 @@ def tree_ancestors(tree_mask, depth, max_depth: int):
     return jnp.argmax(at, axis=2).astype(jnp.int32)
 
 
-def invariant_tree_attention(q, cache_k, cache_v, lengths, tree_k, tree_v, tree_mask, positions, *, layer, sm_scale=None):
+def invariant_tree_attention(
+    q, cache_k, cache_v, lengths, tree_k, tree_v, tree_mask, positions, *, layer, sm_scale=None
+):
     """Attention whose output for a query depends on its position and the keys at positions [0, pos] only,
     never on where the cache ends or on the other queries: AR (cache [0, pos), the query alone) and a
     verification forward (cache [0, p), the query's ancestors in the tree) give the same bits.
@@ -512,7 +514,6 @@ def invariant_tree_attention(q, cache_k, cache_v, lengths, tree_k, tree_v, tree_
     """
     B, R, N, H = q.shape
     K, S = cache_k.shape[2], cache_k.shape[3]
-    G = N // K
     f32 = jnp.float32
     scale = sm_scale if sm_scale is not None else H**-0.5
     precision = jax.lax.Precision.HIGHEST if q.dtype == f32 else None

@@ -306,7 +306,7 @@ def forward_hidden(
 
 def _padded(params, config, tokens, positions, cache, tree_mask, backend, layers, x, rows: int):
     B, T = tokens.shape
-    if T > rows:
+    if rows < T:
         raise ConfigError(
             f"invariant_rows: a forward over {T} tree nodes does not fit {rows} rows; raise invariant_rows to >= {T}"
         )
@@ -325,9 +325,7 @@ def _padded(params, config, tokens, positions, cache, tree_mask, backend, layers
     x = (embed(params, tokens) if x is None else x).astype(ACT_DTYPE)
 
     def attend(q, k, v, index):
-        out = attention.invariant_tree_attention(
-            q, cache.k, cache.v, lengths, k, v, tree_mask, positions, layer=index
-        )
+        out = attention.invariant_tree_attention(q, cache.k, cache.v, lengths, k, v, tree_mask, positions, layer=index)
         return out.astype(ACT_DTYPE)
 
     layer_list = prepare_for_decode(params, config)["layers"]
