@@ -33,9 +33,19 @@ def check_platform(platform: str) -> str:
     return platform
 
 
-def dot_precision(dtype):
-    """fp32 dots at full precision: Triton's fp32 default is TF32 (10-bit mantissa), far outside 1e-5."""
-    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+def dot_precision(dtype, fast_fp32=None):
+    """fp32 dots at full precision: Triton's fp32 default is TF32 (10-bit mantissa), far outside 1e-5. bf16
+    dots take the default (bf16 products are exact in the fp32 accumulator)."""
+    return f32_precision(fast_fp32) if jnp.dtype(dtype) == jnp.float32 else None
+
+
+def f32_precision(fast: bool | None):
+    """How an fp32 x fp32 dot runs inside a kernel. HIGHEST is IEEE fp32 in Triton: scalar FMAs, no tensor
+    cores; with the softmax weights in fp32 it made a 32-node verification at 8K context 7x an AR step on an
+    H200 (docs/hardware). A compiled GPU kernel (`fast`) uses three TF32 tensor-core passes instead (about
+    fp32's accuracy: the operand split into a TF32 high part and a TF32 remainder); TPU and the interpreter
+    keep HIGHEST."""
+    return jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3 if fast else jax.lax.Precision.HIGHEST
 
 
 def tpu_params(semantics: tuple[str, ...]):
@@ -52,7 +62,7 @@ def triton_params(num_warps: int, num_stages: int):
     return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
-def online_step(s, vb, m, l, acc):
+def online_step(s, vb, m, l, acc, pv_precision=jax.lax.Precision.HIGHEST):
     """One key block of the online softmax. s [R, bk] fp32 scores, -inf where invisible; vb [bk, H] with
     invisible keys zeroed (they may be out-of-bounds garbage: 0 * NaN would leak). m, l [R, C] hold the
     row statistics broadcast over C columns (C = 128 lanes on TPU, 1 on GPU); acc [R, H] fp32."""
@@ -64,14 +74,9 @@ def online_step(s, vb, m, l, acc):
     l_new = corr * l + jnp.sum(p, axis=1, keepdims=True)
     # p stays fp32 (V is widened instead): p depends on the running max, so on how the keys are split into
     # blocks and into cache/tree parts; rounded to bf16 it made one query's output differ ~1e-3 between AR and
-    # verification, enough to flip a near-tied greedy choice. Decode attention is bound by reading K/V, so the
-    # fp32 product costs little. HIGHEST: Triton's fp32 default is TF32.
+    # verification, enough to flip a near-tied greedy choice. `pv_precision`: `f32_precision` says why.
     pv = jax.lax.dot_general(
-        p,
-        vb.astype(jnp.float32),
-        (((1,), (0,)), ((), ())),
-        precision=jax.lax.Precision.HIGHEST,
-        preferred_element_type=jnp.float32,
+        p, vb.astype(jnp.float32), (((1,), (0,)), ((), ())), precision=pv_precision, preferred_element_type=jnp.float32
     )
     return m_new, l_new, acc * corr[:, :1] + pv
 

@@ -41,6 +41,7 @@ from pallas_kernels._common import (
     NEG_INF,
     check_platform,
     dot_precision,
+    f32_precision,
     finish,
     is_pow2,
     next_pow2,
@@ -106,6 +107,7 @@ def _tpu_kernel(
     steps,
     num_kv,
     precision,
+    pv_precision,
 ):
     # q_ref [R, H]; k_ref / v_ref [block_s, H]; o_ref [R, H]; lse_ref, m_sc, l_sc [R, 128]; acc_sc [R, H].
     del layer_ref  # used by the index maps only
@@ -133,7 +135,7 @@ def _tpu_kernel(
             s = jnp.where((pos >= lo) & (pos < hi), s, NEG_INF)
             pos_col = start + jax.lax.broadcasted_iota(jnp.int32, (block_k, 1), 0)
             vb = jnp.where((pos_col >= lo) & (pos_col < hi), vb, jnp.zeros_like(vb))
-            m, l, acc = online_step(s, vb, m_sc[...], l_sc[...], acc_sc[...])
+            m, l, acc = online_step(s, vb, m_sc[...], l_sc[...], acc_sc[...], pv_precision)
             m_sc[...], l_sc[...], acc_sc[...] = m, l, acc
 
         return carry
@@ -164,6 +166,7 @@ def _gpu_kernel(
     split_len,
     num_kv,
     precision,
+    pv_precision,
 ):
     # q_ref [Rb, H]; k_ref / v_ref the whole cache [L, B, K, S, H]; o_ref [Rb, H]; lse_ref [Rb].
     from jax.experimental.pallas import triton as plgpu
@@ -189,7 +192,7 @@ def _gpu_kernel(
         kb = plgpu.load(k_ref.at[layer, b, h, pl.ds(start, block_k), :], mask=ok[:, None], other=0.0)
         vb = plgpu.load(v_ref.at[layer, b, h, pl.ds(start, block_k), :], mask=ok[:, None], other=0.0)
         s = jnp.where(ok[None, :], scores(q, kb, sm_scale, precision), NEG_INF)
-        return online_step(s, vb, m, l, acc)
+        return online_step(s, vb, m, l, acc, pv_precision)
 
     init = (
         jnp.full((rows, 1), NEG_INF, jnp.float32),
@@ -250,6 +253,7 @@ def _tpu_call(qf, k, v, layer, lengths, start, *, scale, tuning, interpret):
         steps=steps,
         num_kv=K,
         precision=dot_precision(qf.dtype),
+        pv_precision=f32_precision(False),
     )
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=3,
@@ -310,7 +314,8 @@ def _gpu_call(qf, k, v, layer, lengths, start, *, scale, tuning, block_rows, int
         block_k=block_k,
         split_len=split_len,
         num_kv=K,
-        precision=dot_precision(qf.dtype),
+        precision=dot_precision(qf.dtype, not interpret),
+        pv_precision=f32_precision(not interpret),
     )
     whole = pl.BlockSpec(memory_space=pl.ANY)
     o, lse = pl.pallas_call(

@@ -879,6 +879,8 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", action="store_true", help="part b also times prefix-kernel tuning variants")
     p.add_argument("--e2e-prompts", type=int, default=None, help="end to end: prompts per method (4; dry 2)")
     p.add_argument("--e2e-dtypes", default=None, help="end to end: comma-separated bf16,fp32 (default bf16; dry fp32)")
+    p.add_argument("--kernel-T", default=None, help="kernels: comma-separated query counts (default 1,16,69,256)")
+    p.add_argument("--contexts", default=None, help="bandwidth and step: comma-separated contexts (8192,32768,131072)")
     p.add_argument(
         "--e2e-invariant-rows",
         type=int,
@@ -896,6 +898,13 @@ def main(argv=None) -> int:
         kw["sweep"] = SWEEP
     if args.e2e_prompts is not None:
         kw["e2e_prompts"] = args.e2e_prompts
+    for flag, field in (("kernel_T", "kernel_T"), ("contexts", "contexts")):
+        if getattr(args, flag) is not None:
+            try:
+                kw[field] = tuple(int(x) for x in getattr(args, flag).split(",") if x)
+            except ValueError:
+                print(f"lsjax.bench.device: error: --{flag.replace('_', '-')}: comma-separated ints", file=sys.stderr)
+                return 2
     if args.e2e_invariant_rows is not None:
         kw["e2e_invariant_rows"] = args.e2e_invariant_rows
     if args.e2e_dtypes is not None:
