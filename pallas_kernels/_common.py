@@ -48,6 +48,21 @@ def f32_precision(fast: bool | None):
     return jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3 if fast else jax.lax.Precision.HIGHEST
 
 
+PV_MODES = ("highest", "tf32x3", "native")
+
+
+def pv_mode(compiled_gpu: bool, v_dtype) -> str:
+    """How the softmax weights p meet V. A compiled GPU kernel over a bf16/fp16 cache rounds p to V's dtype:
+    one tensor-core pass, as FlashAttention does (the H100 run measured a 69-node verification at 1.09x an AR
+    step this way, 3.98x on the H200 with p in fp32 as TF32x3). The rounding makes a query's output depend on
+    how its keys are split into blocks and cache/tree parts by ~1e-3, so greedy bf16 output can leave AR's at
+    a near tie: exactness in bf16 is batch-invariant numerics' job (`ModelConfig.invariant_rows`), which does
+    not use these kernels. fp32 on a GPU: TF32x3; TPU and the interpreter: fp32 p at HIGHEST."""
+    if not compiled_gpu:
+        return "highest"
+    return "tf32x3" if jnp.dtype(v_dtype) == jnp.float32 else "native"
+
+
 def tpu_params(semantics: tuple[str, ...]):
     from jax.experimental.pallas import tpu as pltpu
 
@@ -62,7 +77,7 @@ def triton_params(num_warps: int, num_stages: int):
     return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
-def online_step(s, vb, m, l, acc, pv_precision=jax.lax.Precision.HIGHEST):
+def online_step(s, vb, m, l, acc, pv: str = "highest"):
     """One key block of the online softmax. s [R, bk] fp32 scores, -inf where invisible; vb [bk, H] with
     invisible keys zeroed (they may be out-of-bounds garbage: 0 * NaN would leak). m, l [R, C] hold the
     row statistics broadcast over C columns (C = 128 lanes on TPU, 1 on GPU); acc [R, H] fp32."""
@@ -72,12 +87,15 @@ def online_step(s, vb, m, l, acc, pv_precision=jax.lax.Precision.HIGHEST):
     corr = jnp.exp(m - m_safe)
     p = jnp.exp(s - m_safe[:, :1])
     l_new = corr * l + jnp.sum(p, axis=1, keepdims=True)
-    # p stays fp32 (V is widened instead): p depends on the running max, so on how the keys are split into
-    # blocks and into cache/tree parts; rounded to bf16 it made one query's output differ ~1e-3 between AR and
-    # verification, enough to flip a near-tied greedy choice. `pv_precision`: `f32_precision` says why.
-    pv = jax.lax.dot_general(
-        p, vb.astype(jnp.float32), (((1,), (0,)), ((), ())), precision=pv_precision, preferred_element_type=jnp.float32
-    )
+    # `pv`: `pv_mode` says which and why.
+    dims = (((1,), (0,)), ((), ()))
+    if pv == "native":
+        pv = jax.lax.dot_general(p.astype(vb.dtype), vb, dims, preferred_element_type=jnp.float32)
+    else:
+        precision = f32_precision(pv == "tf32x3")
+        pv = jax.lax.dot_general(
+            p, vb.astype(jnp.float32), dims, precision=precision, preferred_element_type=jnp.float32
+        )
     return m_new, l_new, acc * corr[:, :1] + pv
 
 

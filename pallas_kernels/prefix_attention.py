@@ -41,11 +41,11 @@ from pallas_kernels._common import (
     NEG_INF,
     check_platform,
     dot_precision,
-    f32_precision,
     finish,
     is_pow2,
     next_pow2,
     online_step,
+    pv_mode,
     round_up,
     scores,
     tpu_params,
@@ -107,7 +107,7 @@ def _tpu_kernel(
     steps,
     num_kv,
     precision,
-    pv_precision,
+    pv,
 ):
     # q_ref [R, H]; k_ref / v_ref [block_s, H]; o_ref [R, H]; lse_ref, m_sc, l_sc [R, 128]; acc_sc [R, H].
     del layer_ref  # used by the index maps only
@@ -135,7 +135,7 @@ def _tpu_kernel(
             s = jnp.where((pos >= lo) & (pos < hi), s, NEG_INF)
             pos_col = start + jax.lax.broadcasted_iota(jnp.int32, (block_k, 1), 0)
             vb = jnp.where((pos_col >= lo) & (pos_col < hi), vb, jnp.zeros_like(vb))
-            m, l, acc = online_step(s, vb, m_sc[...], l_sc[...], acc_sc[...], pv_precision)
+            m, l, acc = online_step(s, vb, m_sc[...], l_sc[...], acc_sc[...], pv)
             m_sc[...], l_sc[...], acc_sc[...] = m, l, acc
 
         return carry
@@ -166,7 +166,7 @@ def _gpu_kernel(
     split_len,
     num_kv,
     precision,
-    pv_precision,
+    pv,
 ):
     # q_ref [Rb, H]; k_ref / v_ref the whole cache [L, B, K, S, H]; o_ref [Rb, H]; lse_ref [Rb].
     from jax.experimental.pallas import triton as plgpu
@@ -192,7 +192,7 @@ def _gpu_kernel(
         kb = plgpu.load(k_ref.at[layer, b, h, pl.ds(start, block_k), :], mask=ok[:, None], other=0.0)
         vb = plgpu.load(v_ref.at[layer, b, h, pl.ds(start, block_k), :], mask=ok[:, None], other=0.0)
         s = jnp.where(ok[None, :], scores(q, kb, sm_scale, precision), NEG_INF)
-        return online_step(s, vb, m, l, acc, pv_precision)
+        return online_step(s, vb, m, l, acc, pv)
 
     init = (
         jnp.full((rows, 1), NEG_INF, jnp.float32),
@@ -253,7 +253,7 @@ def _tpu_call(qf, k, v, layer, lengths, start, *, scale, tuning, interpret):
         steps=steps,
         num_kv=K,
         precision=dot_precision(qf.dtype),
-        pv_precision=f32_precision(False),
+        pv="highest",
     )
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=3,
@@ -315,7 +315,7 @@ def _gpu_call(qf, k, v, layer, lengths, start, *, scale, tuning, block_rows, int
         split_len=split_len,
         num_kv=K,
         precision=dot_precision(qf.dtype, not interpret),
-        pv_precision=f32_precision(not interpret),
+        pv=pv_mode(not interpret, v.dtype),
     )
     whole = pl.BlockSpec(memory_space=pl.ANY)
     o, lse = pl.pallas_call(

@@ -33,11 +33,11 @@ from pallas_kernels._common import (
     NEG_INF,
     check_platform,
     dot_precision,
-    f32_precision,
     finish,
     is_pow2,
     next_pow2,
     online_step,
+    pv_mode,
     round_up,
     scores,
     tpu_params,
@@ -71,9 +71,7 @@ class TreeTuning:
                 raise ValueError(f"TreeTuning.{name} must be a positive int, got {val!r}")
 
 
-def _attend(
-    q_ref, k_ref, v_ref, mask_ref, row0, m, l, acc, *, sm_scale, block_k, num_kb, group, causal, precision, pv_precision
-):
+def _attend(q_ref, k_ref, v_ref, mask_ref, row0, m, l, acc, *, sm_scale, block_k, num_kb, group, causal, precision, pv):
     """Online softmax of the row tile q_ref [R, H] over k_ref / v_ref [Tkp, H]; rows start at `row0`."""
     q = q_ref[...]
     rows = q.shape[0]
@@ -94,7 +92,7 @@ def _attend(
             allowed = kpos * group <= r
         else:
             allowed = mask_ref[:, pl.ds(start, block_k)].astype(jnp.int32) != 0
-        return online_step(jnp.where(allowed, s, NEG_INF), vb, *carry, pv_precision)
+        return online_step(jnp.where(allowed, s, NEG_INF), vb, *carry, pv)
 
     return jax.lax.fori_loop(0, last, body, (m, l, acc))
 
@@ -199,7 +197,7 @@ def tree_attention(
         causal=causal,
         # Fast fp32 dots only where Triton compiles them (the TPU kernel and the interpreter keep HIGHEST).
         precision=dot_precision(q.dtype, platform == "gpu" and not interpret),
-        pv_precision=f32_precision(platform == "gpu" and not interpret),
+        pv=pv_mode(platform == "gpu" and not interpret, v.dtype),
     )
     if platform == "tpu":
         grid = (B * K, nrb)
