@@ -103,7 +103,10 @@ def test_a_forward_cut_between_layers_keeps_ar_bits():
 
 @pytest.mark.parametrize(
     "drafter",
-    [PLDDrafter(num_tokens=5, ngram_max=3), LongSpecDrafter(TreeConfig((3, 4, 4)), DraftConfig(window=8))],
+    [
+        PLDDrafter(num_tokens=5, ngram_max=3),
+        pytest.param(LongSpecDrafter(TreeConfig((3, 4, 4)), DraftConfig(window=8)), marks=pytest.mark.slow),
+    ],
     ids=lambda d: d.name,
 )
 def test_bf16_speculative_output_equals_invariant_ar(drafter):
