@@ -31,6 +31,7 @@ score matmul needs no transpose. Measured on this CPU at S=4K: 0.27 ms vs
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 
@@ -493,9 +494,39 @@ def tree_ancestors(tree_mask, depth, max_depth: int):
     return jnp.argmax(at, axis=2).astype(jnp.int32)
 
 
-def invariant_tree_attention(
-    q, cache_k, cache_v, lengths, tree_k, tree_v, tree_mask, positions, *, layer, sm_scale=None
-):
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class InvariantPlan:
+    """Where each query's keys come from under batch-invariant numerics: one per forward, shared by its layers
+    (`invariant_plan`). R queries, W = R window positions each, S cache slots."""
+
+    below: jax.Array  # [B, R, 1, 1, S] bool: cache slot s is in the query's first part (s < pos - R + 1)
+    slot: jax.Array  # [B, R, W] int32: the cache slot of each window position (clipped)
+    node: jax.Array  # [B, R, W] int32: the tree node holding each window position at or past the cache length
+    in_cache: jax.Array  # [B, R, W, 1, 1] bool: the window position is below the cache length
+    valid: jax.Array  # [B, R, 1, 1, W] bool: the window position is >= 0
+
+
+def invariant_plan(tree_mask, positions, lengths, capacity: int) -> InvariantPlan:
+    """The index arrays of `invariant_tree_attention` for tree_mask [B, R, R], positions [B, R] (lengths +
+    depth), lengths [B], a cache of `capacity` slots."""
+    R = positions.shape[1]
+    lengths = lengths.astype(jnp.int32)
+    pos = positions.astype(jnp.int32)
+    low = pos - (R - 1)  # the window's first position: everything below it is in the cache in any step
+    x = low[:, :, None] + jnp.arange(R)  # [B, R, W] absolute positions of the window
+    rel = x - lengths[:, None, None]  # < 0: in the cache; else the depth of the path node holding it
+    anc = tree_ancestors(tree_mask, pos - lengths[:, None], R - 1)  # [B, R, R]
+    return InvariantPlan(
+        below=(jnp.arange(capacity)[None, None, :] < low[:, :, None])[:, :, None, None, :],
+        slot=jnp.clip(x, 0, capacity - 1),
+        node=jnp.take_along_axis(anc, jnp.clip(rel, 0, R - 1), axis=2),
+        in_cache=(rel < 0)[..., None, None],
+        valid=(x >= 0)[:, :, None, None, :],
+    )
+
+
+def invariant_tree_attention(q, cache_k, cache_v, tree_k, tree_v, plan: InvariantPlan, *, layer, sm_scale=None):
     """Attention whose output for a query depends on its position and the keys at positions [0, pos] only,
     never on where the cache ends or on the other queries: AR (cache [0, pos), the query alone) and a
     verification forward (cache [0, p), the query's ancestors in the tree) give the same bits.
@@ -509,46 +540,30 @@ def invariant_tree_attention(
     path in the tree above it. Both parts share one running max and are added in a fixed order. The shapes
     depend on R and S only, so a forward padded to R rows runs the same operations in every step.
 
-    q [B, R, N, H]; cache_k/v [L, B, K, S, H] (read at `layer`); lengths [B]; tree_k/v [B, R, K, H];
-    tree_mask [B, R, R]; positions [B, R] (lengths + depth). Returns fp32 [B, R, N, H].
+    q [B, R, N, H]; cache_k/v [L, B, K, S, H] (read at `layer`); tree_k/v [B, R, K, H]; `plan` from
+    `invariant_plan`. Returns fp32 [B, R, N, H].
     """
     B, R, N, H = q.shape
-    K, S = cache_k.shape[2], cache_k.shape[3]
+    K = cache_k.shape[2]
     f32 = jnp.float32
     scale = sm_scale if sm_scale is not None else H**-0.5
     precision = jax.lax.Precision.HIGHEST if q.dtype == f32 else None
     ck, cv = cache_k[layer], cache_v[layer]  # [B, K, S, H]
     qg = _grouped(q, K)  # [B, R, K, G, H]
-    lengths = lengths.astype(jnp.int32)
-    pos = positions.astype(jnp.int32)
-    low = pos - (R - 1)  # the first position of the window; everything below it comes from the cache
-
-    # Part 1: cache keys [0, low), one masked softmax over every slot.
-    s1 = jnp.einsum("brkgh,bksh->brkgs", qg, ck, precision=precision, preferred_element_type=f32) * scale
-    ok1 = (jnp.arange(S)[None, None, :] < low[:, :, None])[:, :, None, None, :]  # [B, R, 1, 1, S]
-
-    # Part 2: positions [low, pos], per query: cache below the length, the query's tree path from it on.
-    x = low[:, :, None] + jnp.arange(R)  # [B, R, W]
-    depth = pos - lengths[:, None]
-    rel = x - lengths[:, None, None]  # depth in the tree of the node at position x (< 0: in the cache)
-    anc = tree_ancestors(tree_mask, depth, R - 1)  # [B, R, R]
-    node = jnp.take_along_axis(anc, jnp.clip(rel, 0, R - 1), axis=2)  # [B, R, W]
-    slot = jnp.clip(x, 0, S - 1)
 
     def window(cache, tree):  # -> [B, R, W, K, H]
-        from_cache = jax.vmap(lambda c, s: c[:, s].transpose(1, 2, 0, 3))(cache, slot)  # c [K, S, H], s [R, W]
-        from_tree = jax.vmap(lambda t, n: t[n])(tree, node)  # t [R, K, H], n [R, W]
-        return jnp.where((rel < 0)[..., None, None], from_cache, from_tree.astype(cache.dtype))
+        from_cache = jax.vmap(lambda c, s: c[:, s].transpose(1, 2, 0, 3))(cache, plan.slot)  # c [K, S, H]
+        from_tree = jax.vmap(lambda t, n: t[n])(tree, plan.node)  # t [R, K, H]
+        return jnp.where(plan.in_cache, from_cache, from_tree.astype(cache.dtype))
 
+    s1 = jnp.einsum("brkgh,bksh->brkgs", qg, ck, precision=precision, preferred_element_type=f32) * scale
     kw, vw = window(ck, tree_k), window(cv, tree_v)
     s2 = jnp.einsum("brkgh,brwkh->brkgw", qg, kw, precision=precision, preferred_element_type=f32) * scale
-    ok2 = (x >= 0)[:, :, None, None, :]
-
     m = jnp.maximum(
-        jnp.max(jnp.where(ok1, s1, NEG_INF), axis=-1), jnp.max(jnp.where(ok2, s2, NEG_INF), axis=-1)
+        jnp.max(jnp.where(plan.below, s1, NEG_INF), axis=-1), jnp.max(jnp.where(plan.valid, s2, NEG_INF), axis=-1)
     )  # every query sees itself, so m is finite
-    p1 = jnp.where(ok1, jnp.exp(s1 - m[..., None]), 0.0)
-    p2 = jnp.where(ok2, jnp.exp(s2 - m[..., None]), 0.0)
+    p1 = jnp.where(plan.below, jnp.exp(s1 - m[..., None]), 0.0)
+    p2 = jnp.where(plan.valid, jnp.exp(s2 - m[..., None]), 0.0)
     denom = jnp.sum(p1, axis=-1) + jnp.sum(p2, axis=-1)
     hi = jax.lax.Precision.HIGHEST
     acc = jnp.einsum("brkgs,bksh->brkgh", p1, cv.astype(f32), precision=hi) + jnp.einsum(

@@ -96,6 +96,15 @@ def test_the_bitwise_check_catches_plain_numerics():
     np.testing.assert_allclose(verified, ar, atol=1e-3)
 
 
+def test_invariant_numerics_compute_the_same_model():
+    """The invariant forward is the same function as the plain one up to fp32 rounding (equal bits between AR
+    and verification alone would also hold for a wrong attention used by both)."""
+    ar, verified = ar_and_verify_logits("float32", rows=24)
+    plain_ar, plain_verified = ar_and_verify_logits("float32", rows=0)
+    np.testing.assert_allclose(ar, plain_ar, rtol=0, atol=2e-4 * np.abs(plain_ar).max())
+    np.testing.assert_allclose(verified, plain_verified, rtol=0, atol=2e-4 * np.abs(plain_ar).max())
+
+
 def test_a_forward_cut_between_layers_keeps_ar_bits():
     ar, verified = ar_and_verify_logits("float32", rows=16, tapped=True)
     np.testing.assert_array_equal(verified, ar)

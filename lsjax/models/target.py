@@ -320,13 +320,13 @@ def _padded(params, config, tokens, positions, cache, tree_mask, backend, layers
     positions = jnp.concatenate([positions, jnp.broadcast_to(cache.lengths[:, None], (B, extra))], axis=1)
     if x is not None:
         x = jnp.pad(x, ((0, 0), (0, extra), (0, 0)))
-    lengths, cos_sin = cache.lengths, rope_angles(positions, inverse_frequencies(config))
+    cos_sin = rope_angles(positions, inverse_frequencies(config))
+    plan = attention.invariant_plan(tree_mask, positions, cache.lengths, cache.capacity)
     lo, hi = layers if layers is not None else (0, config.num_layers)
     x = (embed(params, tokens) if x is None else x).astype(ACT_DTYPE)
 
     def attend(q, k, v, index):
-        out = attention.invariant_tree_attention(q, cache.k, cache.v, lengths, k, v, tree_mask, positions, layer=index)
-        return out.astype(ACT_DTYPE)
+        return attention.invariant_tree_attention(q, cache.k, cache.v, k, v, plan, layer=index).astype(ACT_DTYPE)
 
     layer_list = prepare_for_decode(params, config)["layers"]
     new_k, new_v = [], []
