@@ -526,6 +526,17 @@ def invariant_plan(tree_mask, positions, lengths, capacity: int) -> InvariantPla
     )
 
 
+INVARIANT_CHUNK = 4096  # cache slots per part under batch-invariant numerics: bounds the [R, N, chunk] scores
+
+
+def invariant_chunk(capacity: int) -> int:
+    """The cache part's chunk for a cache of `capacity` slots: INVARIANT_CHUNK halved until it divides it."""
+    chunk = min(INVARIANT_CHUNK, capacity)
+    while capacity % chunk:
+        chunk //= 2
+    return max(chunk, 1)
+
+
 def invariant_tree_attention(q, cache_k, cache_v, tree_k, tree_v, plan: InvariantPlan, *, layer, sm_scale=None):
     """Attention whose output for a query depends on its position and the keys at positions [0, pos] only,
     never on where the cache ends or on the other queries: AR (cache [0, pos), the query alone) and a
@@ -534,11 +545,12 @@ def invariant_tree_attention(q, cache_k, cache_v, tree_k, tree_v, plan: Invarian
     Why: an attention split into a cache part and a tree part sums each query's keys in another grouping in
     AR than in verification (the cache ends at another place), so the two differ in the last bits; in bf16
     every later rounding can turn that into a bf16-sized difference and a greedy tie can flip. Here every
-    query with R = q.shape[1] rows sees two fixed parts: the cache keys [0, pos - R + 1) as one masked
-    softmax over all S slots (a tree is at most R - 1 deep, so these are in the cache in any step), and the
-    R positions [pos - R + 1, pos] gathered per query from the cache below the length and from the query's
-    path in the tree above it. Both parts share one running max and are added in a fixed order. The shapes
-    depend on R and S only, so a forward padded to R rows runs the same operations in every step.
+    query with R = q.shape[1] rows sees fixed parts: the cache keys [0, pos - R + 1), masked, in chunks of
+    every S slot at fixed bounds (a tree is at most R - 1 deep, so these are in the cache in any step), then
+    the R positions [pos - R + 1, pos] gathered per query from the cache below the length and from the
+    query's path in the tree above it, merged by one online softmax in that order (a part a query sees none
+    of leaves it exactly as it was). The shapes depend on R and S only, so a forward padded to R rows runs the
+    same operations in every step.
 
     q [B, R, N, H]; cache_k/v [L, B, K, S, H] (read at `layer`); tree_k/v [B, R, K, H]; `plan` from
     `invariant_plan`. Returns fp32 [B, R, N, H].
@@ -556,17 +568,36 @@ def invariant_tree_attention(q, cache_k, cache_v, tree_k, tree_v, plan: Invarian
         from_tree = jax.vmap(lambda t, n: t[n])(tree, plan.node)  # t [R, K, H]
         return jnp.where(plan.in_cache, from_cache, from_tree.astype(cache.dtype))
 
-    s1 = jnp.einsum("brkgh,bksh->brkgs", qg, ck, precision=precision, preferred_element_type=f32) * scale
+    hi = jax.lax.Precision.HIGHEST
+
+    def update(carry, s, ok, vals, pv_spec):  # one part of the online softmax, in a fixed order per query
+        m, l, acc = carry
+        m_new = jnp.maximum(m, jnp.max(jnp.where(ok, s, NEG_INF), axis=-1))
+        safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
+        # A part with no visible key leaves the statistics exactly as they were (alpha = 1, adds 0).
+        alpha = jnp.where(m == NEG_INF, 0.0, jnp.exp(m - safe))
+        p = jnp.where(ok, jnp.exp(s - safe[..., None]), 0.0)
+        pv = jnp.einsum(pv_spec, p, vals.astype(f32), precision=hi)
+        return m_new, alpha * l + jnp.sum(p, axis=-1), alpha[..., None] * acc + pv
+
+    def cache_chunk(carry, start):  # cache slots [start, start + chunk): fixed bounds, whatever the length
+        keys = jax.lax.dynamic_slice_in_dim(ck, start, chunk, axis=2)
+        vals = jax.lax.dynamic_slice_in_dim(cv, start, chunk, axis=2)
+        ok = jax.lax.dynamic_slice_in_dim(plan.below, start, chunk, axis=4)
+        s = jnp.einsum("brkgh,bksh->brkgs", qg, keys, precision=precision, preferred_element_type=f32) * scale
+        return update(carry, s, ok, vals, "brkgs,bksh->brkgh"), None
+
+    S = ck.shape[2]
+    chunk = invariant_chunk(S)
+    G = N // K
+    carry = (jnp.full((B, R, K, G), NEG_INF, f32), jnp.zeros((B, R, K, G), f32), jnp.zeros((B, R, K, G, H), f32))
+    starts = list(range(0, S, chunk))
+    if len(starts) <= 8:  # unrolled: a GPU step at short context is bound by launches, not a loop's bookkeeping
+        for start in starts:
+            carry, _ = cache_chunk(carry, start)
+    else:
+        carry, _ = jax.lax.scan(cache_chunk, carry, jnp.asarray(starts, jnp.int32))
     kw, vw = window(ck, tree_k), window(cv, tree_v)
     s2 = jnp.einsum("brkgh,brwkh->brkgw", qg, kw, precision=precision, preferred_element_type=f32) * scale
-    m = jnp.maximum(
-        jnp.max(jnp.where(plan.below, s1, NEG_INF), axis=-1), jnp.max(jnp.where(plan.valid, s2, NEG_INF), axis=-1)
-    )  # every query sees itself, so m is finite
-    p1 = jnp.where(plan.below, jnp.exp(s1 - m[..., None]), 0.0)
-    p2 = jnp.where(plan.valid, jnp.exp(s2 - m[..., None]), 0.0)
-    denom = jnp.sum(p1, axis=-1) + jnp.sum(p2, axis=-1)
-    hi = jax.lax.Precision.HIGHEST
-    acc = jnp.einsum("brkgs,bksh->brkgh", p1, cv.astype(f32), precision=hi) + jnp.einsum(
-        "brkgw,brwkh->brkgh", p2, vw.astype(f32), precision=hi
-    )
+    _, denom, acc = update(carry, s2, plan.valid, vw, "brkgw,brwkh->brkgh")  # every query sees itself: denom > 0
     return (acc / denom[..., None]).reshape(B, R, N, H)

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lsjax import attention
 from lsjax.cache import KVCache, commit
 from lsjax.config import ConfigError, DraftConfig, GenerateConfig, ModelConfig
 from lsjax.engine import loop
@@ -86,6 +87,15 @@ def ar_and_verify_logits(dtype: str, rows: int, tapped: bool = False):
 def test_verification_gives_each_node_ar_logits_bit_for_bit(dtype):
     ar, verified = ar_and_verify_logits(dtype, rows=24)
     np.testing.assert_array_equal(verified, ar)
+
+
+@pytest.mark.parametrize("chunk", [pytest.param(64, marks=pytest.mark.slow), 16])  # 8 unrolled; 32 in a scan
+def test_a_cache_read_in_chunks_keeps_ar_bits(chunk, monkeypatch):
+    monkeypatch.setattr(attention, "INVARIANT_CHUNK", chunk)
+    ar, verified = ar_and_verify_logits("float32", rows=24)
+    np.testing.assert_array_equal(verified, ar)
+    plain_ar, _ = ar_and_verify_logits("float32", rows=0)
+    np.testing.assert_allclose(ar, plain_ar, rtol=0, atol=2e-4 * np.abs(plain_ar).max())
 
 
 def test_the_bitwise_check_catches_plain_numerics():
