@@ -15,7 +15,7 @@ VENV312 ?= .venv312
 CONSTRAINTS312 ?= constraints/py312-jax011.txt
 PY312 := $(VENV312)/bin/python
 
-.PHONY: demo test test-slow test-jax011 lint install install-test device-bundle tables plan
+.PHONY: demo test test-slow test-jax011 lint install install-test device-bundle device-prompts tables plan
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -93,3 +93,7 @@ device-bundle: $(VENV)/.installed
 	# drafts are filed under the model's file name: the joined file must keep it
 	$(PY) -c 'from lsjax.loading import default_model_path; print(default_model_path().name)' > .device/gguf.name
 	@ls -l .device .device/whl
+
+# The draft-at-scale job's prompts (lsjax.train.device_job): train-split prompts as token ids, ~3.4 MB, ~3 min.
+device-prompts: $(VENV)/.installed
+	$(PY) -m lsjax.train.device_job --make-prompts .device/prompts.npz --per-task 600 --bucket 2K-4K

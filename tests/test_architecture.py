@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # Layer of a module, bottom up. A module may import its own layer and the layers below it.
 BASE, MODELS, ENGINE, TRAIN, METHODS, TOP = range(6)
 # Training tools that drive decoding or a method to make data (`self_distill` generates with `lsjax.api`; `kinds`
-# reads the method registry, where the kinds are registered).
-TRAIN_TOOLS = {"lsjax.train.self_distill", "lsjax.train.kinds"}
+# reads the method registry, where the kinds are registered; `device_job` generates, then trains LongSpec's stage).
+TRAIN_TOOLS = {"lsjax.train.self_distill", "lsjax.train.kinds", "lsjax.train.device_job"}
 # Files of a method folder that belong to training: decoding never loads them.
 METHOD_TRAINING_FILES = ("train", "train_local_head", "export", "losses", "step")
 

@@ -62,6 +62,9 @@ class DataConfig:
     seed: int = 0  # shuffling and offsets
     cache_dir: str = ""  # tokenized corpora; "" = ~/.cache/lsjax/tokens
     synthetic_tokens: int = 65536  # length of the random stream for source "synthetic"
+    # A self-distilled set (`lsjax.train.self_distill`, `lsjax.train.device_job`): its rows ([N, seq_len], loss on
+    # the target's answers) are the training sequences; data.sources then feed only the dev loss. "" = off.
+    distilled: str = ""
 
     def __post_init__(self):
         _check(isinstance(self.sources, tuple) and len(self.sources) > 0, "data.sources", "must be a non-empty list")
@@ -243,6 +246,7 @@ class RunConfig:
     run_dir: str = ""  # "" = runs/<name>
     seed: int = 0  # parameter init and per-step keys
     steps: int = 0  # optimizer steps to run; 0 = optim.total_steps
+    max_minutes: float = 0.0  # stop (with a checkpoint) after this much training wall time; 0 = no limit
     optim: OptimConfig = OptimConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     log: LogConfig = LogConfig()
@@ -252,6 +256,7 @@ class RunConfig:
             bool(self.name) and "/" not in self.name, "name", f"must be a non-empty name without '/', got {self.name!r}"
         )
         _check(self.steps >= 0, "steps", f"must be >= 0 (0 = optim.total_steps), got {self.steps}")
+        _check(self.max_minutes >= 0, "max_minutes", f"must be >= 0 (0 = no limit), got {self.max_minutes}")
         _check(
             self.steps <= self.optim.total_steps,
             "steps",

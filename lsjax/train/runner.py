@@ -212,7 +212,9 @@ def run_steps(
                 record |= evaluate(state.params)
             history.append(record)
             last_step = i + 1
-            out_of_time = time.perf_counter() - t_start > budget
+            # Stop before a step that would end past the budget (the last one's time is the estimate), so a
+            # time-boxed run (a device lease) ends within it, not one step after.
+            out_of_time = time.perf_counter() - t_start + dt > budget
             if multi and budget < float("inf"):  # process 0's clock decides: every process stops at one step
                 from jax.experimental import multihost_utils
 
@@ -233,7 +235,7 @@ def run_steps(
                 ckpt.save(i + 1, state, rng, data.get_state(), meta)
                 last_good = i + 1
             if out_of_time:
-                log(f"max_minutes={max_minutes} reached after step {i + 1}; checkpoint saved")
+                log(f"max_minutes={max_minutes:g}: stopped after step {i + 1}, before one past it; checkpoint saved")
                 break
     except KeyboardInterrupt as e:
         if isinstance(e, TrainingInterrupted):

@@ -75,8 +75,11 @@ def write_answers(
     batch_size: int = 8,
     seed: int = 0,
     log=print,
+    token_ids: list | None = None,
+    deadline: float | None = None,
 ) -> dict:
-    """Writes one part per batch of prompts (resumable); returns the manifest."""
+    """Writes one part per batch of prompts (resumable); returns the manifest. `token_ids`: the prompts already
+    encoded (then `tokenizer` is not used); `deadline` (`time.monotonic()`): start no part after it."""
     from lsjax import api
     from lsjax.config import GenerateConfig, SamplingConfig
     from lsjax.engine import PREFILL_CHUNK
@@ -84,7 +87,7 @@ def write_answers(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     eos = config.eos_token_ids[0] if config.eos_token_ids else config.pad_token_id
-    ids = [encode(tokenizer, p) for p in prompts]
+    ids = [encode(tokenizer, p) for p in prompts] if token_ids is None else [list(t) for t in token_ids]
     keep = [i for i, p in enumerate(ids) if len(p) + max_new_tokens + 1 <= seq_len]
     manifest = {
         "version": 1,
@@ -106,6 +109,9 @@ def write_answers(
         path = out_dir / f"part-{part:05d}.npz"
         if path.exists():
             continue
+        if deadline is not None and time.monotonic() > deadline:
+            log(f"self-distill: time is up after {part} of {-(-len(keep) // batch_size)} parts")
+            break
         sel = keep[lo : lo + batch_size]
         sampling = samplings[part % 2]
         if sampling not in fns:

@@ -66,6 +66,13 @@ def _setup(cfg: TrainConfig, open_run_dir, log):
     fixed = cfg.features.enabled and not cfg.features.set
     if cfg.features.set:
         seqs, mask, extra = shared_feature_inputs(cfg, log)
+    elif cfg.data.distilled:
+        seqs, mask = data_lib.load_distilled(cfg.data.distilled)
+        if seqs.shape[1] != T:
+            raise ConfigError(
+                f"data.seq_len: {T} differs from the self-distilled rows' {seqs.shape[1]} ({cfg.data.distilled})"
+            )
+        log(f"data: {data_lib.describe(seqs, mask)} (self-distilled: {cfg.data.distilled})")
     else:
         seqs, mask = data_lib.load_sequences(cfg, tokenizer, eos, V, log=log)
         log(f"data: {data_lib.describe(seqs, mask)} ({', '.join(cfg.data.sources)}, {cfg.data.split})")
@@ -141,6 +148,7 @@ def _setup(cfg: TrainConfig, open_run_dir, log):
         tokens_per_step=cfg.data.batch_size * cfg.data.grad_accum * T,
         evaluate=evaluate,
         compile=compile,
+        max_minutes=cfg.max_minutes,
     )
 
 

@@ -1,0 +1,335 @@
+"""The draft-at-scale job for one accelerator lease: the target writes its own answers to train-split prompts,
+and the LongSpec draft trains on them, within one time budget.
+
+    python -m lsjax.train.device_job --make-prompts .device/prompts.npz         # here: corpora + tokenizer
+    python -m lsjax.train.device_job --prompts .device/prompts.npz --budget-minutes 9 --out OUT   # on the GPU
+    python -m lsjax.train.device_job --tiny --out DIR --budget-minutes 0.5      # a CPU: a tiny random target
+
+Phases, each against the one clock: (1) self-distillation (`lsjax.train.self_distill.write_answers`, batched and
+jitted, half greedy and half sampled at T=1 with min-p 0.1) until `--gen-share` of the budget is used; (2) the
+LongSpec stage of `--config` on those rows with the target's features computed in the step (an accelerator needs
+no feature cache), checkpointing as it goes and stopping at the budget less the export margin; (3) the draft
+exported in bf16 (one safetensors file, well under the 16 MiB a lease returns per file) with a `job.json` of
+what was done. A run cut short keeps its last checkpoint, and the export says how far it got.
+
+The prompts travel as token ids (`--make-prompts`: uint16, compressed), made from the train split only, so the
+GPU machine needs neither the corpora nor a network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from lsjax.config import ConfigError, ModelConfig
+from lsjax.errors import LsjaxError
+
+DEFAULT_CONFIG = "configs/train/smollm2-device.yaml"
+EXPORT_MARGIN_S = 45.0  # the export and the report after training stops (the draft is small)
+PROMPT_FILE_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class JobConfig:
+    """One run of the job; `budget_minutes` covers all three phases."""
+
+    budget_minutes: float = 9.0
+    gen_share: float = 0.35  # of the budget for self-distillation; training gets the rest less the margin
+    gen_batch: int = 64  # prompts per generation batch (one jitted program)
+    max_new_tokens: int = 384
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.budget_minutes > 0:
+            raise ConfigError(f"budget_minutes: must be > 0, got {self.budget_minutes}")
+        if not 0 < self.gen_share < 1:
+            raise ConfigError(f"gen_share: must be in (0, 1), got {self.gen_share}")
+        for name in ("gen_batch", "max_new_tokens"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be an int >= 1, got {getattr(self, name)!r}")
+
+
+# ----------------------------------------------------------------------------------------------- prompts
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptSet:
+    ids: tuple[str, ...]  # prompt ids (task:doc:...)
+    tasks: tuple[str, ...]
+    tokens: tuple[np.ndarray, ...]  # token ids per prompt
+    vocab_size: int  # of the tokenizer that encoded them
+
+    @property
+    def num_tokens(self) -> int:
+        return int(sum(len(t) for t in self.tokens))
+
+
+def make_prompts(path: str | Path, per_task: int, bucket: str, seed: int = 0, log=print) -> PromptSet:
+    """Train-split prompts of every task kind, encoded with the default model's tokenizer, written to `path`."""
+    from lsjax.loading import load_model
+    from lsjax.train.self_distill import encode, train_prompts
+
+    tok = load_model(None).tokenizer
+    prompts = train_prompts(tok, per_task, bucket, seed)
+    order = np.random.default_rng(seed).permutation(len(prompts))  # every prefix covers all task kinds
+    prompts = [prompts[i] for i in order]
+    ps = PromptSet(
+        tuple(p.id for p in prompts),
+        tuple(p.task for p in prompts),
+        tuple(np.asarray(encode(tok, p), np.int64) for p in prompts),
+        int(tok.vocab_size),
+    )
+    write_prompts(path, ps)
+    log(f"device job: {len(ps.ids)} prompts, {ps.num_tokens} tokens -> {path} ({Path(path).stat().st_size} bytes)")
+    return ps
+
+
+def write_prompts(path: str | Path, ps: PromptSet) -> None:
+    lengths = np.array([len(t) for t in ps.tokens], np.int64)
+    flat = np.concatenate(ps.tokens) if ps.tokens else np.zeros(0, np.int64)
+    dtype = np.uint16 if ps.vocab_size <= 1 << 16 else np.int32
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez_compressed(
+        tmp,
+        version=np.int64(PROMPT_FILE_VERSION),
+        tokens=flat.astype(dtype),
+        offsets=np.concatenate([[0], np.cumsum(lengths)]),
+        ids=np.array(ps.ids),
+        tasks=np.array(ps.tasks),
+        vocab_size=np.int64(ps.vocab_size),
+    )
+    tmp.replace(path)
+
+
+def read_prompts(path: str | Path) -> PromptSet:
+    """The prompt file, checked whole: one LsjaxError line for a missing, truncated or inconsistent file."""
+    path = Path(path)
+    if not path.is_file():
+        raise LsjaxError(f"prompts file not found: {path} (python -m lsjax.train.device_job --make-prompts builds it)")
+    try:
+        with np.load(path) as z:
+            if int(z["version"]) != PROMPT_FILE_VERSION:
+                raise LsjaxError(f"prompts file {path}: version {int(z['version'])}, expected {PROMPT_FILE_VERSION}")
+            flat, offsets = z["tokens"].astype(np.int64), z["offsets"]
+            ids, tasks, vocab = tuple(z["ids"].tolist()), tuple(z["tasks"].tolist()), int(z["vocab_size"])
+    except LsjaxError:
+        raise
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        raise LsjaxError(f"prompts file {path} is damaged or truncated ({type(e).__name__}: {e})") from None
+    if len(offsets) != len(ids) + 1 or offsets[-1] != len(flat) or len(tasks) != len(ids):
+        raise LsjaxError(f"prompts file {path}: its index does not match its tokens (truncated?)")
+    if len(flat) and int(flat.max()) >= vocab:
+        raise LsjaxError(f"prompts file {path}: token ids reach {int(flat.max())}, past its vocabulary of {vocab}")
+    tokens = tuple(flat[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True))
+    return PromptSet(ids, tasks, tokens, vocab)
+
+
+def tiny_prompts(vocab: int, n: int, length: int, seed: int = 0) -> PromptSet:
+    """Looping random prompts for the tiny target (the CPU test mode)."""
+    rng = np.random.default_rng(seed)
+    tokens = tuple(np.resize(rng.integers(3, vocab, rng.integers(4, 12)), length).astype(np.int64) for _ in range(n))
+    return PromptSet(tuple(f"tiny:{i}" for i in range(n)), ("tiny",) * n, tokens, vocab)
+
+
+# ------------------------------------------------------------------------------------------------- the job
+
+
+def tiny_train_config(out: Path):
+    """The tiny target and a LongSpec stage sized for seconds on a CPU."""
+    from lsjax.config import DraftConfig
+    from lsjax.train.config import (
+        CheckpointConfig,
+        DataConfig,
+        LogConfig,
+        OptimConfig,
+        PositionConfig,
+        TargetConfig,
+        TrainConfig,
+    )
+
+    model = ModelConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+        head_dim=8, max_position=512, name="tiny", eos_token_ids=(2,), pad_token_id=0,
+    )  # fmt: skip
+    return TrainConfig(
+        name="device-job-tiny",
+        run_dir=str(out / "run"),
+        target=TargetConfig(model=model, random_init=True),
+        draft=DraftConfig(window=16),
+        data=DataConfig(sources=("synthetic",), seq_len=64, batch_size=4),
+        positions=PositionConfig(anchor_offset=False),
+        optim=OptimConfig(lr=1e-3, warmup_steps=2, total_steps=100000),
+        checkpoint=CheckpointConfig(every=20, keep=2),
+        log=LogConfig(every=10, eval_every=0, progress=False),
+    )
+
+
+def run(cfg, job: JobConfig, prompts: PromptSet | None, out: str | Path, *, tiny: bool = False, log=print) -> dict:
+    """The three phases (module docstring) against one clock started now; returns what `job.json` holds."""
+    from lsjax.train import inputs
+    from lsjax.train.self_distill import write_answers
+
+    t0 = time.monotonic()
+    deadline = t0 + job.budget_minutes * 60
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    distilled = out / "distilled"
+    seq_len = cfg.data.seq_len
+    config, target_params, _ = inputs.load_target(cfg)
+    if prompts is None:
+        prompts = tiny_prompts(config.vocab_size, 3 * job.gen_batch, seq_len // 2, job.seed)
+    if prompts.vocab_size > config.vocab_size:
+        raise LsjaxError(
+            f"prompts: encoded for a vocabulary of {prompts.vocab_size}, the target has {config.vocab_size}"
+        )
+    report: dict = {
+        "budget_minutes": job.budget_minutes,
+        "device": f"{jax.devices()[0].device_kind} ({jax.default_backend()})",
+        "prompts": len(prompts.ids),
+        "seq_len": seq_len,
+    }
+
+    # 1. the target's own answers, until the generation share of the budget is used
+    gen_end = t0 + job.budget_minutes * 60 * job.gen_share
+    light = [_Named(i, t) for i, t in zip(prompts.ids, prompts.tasks, strict=True)]
+    write_answers(
+        distilled,
+        target_params,
+        config,
+        None,
+        light,
+        seq_len=seq_len,
+        max_new_tokens=job.max_new_tokens,
+        batch_size=job.gen_batch,
+        seed=job.seed,
+        log=log,
+        token_ids=prompts.tokens,
+        deadline=gen_end,
+    )
+    from lsjax.train.data import load_distilled
+
+    try:
+        rows, mask = load_distilled(distilled)
+    except LsjaxError:
+        raise LsjaxError(
+            f"device job: no batch of answers finished within {job.gen_share:.0%} of {job.budget_minutes} min; "
+            "give a larger --budget-minutes or a smaller --gen-batch"
+        ) from None
+    report |= {
+        "distilled_rows": int(len(rows)),
+        "answer_tokens": int(mask.sum()),
+        "generate_s": round(time.monotonic() - t0, 1),
+    }
+    log(f"device job: {len(rows)} rows, {int(mask.sum())} answer tokens in {report['generate_s']} s")
+
+    # 2. the LongSpec stage on those rows, features in the step, until the budget less the export margin
+    margin = min(EXPORT_MARGIN_S, 0.1 * job.budget_minutes * 60)
+    left_min = (deadline - time.monotonic() - margin) / 60
+    if left_min <= 0.05:
+        raise LsjaxError("device job: no time left to train after generating; give a larger --budget-minutes")
+    cfg = dataclasses.replace(
+        cfg,
+        run_dir=str(out / "run"),
+        max_minutes=left_min,
+        data=dataclasses.replace(cfg.data, distilled=str(distilled)),
+        features=dataclasses.replace(cfg.features, enabled=False, set=""),
+    )
+    from lsjax.methods.longspec.train import fit
+
+    t1 = time.monotonic()
+    summary = fit(cfg, overwrite=True, progress=not tiny, log=log)
+    steps = int(summary["steps"])
+    tokens_per_step = cfg.data.batch_size * cfg.data.grad_accum * seq_len
+    report |= {
+        "train_steps": steps,
+        "tokens_trained": steps * tokens_per_step,
+        "train_s": round(time.monotonic() - t1, 1),
+        "train_tokens_per_s": round(float(summary["tokens_per_s"]), 1),
+        "final": {k: v for k, v in summary["final"].items() if isinstance(v, int | float)},
+    }
+
+    # 3. the draft, exported in bf16
+    from lsjax.methods.longspec.export import export_run
+
+    export_run(cfg, out / "draft", extra={"device_job": dict(report)})
+    report["draft_bytes"] = sum(f.stat().st_size for f in (out / "draft").iterdir() if f.is_file())
+    report["total_s"] = round(time.monotonic() - t0, 1)
+    report["within_budget"] = report["total_s"] <= job.budget_minutes * 60
+    (out / "job.json").write_text(json.dumps(report, indent=1) + "\n")
+    if steps < cfg.num_steps:
+        log(f"device job: the budget ended the stage after {steps} of its {cfg.num_steps} steps; exported those")
+    log(
+        f"device job: {steps} steps, {report['tokens_trained']} tokens trained, draft in {out / 'draft'} "
+        f"({report['draft_bytes']} bytes), {report['total_s']} s of {job.budget_minutes * 60:.0f}"
+    )
+    return report
+
+
+@dataclasses.dataclass(frozen=True)
+class _Named:  # what write_answers' manifest records of a prompt
+    id: str
+    task: str
+    meta: dict = dataclasses.field(default_factory=dict)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lsjax.train.device_job", description=__doc__.split("\n")[0])
+    p.add_argument("--make-prompts", metavar="FILE", help="build the prompt file here (corpora + tokenizer) and stop")
+    p.add_argument("--per-task", type=int, default=600, help="--make-prompts: prompts per task kind")
+    p.add_argument("--bucket", default="2K-4K", help="--make-prompts: prompt length bucket (1K-2K, 2K-4K, 4K-7K)")
+    p.add_argument("--prompts", metavar="FILE", help="the prompt file (from --make-prompts)")
+    p.add_argument("--config", default=DEFAULT_CONFIG, help="the LongSpec stage to train (a configs/train YAML)")
+    p.add_argument("--set", action="append", default=[], metavar="a.b=value", help="override a field of --config")
+    p.add_argument("--out", help="where the distilled rows, the run, the draft and job.json go")
+    p.add_argument("--budget-minutes", type=float, default=9.0)
+    p.add_argument("--gen-share", type=float, default=0.35)
+    p.add_argument("--gen-batch", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=384)
+    p.add_argument("--tiny", action="store_true", help="a tiny random target and prompts (runs anywhere, seconds)")
+    p.add_argument("--allow-cpu", action="store_true", help="run the real job without an accelerator (slow)")
+    args = p.parse_args(argv)
+
+    def fail(msg: str) -> int:
+        print(f"device job: error: {msg}", file=sys.stderr)
+        return 2
+
+    try:
+        if args.make_prompts:
+            make_prompts(args.make_prompts, args.per_task, args.bucket)
+            return 0
+        if not args.out:
+            return fail("--out is required")
+        job = JobConfig(args.budget_minutes, args.gen_share, args.gen_batch, args.max_new_tokens)
+        if args.tiny:
+            cfg, prompts = tiny_train_config(Path(args.out)), None
+        else:
+            if not args.prompts:
+                return fail("--prompts is required (or --tiny)")
+            prompts = read_prompts(args.prompts)  # before the target is loaded: a bad file costs nothing
+            if jax.default_backend() == "cpu" and not args.allow_cpu:
+                return fail(
+                    "no accelerator here (JAX sees only a CPU): the job is sized for a GPU or TPU; "
+                    "--tiny runs it end to end on a tiny target, --allow-cpu runs it anyway"
+                )
+            from lsjax.config import load_yaml
+            from lsjax.train.config import TrainConfig
+
+            cfg = load_yaml(TrainConfig, args.config, args.set)
+        run(cfg, job, prompts, args.out, tiny=args.tiny)
+    except (LsjaxError, ValueError, OSError) as e:
+        return fail(str(e).splitlines()[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
