@@ -49,11 +49,12 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# The lowering tests and the device check's dry run (which also compares both kernels with their references in the
-# interpreter, both head shapes and dtypes: the GPU machine runs JAX 0.11); ~4 min from a clean .venv312.
+# The lowering tests, the device check's dry run (which also compares both kernels with their references in the
+# interpreter, both head shapes and dtypes: the GPU machine runs JAX 0.11) and the device job on its tiny target
+# (generation and training on JAX 0.11); ~5 min from a clean .venv312.
 # The smoke: the default model and the shipped draft decode identically to AR (--compare ar runs both).
 test-jax011: $(VENV312)/.installed
-	$(PY312) -m pytest -q tests/test_lowering.py tests/test_device_check.py $(PYTEST_ARGS)
+	$(PY312) -m pytest -q tests/test_lowering.py tests/test_device_check.py tests/test_device_job.py $(PYTEST_ARGS)
 	$(PY312) decode.py --prompt "The history of the printing press begins" --max-new-tokens 16 \
 		--method longspec --compare ar --json > $(VENV312)/smoke.json
 	$(PY312) -c "import json, sys; d = json.load(open('$(VENV312)/smoke.json')); \
@@ -87,7 +88,11 @@ plan:
 # the gguf wheel for Python 3.12 and the default model's GGUF cut into 24 MB parts (docs/hardware/README.md).
 device-bundle: $(VENV)/.installed
 	rm -rf .device && mkdir -p .device/whl
-	$(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 -d .device/whl -c $(CONSTRAINTS) gguf
+	# gguf reads the model; grain, array_record and portpicker feed the device job's training (lsjax.train.device_job)
+	$(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 --platform any -d .device/whl -c $(CONSTRAINTS) \
+		gguf grain array_record portpicker
 	split -b 24m "$$($(PY) -c 'from lsjax.loading import default_model_path; print(default_model_path())')" \
 		.device/gguf.part-
 	# drafts are filed under the model's file name: the joined file must keep it
