@@ -255,7 +255,7 @@ def forward_hidden(
     whichever row it sits in and however many real rows there are. Outputs are cut back to T rows.
     """
     if pad_to:
-        return _padded(params, config, tokens, positions, cache, tree_mask, backend, layers, x, pad_to)
+        return _padded(params, config, tokens, positions, cache, tree_mask, layers, x, pad_to)
     cos, sin = rope_angles(positions, inverse_frequencies(config))
     lo, hi = layers if layers is not None else (0, config.num_layers)
     # The residual stream is fp32 whatever the weights' dtype (`layers.dense` says why).
@@ -304,7 +304,8 @@ def forward_hidden(
     return x, new_k, new_v
 
 
-def _padded(params, config, tokens, positions, cache, tree_mask, backend, layers, x, rows: int):
+def _padded(params, config, tokens, positions, cache, tree_mask, layers, x, rows: int):
+    """`forward_hidden(..., pad_to=rows)`: the batch-invariant forward (plain XLA attention, any backend)."""
     B, T = tokens.shape
     if rows < T:
         raise ConfigError(
