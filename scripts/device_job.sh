@@ -7,20 +7,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/device_job.sh OUT_DIR [flags of python -m lsjax.train.device_job]}
 shift
-site=$(mktemp -d)
-if ls .device/whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .device/whl/*.whl
-fi
-export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-name=$(cat .device/gguf.name 2>/dev/null || echo SmolLM2-135M-Instruct.Q4_1.gguf)
-if ls .device/gguf.part-* >/dev/null 2>&1; then
-  cat .device/gguf.part-* > ".device/$name"
-fi
+source scripts/device_env.sh
+if [ -z "$gguf" ]; then echo "device job: error: no GGUF parts in .device/ (make device-bundle)" >&2; exit 2; fi
 work=$(mktemp -d)
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader 2>/dev/null || true
 status=0
-python3 -m lsjax.train.device_job --prompts .device/prompts.npz --out "$work" --set "target.path=.device/$name" "$@" \
+python3 -m lsjax.train.device_job --prompts .device/prompts.npz --out "$work" --set "target.path=$gguf" "$@" \
   2>&1 | tee "$out/device-job.log" || status=$?
 cp "$work"/job.json "$work"/draft/config.json "$work"/draft/model.safetensors "$out"/ 2>/dev/null || true
 exit $status
