@@ -129,6 +129,7 @@ def test_dels_chain_is_the_fused_argmax_of_a_local_head_over_the_block_only(kind
     assert np.asarray(plain.tokens)[0, 1:].tolist() == block_tokens
 
 
+@pytest.mark.slow  # ~16 s; the block drafter's equality with AR stays in the default run
 def test_alpha_beta_zero_is_the_plain_block_drafter():
     config, params, block, bp, dels, dp, _, state, gen = _started(6, 2, "gru", 0.0, 0.0, 0, None)
     fused = _propose(dels, params, dp, config, gen, state)

@@ -252,6 +252,7 @@ def test_a_second_run_compiles_from_the_cache(tmp_path):
 # ------------------------------------------------------------------------------ 7. auto's time split
 
 
+@pytest.mark.slow  # ~29 s (auto compiled and profiled): a report's layout, not an output
 def test_auto_time_split_is_ms_per_step_of_each_candidate(tmp_path, monkeypatch):
     from lsjax.engine.host import Generator
     from lsjax.engine.profiling import time_split

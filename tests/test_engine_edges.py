@@ -153,6 +153,7 @@ def test_beam_shaped_trees_accept_deep(dtype):
     assert int(sp.steps) == 8  # 32 tokens after the first, 4 per step
 
 
+@pytest.mark.slow  # ~19 s; deep beam-tree acceptance is test_beam_shaped_trees_accept_deep
 def test_longspec_beam_tree_accepts_something():
     """The untrained LongSpec draft's beam tree still gets nodes accepted on looping text (greedy)."""
     config, params = tiny_model()

@@ -28,7 +28,11 @@ def setup():
     return config, params, tokens, lengths, gen
 
 
-@pytest.mark.parametrize("drafter", [engine.ARDrafter(), PLDDrafter(num_tokens=4)], ids=["ar", "pld"])
+@pytest.mark.parametrize(
+    "drafter",
+    [engine.ARDrafter(), pytest.param(PLDDrafter(num_tokens=4), marks=pytest.mark.slow)],  # pld: ~25 s
+    ids=["ar", "pld"],
+)
 def test_spec_and_loose_forms_decode_alike(setup, drafter):
     config, params, tokens, lengths, gen = setup
     key = jax.random.key(0)

@@ -81,6 +81,7 @@ def _layer0_query(params, config, token, position):
     return np.asarray(q[0, 0])
 
 
+@pytest.mark.slow  # ~15 s
 def test_replacement_order_rebuild_step_and_contents():
     """Budget 20 with 4 sinks over a 50-token context: the selection, then committed tokens taking the least
     important slots from the last one back, the rebuild due exactly when the 16 replaceable slots are used

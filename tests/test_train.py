@@ -505,6 +505,7 @@ def _train_main(capsys, *args) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+@pytest.mark.slow  # ~20 s (two short runs)
 def test_cli_rerun_over_checkpoints_needs_resume_or_overwrite(tmp_path, capsys):
     """Training again in a directory with checkpoints would keep the old run's weights as the latest (orbax
     skips a step that exists, and --export would ship them): it is one line naming --resume and --overwrite;
