@@ -162,3 +162,30 @@ def test_off_keeps_the_signature():
 
     old_repr = repr(config).replace(", invariant_rows=0", "")
     assert config.signature() == hashlib.sha1(old_repr.encode()).hexdigest()[:12]
+
+
+@pytest.mark.slow  # ~40 s (bf16 on a CPU)
+def test_bf16_speculative_sampling_keeps_the_target_law_under_invariant_numerics():
+    """The T=1 joint law of 4 tokens (tests/test_verify_sampling.py's check) with bf16 weights and invariant
+    numerics: the LongSpec drafter's sampled trees padded to 16 rows sample the invariant target's law."""
+    from lsjax.config import SamplingConfig
+    from tests.test_verify_sampling import (
+        DRAFTERS,
+        PROMPT,
+        N,
+        distribution_pvalue,
+        draft_params_for,
+        exact_joint,
+        sample_joint,
+    )
+    from tests.test_verify_sampling import model as sampling_model
+
+    config, params = sampling_model()
+    config = dataclasses.replace(config, dtype="bfloat16", invariant_rows=16)
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+    drafter, sampling = DRAFTERS["longspec"], SamplingConfig(temperature=1.0)
+    probs = exact_joint(params, config, PROMPT, sampling)
+    samples, hist = sample_joint(params, config, drafter, sampling, draft_params_for(params, config, drafter), n=N)
+    assert hist[1:].sum() >= 0.2 * N, f"accepted-depth histogram {hist.tolist()}"
+    p = distribution_pvalue(samples, probs)
+    assert p > 1e-4, f"invariant bf16 speculative samples deviate from the target distribution (p={p:.2e})"
