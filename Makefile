@@ -87,7 +87,7 @@ plan:
 # What `python -m lsjax.bench.device` needs on a GPU/TPU machine without a network, in .device/ (git-ignored):
 # the gguf wheel for Python 3.12 and the default model's GGUF cut into 24 MB parts (docs/hardware/README.md).
 device-bundle: $(VENV)/.installed
-	rm -rf .device && mkdir -p .device/whl
+	rm -rf .device/whl .device/gguf.part-* && mkdir -p .device/whl
 	# gguf reads the model; grain, array_record and portpicker feed the device job's training (lsjax.train.device_job)
 	$(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
