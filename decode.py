@@ -368,6 +368,7 @@ def main(argv=None, *, as_program: bool = False) -> int:
         "compile_s": round(result.compile_s, 3),
         "prefill_s": round(result.prefill_s, 3),
         "prefill_alongside_compile": result.prefill_alongside_compile,
+        "bridged_steps": result.bridged_steps,
         "decode_s": round(result.decode_s, 3),
         "tokens_per_s": round(result.tokens_per_s, 2),
         "target_forwards": result.target_forwards,
@@ -425,9 +426,13 @@ def main(argv=None, *, as_program: bool = False) -> int:
             f"[lsjax] {result.new_tokens} tokens ({result.stop_reason}); prefill {result.prefill_s:.2f}s"
             f"{prefill_rate}, decode {result.tokens_per_s:.1f} tok/s, "
             f"{result.target_forwards} target forwards (tau {result.mean_accepted:.2f}), "
-            f"compile {result.compile_s:.1f}s",
+            f"compile {result.compile_s:.1f}s"
+            + (f" ({result.bridged_steps} AR steps while it loaded)" if result.bridged_steps else ""),
             file=sys.stderr,
         )
+    if generator.for_next_start:
+        print("[lsjax] compiling the small program the next start decodes with while it loads...", file=sys.stderr)
+        generator.store_for_next_start()
     return 0
 
 

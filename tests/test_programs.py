@@ -4,6 +4,7 @@ with nothing else, a second Generator that loads instead of tracing and decodes 
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -219,3 +220,73 @@ def test_a_loaded_program_that_fails_to_run_is_removed_with_one_line(tmp_path, m
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert exit_.value.code == 2 and "failed to run (NOT_FOUND: Function" in err and "run again" in err
     assert not list(tmp_path.glob(f"*{programs.SUFFIX}"))
+
+
+# ----------------------------------------------------------- the bridge: AR steps while the decode program loads
+
+
+def test_the_bridge_decodes_while_the_decode_program_loads_and_hands_over(tmp_path, monkeypatch):
+    """A second start of `auto`: its decode program loads on a host thread (held here until the bridge has run
+    twice), the bridge's plain AR steps stream tokens meanwhile, then auto's program takes over from the state
+    the bridge caught its draft state up to. Greedy output equals AR's; auto counts the bridged steps as AR."""
+    from lsjax.methods.auto.drafter import AutoDrafter, auto_params
+
+    monkeypatch.setenv("LSJAX_PROFILE_DIR", str(tmp_path / "profiles"))
+    config, params = tiny_model()
+    drafter = dataclasses.replace(AutoDrafter(pld_tokens=(3,)), cost_profile="prior")
+    ids = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    gen = GenerateConfig(max_new_tokens=40, ignore_eos=True)
+    ar = Generator(config, params).run(ids, gen)
+
+    first = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path))
+    assert first.run(ids, gen).tokens == ar.tokens
+    assert first.for_next_start and first.store_for_next_start() > 0 and not first.for_next_start
+
+    released = threading.Event()
+    load = ProgramCache._load
+
+    def held(self, path):
+        if path.name.startswith("decode"):
+            assert released.wait(120)
+        return load(self, path)
+
+    monkeypatch.setattr(ProgramCache, "_load", held)
+    g = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path))
+    g.compile(ids, gen, background=True)
+    assert g.compiling and len(g._bridges) == 1
+    (sig, bridge), calls = next(iter(g._bridges.items())), []
+
+    def counted(*args):
+        calls.append(1)
+        out = bridge(*args)
+        if len(calls) == 2:
+            released.set()
+            g._compiled[sig][1].result()  # the decode program is ready: the next turn hands over
+        return out
+
+    g._bridges[sig] = counted
+    streamed = []
+    result = g.run(ids, gen, on_tokens=streamed.extend, stream_every=4)
+    assert result.tokens == ar.tokens and streamed == ar.tokens
+    assert result.bridged_steps == 8 and len(calls) == 2  # two stretches of stream_every steps
+    # Auto ran on after it, and counts every step as run by a candidate: the bridged ones too (caught up).
+    assert result.target_forwards - 1 > 8 and sum(result.drafter_stats["steps_by_candidate"].values()) == (
+        result.target_forwards - 1
+    )
+    assert g.programs.hits == 3  # start, bridge and decode, all loaded
+
+
+def test_no_bridge_where_the_output_could_depend_on_when_it_hands_over(tmp_path):
+    from lsjax.config import SamplingConfig
+    from lsjax.methods.auto.drafter import AutoDrafter, auto_params
+
+    config, params = tiny_model()
+    auto = AutoDrafter(pld_tokens=(3,))
+    greedy = GenerateConfig(max_new_tokens=8)
+    sampled = GenerateConfig(max_new_tokens=8, sampling=SamplingConfig(temperature=1.0))
+    assert Generator(config, params, auto, auto_params(auto), program_cache=ProgramCache(tmp_path)).bridges(greedy)
+    assert not Generator(config, params, auto, auto_params(auto), program_cache=ProgramCache(tmp_path)).bridges(sampled)
+    assert not Generator(config, params, auto, auto_params(auto)).bridges(greedy)  # no program cache: no loading
+    assert not Generator(config, params, PLDDrafter(3), program_cache=ProgramCache(tmp_path)).bridges(greedy)
+    bf16 = dataclasses.replace(config, dtype="bfloat16")
+    assert not Generator(bf16, params, auto, auto_params(auto), program_cache=ProgramCache(tmp_path)).bridges(greedy)

@@ -54,6 +54,9 @@ class GenerationResult:
     # The prefill ran while the decode program compiled (`Generator.compile(background=True)`): prefill_s then
     # includes sharing the host with XLA.
     prefill_alongside_compile: bool = False
+    # Plain AR steps the bridge program ran while the drafter's decode program was still loading (`Generator`);
+    # they are part of decode_s and target_forwards.
+    bridged_steps: int = 0
 
     @property
     def new_tokens(self) -> int:
@@ -80,6 +83,12 @@ def check_prompt(config: ModelConfig, prompt_ids: list[int], max_new_tokens: int
             f"the prompt has {len(prompt_ids)} tokens but the model's context window is {config.max_position}"
         )
     return min(max_new_tokens, config.max_position - len(prompt_ids))
+
+
+def exact_on(config: ModelConfig) -> bool:
+    """Whether every method's greedy output equals AR's token for token on this backend, whatever the steps'
+    shapes: fp32 on a CPU (the lossless tests' setting) or batch-invariant numerics (`invariant_rows`)."""
+    return config.invariant_rows > 0 or (jax.default_backend() == "cpu" and config.dtype == "float32")
 
 
 def compiler_beside_device() -> bool:
@@ -115,6 +124,22 @@ class Generator:
         self.backend = backend
         self._host_params: dict = {}  # (bucket, sampling) -> a HostTuned drafter's params
         self._compiled: dict = {}
+        self._bridges: dict = {}  # sig -> the bridge program (`bridges`), where there is one
+        self._for_next_start: list = []  # (`store_for_next_start`)
+
+    def bridges(self, gen: GenerateConfig) -> bool:
+        """Whether plain AR steps (`loop.bridge_jit`, a small program) decode while the drafter's decode program
+        loads or compiles in the background, so tokens come before it is ready. Only where that cannot change
+        the output: a drafter with AR stretches (`auto`), greedy decoding and exact numerics (`exact_on`); when
+        the bridge hands over depends on the clock, so at T > 0 the same seed would give another sample, and
+        without exact numerics a near tie could go another way."""
+        return (
+            self.drafter.stretch_limit > 0
+            and gen.sampling.greedy
+            and self.mesh is None
+            and self.programs is not None
+            and exact_on(self.config)
+        )
 
     def _compile(self, bucket: int, capacity: int, gen: GenerateConfig, key, background: bool = False):
         sig = (bucket, capacity, gen)
@@ -132,9 +157,15 @@ class Generator:
         def lower_start():
             return jax.jit(start_fn).lower(*args, **kwargs)
 
+        @functools.cache
+        def state_shape():
+            return jax.eval_shape(start_fn, *args, **kwargs)
+
         def lower_decode():
-            state_shape = jax.eval_shape(start_fn, *args, **kwargs)
-            return loop.decode_jit.lower(*args, spec, state_shape, jnp.int32(0))
+            return loop.decode_jit.lower(*args, spec, state_shape(), jnp.int32(0))
+
+        def lower_bridge():
+            return loop.bridge_jit.lower(*args, spec, state_shape(), jnp.int32(0))
 
         def build(name, lower):
             if self.programs is None:
@@ -151,7 +182,10 @@ class Generator:
             # On a CPU, XLA's compile uses the cores the prefill runs on (the demo's first run side by side on 2
             # cores: 20 s slower in one pair of runs, 4 s faster in the next); loading from disk is one thread.
             background = self.programs is not None and self.programs.holds("decode", spec, (args, kwargs))
+        bridge = self.bridges(gen)
         if background:
+            if bridge:  # small: it loads in about a second, and decodes while the decode program loads
+                self._bridges[sig] = build("bridge", lower_bridge)
             # XLA compiles (or loads) on one host thread while the device, or the other CPU cores, prefill.
             decode = concurrent.futures.Future()
 
@@ -167,7 +201,25 @@ class Generator:
             self._compiled[sig] = (start, decode, drafter)
             return sig, time.perf_counter() - t0
         self._compiled[sig] = (start, build("decode", lower_decode), drafter)
+        if bridge and not self.programs.holds("bridge", spec, (args, kwargs)):
+            # For the next start, which loads the decode program in the background: `store_for_next_start`.
+            self._for_next_start.append(functools.partial(build, "bridge", lower_bridge))
         return sig, time.perf_counter() - t0
+
+    @property
+    def for_next_start(self) -> bool:
+        """Whether `store_for_next_start` has something to compile."""
+        return bool(self._for_next_start)
+
+    def store_for_next_start(self) -> float:
+        """Compiles and stores in the program cache what a later start of the same run loads beside the decode
+        program but this one did not need (the bridge, when this run compiled its decode program in the
+        foreground); returns the seconds it took (0: nothing to do). `decode.py` calls it after its output,
+        so the first run's first token does not wait for it."""
+        t0 = time.perf_counter()
+        while self._for_next_start:
+            self._for_next_start.pop()()
+        return time.perf_counter() - t0
 
     @property
     def compiling(self) -> bool:
@@ -240,30 +292,54 @@ class Generator:
         )
         jax.block_until_ready(state.num_out)
         prefill_s = time.perf_counter() - t0
-        alongside = isinstance(self._compiled[sig][1], concurrent.futures.Future)
-        compile_s += self._ready(sig)
-        decode = self._compiled[sig][1]
-        if on_ready is not None:
-            on_ready()
-        draft_params = self._draft_params(gen, buf.shape[1], state, decode)
+        pending = self._compiled[sig][1]
+        alongside = isinstance(pending, concurrent.futures.Future)
+        bridge = self._bridges.get(sig) if alongside else None
+        emitted = 0
+
+        def stream(state):
+            nonlocal emitted
+            n = int(state.num_out[0])
+            if on_tokens is not None and n > emitted:
+                on_tokens(np.asarray(state.out[0, emitted:n]).tolist())
+                emitted = n
 
         t0 = time.perf_counter()
-        emitted = 0
+        aside = 0.0  # seconds inside the decode that ran no decode step: waiting for the program, host tuning
+        if bridge is not None:
+            if on_ready is not None:
+                on_ready()
+            early = self._draft_params(gen, buf.shape[1], state, None)
+            stream(state)
+            # Stretch by stretch, until the decode program is ready, every row is done, or one token is left
+            # (`ar_stretch` leaves it to the decode program: a stretch that runs no step).
+            while not pending.done() and not bool(state.done[0]):
+                steps = int(state.steps)
+                state = bridge(self.params, early, state, jnp.int32(steps + max(stream_every, 1)))
+                stream(state)
+                if int(state.steps) == steps:
+                    break
+        bridged = int(state.steps)
+        t_aside = time.perf_counter()
+        compile_s += self._ready(sig)
+        decode = self._compiled[sig][1]
+        if on_ready is not None and bridge is None:
+            on_ready()
+        draft_params = self._draft_params(gen, buf.shape[1], state, decode)
+        aside += time.perf_counter() - t_aside
+
         if on_tokens is None:
             state = decode(self.params, draft_params, state, jnp.int32(gen.max_new_tokens))
         else:
-            limit = 0
+            limit = int(state.steps)
             while True:
-                n = int(state.num_out[0])
-                if n > emitted:
-                    on_tokens(np.asarray(state.out[0, emitted:n]).tolist())
-                    emitted = n
+                stream(state)
                 if bool(state.done[0]):
                     break
                 limit += stream_every
                 state = decode(self.params, draft_params, state, jnp.int32(limit))
         jax.block_until_ready(state.num_out)
-        decode_s = time.perf_counter() - t0
+        decode_s = time.perf_counter() - t0 - aside
 
         n = int(state.num_out[0])
         tokens = np.asarray(state.out[0, :n]).tolist()
@@ -274,6 +350,7 @@ class Generator:
             compile_s=compile_s,
             prefill_s=prefill_s,
             prefill_alongside_compile=alongside,
+            bridged_steps=bridged,
             decode_s=decode_s,
             target_forwards=1 + int(state.steps),
             stop_reason="eos" if tokens and tokens[-1] in stops else "max_new_tokens",
@@ -283,21 +360,26 @@ class Generator:
 
     def _draft_params(self, gen: GenerateConfig, bucket: int, state, decode):
         """The draft params for this prompt: a `HostTuned` drafter's are found on the host before the timed
-        decode, once per (bucket, sampling), and kept."""
+        decode, once per (bucket, sampling), and kept. `decode` None: there is no decode program yet (the bridge
+        runs first), so the params are what the drafter knows without running one, and are not kept."""
         if not isinstance(self.drafter, HostTuned):
             return self.draft_params
         key = (bucket, gen.sampling)
+        if key not in self._host_params and decode is None:
+            return self.drafter.host_params(self._host_run(gen, bucket, state, None))
         if key not in self._host_params:
-            run = HostRun(
-                self.config.name,
-                self.backend,
-                self.params,
-                self.draft_params,
-                gen,
-                bucket,
-                state,
-                decode,
-                self.config.signature(),
-            )
-            self._host_params[key] = self.drafter.host_params(run)
+            self._host_params[key] = self.drafter.host_params(self._host_run(gen, bucket, state, decode))
         return self._host_params[key]
+
+    def _host_run(self, gen: GenerateConfig, bucket: int, state, decode) -> HostRun:
+        return HostRun(
+            self.config.name,
+            self.backend,
+            self.params,
+            self.draft_params,
+            gen,
+            bucket,
+            state,
+            decode,
+            self.config.signature(),
+        )

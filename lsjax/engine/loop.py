@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from lsjax import mesh as mesh_lib
 from lsjax.cache import KVCache, commit
 from lsjax.config import GenerateConfig, ModelConfig
-from lsjax.engine.step import context, emit, spec_step, stop_ids
+from lsjax.engine.step import ar_stretch, context, emit, spec_step, stop_ids
 from lsjax.engine.types import PREFILL_CHUNK, ARDrafter, DecodeState, Drafter, SpecConfig
 from lsjax.errors import LsjaxError
 from lsjax.models import target
@@ -174,6 +174,21 @@ def decode_jit(target_params, draft_params, spec: SpecConfig, state, step_limit)
     with mesh_lib.scope(spec.mesh):
         ctx = context(target_params, draft_params, spec.model, spec.gen, state.cache.capacity, spec.backend)
         return decode_loop(functools.partial(spec_step, ctx, spec.drafter, spec.gen), state, step_limit)
+
+
+@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
+def bridge_jit(target_params, draft_params, spec: SpecConfig, state, step_limit):
+    """One AR stretch (`step.ar_stretch`: plain AR steps, then the drafter's `catch_up`) of at most the drafter's
+    `stretch_limit` steps and `step_limit - state.steps`: a small program that decodes while the drafter's own,
+    much larger, decode program is still loading (`Generator`). It does not stop where the drafter's
+    `stretch_stop` would (the drafter cannot run yet; waiting would only idle); it leaves the last token to the
+    decode program (`ar_stretch`), so a call that runs no step means: wait for it."""
+    if not spec.drafter.stretch_limit:
+        raise ValueError(f"bridge: {spec.drafter.name} has no AR stretches (stretch_limit 0)")
+    with mesh_lib.scope(spec.mesh):
+        ctx = context(target_params, draft_params, spec.model, spec.gen, state.cache.capacity, spec.backend)
+        n = jnp.maximum(step_limit - state.steps, 0).astype(jnp.int32)
+        return ar_stretch(ctx, spec.drafter, spec.gen, state, n, stoppable=False)
 
 
 def decode(target_params, draft_params, config, drafter=None, gen=None, state=None, step_limit=None, backend="auto"):

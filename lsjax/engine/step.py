@@ -179,9 +179,12 @@ def chain_verdict(path: PathResult, extras=()) -> Verdict:
     return Verdict(tree, jnp.where(valid, idx, 0), path.num_accepted, path.bonus, path.count, extras)
 
 
-def ar_stretch(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState, n) -> DecodeState:
+def ar_stretch(
+    ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState, n, stoppable: bool = True
+) -> DecodeState:
     """Up to n [] plain AR steps (`fixed_step` with `ARDrafter`: exactly what `--method ar` runs, the draft
     state carried untouched), then one `drafter.catch_up` over the tokens they committed, as a chain verdict.
+    `stoppable=False`: the drafter's `stretch_stop` is not asked (the bridge: nothing else can run yet).
 
     Why: a switched step that runs AR still pays for choosing, the switch, padding its path to the deepest
     variant and every sub-drafter's update (3-4% of an AR step on a CPU for auto); a stretch pays that once.
@@ -194,15 +197,16 @@ def ar_stretch(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: 
     def planned(_):
         return drafter.stretch_plan(ctx, start)
 
-    # Most switched steps run no stretch (n = 0): the plan is only worked out for one that does.
-    blank = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(planned, None))
-    plan = jax.lax.cond(n > 0, planned, lambda _: blank, None)
+    if stoppable:
+        # Most switched steps run no stretch (n = 0): the plan is only worked out for one that does.
+        blank = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(planned, None))
+        plan = jax.lax.cond(n > 0, planned, lambda _: blank, None)
 
     def more(s):
         # The last token is left to the step after the stretch, which runs anyway: ending the run inside the
         # stretch would make that step a forward over finished rows.
         last = jnp.any(~s.done & (s.num_out >= gen.max_new_tokens - 1))
-        stop = jnp.asarray(drafter.stretch_stop(ctx, start, plan, s), bool)
+        stop = jnp.asarray(drafter.stretch_stop(ctx, start, plan, s) if stoppable else False, bool)
         return (s.steps - steps0 < n) & ~jnp.all(s.done) & ~last & ~stop
 
     state = jax.lax.while_loop(more, lambda s: fixed_step(ctx, ar, gen, s), state)

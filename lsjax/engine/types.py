@@ -269,7 +269,9 @@ def step_keys(key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
 @dataclasses.dataclass(frozen=True)
 class HostRun:
     """One prompt bucket's compiled run, as `HostTuned.host_params` sees it before the timed decode:
-    `decode(params, draft_params, state, step_limit)` is the compiled loop and `state` the prefilled state."""
+    `decode(params, draft_params, state, step_limit)` is the compiled loop and `state` the prefilled state.
+    `decode` None: no decode program yet (AR steps run while it loads): the params from what is known without
+    running one (`auto`: its cached cost profile, unchecked, or the prior)."""
 
     model_name: str
     backend: str

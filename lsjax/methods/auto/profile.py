@@ -241,7 +241,8 @@ def profile_costs(
     model_sig: str = "",
 ) -> np.ndarray:
     """[C] costs of `drafter`'s candidates at this prompt bucket and sampling, for the compiled loop
-    `decode(params, draft_params, state, step_limit)` and a prefilled `state`: `mode` "prior" (never measure),
+    `decode(params, draft_params, state, step_limit)` (None: not ready; the cached entry unchecked, else the
+    prior) and a prefilled `state`: `mode` "prior" (never measure),
     "cached" (the cached profile, measured once when missing or when it no longer holds: module doc) or
     "measure" (measure again). `model_sig`: `ModelConfig.signature()`."""
     import jax
@@ -252,6 +253,9 @@ def profile_costs(
     names = drafter.cost_names
     path = profile_path(jax.devices()[0].device_kind, model_name, backend, names, model_sig)
     key = entry_key(bucket, gen.sampling.greedy or not gen.sampling.sample_drafts)
+    if decode is None:  # nothing to check or measure with yet: the cached entry as it stands, else the prior
+        entries, _ = load_profile(path, names, lsjax_version())
+        return np.asarray(entries.get(key, prior), np.float32)
 
     def measure():
         return measure_costs(decode, params, draft_params, state, prior, names=names)
