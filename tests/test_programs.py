@@ -275,6 +275,18 @@ def test_the_bridge_decodes_while_the_decode_program_loads_and_hands_over(tmp_pa
     )
     assert g.programs.hits == 3  # start, bridge and decode, all loaded
 
+    # A cache holding the decode program but no bridge (a cache from before it): on a CPU the bridge is not
+    # compiled ahead of this run's prefill, only stored after it.
+    monkeypatch.setattr(ProgramCache, "_load", load)
+    for path in tmp_path.glob(f"bridge-*{programs.SUFFIX}"):
+        path.unlink()
+    g = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path))
+    g.compile(ids, gen, background=True)
+    assert g.compiling and not g._bridges and g.for_next_start
+    result = g.run(ids, gen)
+    assert result.tokens == ar.tokens and result.bridged_steps == 0
+    assert g.store_for_next_start() > 0 and len(list(tmp_path.glob(f"bridge-*{programs.SUFFIX}"))) == 1
+
 
 def test_no_bridge_where_the_output_could_depend_on_when_it_hands_over(tmp_path):
     from lsjax.config import SamplingConfig

@@ -22,7 +22,7 @@ import numpy as np
 from lsjax import mesh as mesh_lib
 from lsjax.config import GenerateConfig, ModelConfig
 from lsjax.engine import loop
-from lsjax.engine.programs import ProgramCache
+from lsjax.engine.programs import ProgramCache, program_key
 from lsjax.engine.step import stop_ids
 from lsjax.engine.types import ARDrafter, Drafter, HostRun, HostTuned, SpecConfig, Summarized
 from lsjax.errors import LsjaxError
@@ -170,7 +170,8 @@ class Generator:
         def build(name, lower):
             if self.programs is None:
                 return lower().compile()
-            # Both programs are determined by the spec and the start arguments (decode's state is start's output).
+            # Every program is determined by the spec and the start arguments (the state the decode program and
+            # the bridge take is start's output).
             return self.programs.get(name, spec, (args, kwargs), lower)
 
         def timed_decode():
@@ -183,8 +184,17 @@ class Generator:
             # cores: 20 s slower in one pair of runs, 4 s faster in the next); loading from disk is one thread.
             background = self.programs is not None and self.programs.holds("decode", spec, (args, kwargs))
         bridge = self.bridges(gen)
+        held = bridge and self.programs.holds("bridge", spec, (args, kwargs))
+        if bridge and not held and program_key("bridge", spec, (args, kwargs)) is not None:
+            # Stored for the next start after this run's output (`store_for_next_start`). Compiled now only
+            # beside an accelerator, where it decodes while the decode program compiles; on a CPU compiling it
+            # first would delay this run's first token by about what it saves.
+            if background and compiler_beside_device():
+                held = True
+            else:
+                self._for_next_start.append(functools.partial(build, "bridge", lower_bridge))
         if background:
-            if bridge:  # small: it loads in about a second, and decodes while the decode program loads
+            if held:  # small: it loads in about a second, and decodes while the decode program loads
                 self._bridges[sig] = build("bridge", lower_bridge)
             # XLA compiles (or loads) on one host thread while the device, or the other CPU cores, prefill.
             decode = concurrent.futures.Future()
@@ -201,9 +211,6 @@ class Generator:
             self._compiled[sig] = (start, decode, drafter)
             return sig, time.perf_counter() - t0
         self._compiled[sig] = (start, build("decode", lower_decode), drafter)
-        if bridge and not self.programs.holds("bridge", spec, (args, kwargs)):
-            # For the next start, which loads the decode program in the background: `store_for_next_start`.
-            self._for_next_start.append(functools.partial(build, "bridge", lower_bridge))
         return sig, time.perf_counter() - t0
 
     @property
