@@ -183,9 +183,10 @@ class Generator:
             # On a CPU, XLA's compile uses the cores the prefill runs on (the demo's first run side by side on 2
             # cores: 20 s slower in one pair of runs, 4 s faster in the next); loading from disk is one thread.
             background = self.programs is not None and self.programs.holds("decode", spec, (args, kwargs))
-        bridge = self.bridges(gen)
+        # A bridge that cannot be stored (`program_key` None) would be compiled again on every start: none.
+        bridge = self.bridges(gen) and program_key("bridge", spec, (args, kwargs)) is not None
         held = bridge and self.programs.holds("bridge", spec, (args, kwargs))
-        if bridge and not held and program_key("bridge", spec, (args, kwargs)) is not None:
+        if bridge and not held:
             # Stored for the next start after this run's output (`store_for_next_start`). Compiled now only
             # beside an accelerator, where it decodes while the decode program compiles; on a CPU compiling it
             # first would delay this run's first token by about what it saves.

@@ -194,10 +194,11 @@ def ar_stretch(
     ar = ARDrafter()
     n = jnp.minimum(n, limit)
 
-    def planned(_):
-        return drafter.stretch_plan(ctx, start)
-
     if stoppable:
+
+        def planned(_):
+            return drafter.stretch_plan(ctx, start)
+
         # Most switched steps run no stretch (n = 0): the plan is only worked out for one that does.
         blank = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(planned, None))
         plan = jax.lax.cond(n > 0, planned, lambda _: blank, None)
