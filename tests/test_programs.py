@@ -302,3 +302,20 @@ def test_no_bridge_where_the_output_could_depend_on_when_it_hands_over(tmp_path)
     assert not Generator(config, params, PLDDrafter(3), program_cache=ProgramCache(tmp_path)).bridges(greedy)
     bf16 = dataclasses.replace(config, dtype="bfloat16")
     assert not Generator(bf16, params, auto, auto_params(auto), program_cache=ProgramCache(tmp_path)).bridges(greedy)
+
+
+def test_no_bridge_is_stored_where_the_decode_program_came_from_jax_cache(tmp_path, jax_cache):
+    """A decode program JAX took from its own cache is not stored, so the next start compiles it in the
+    foreground again and would never run a bridge: none is compiled after the output either."""
+    from lsjax.methods.auto.drafter import AutoDrafter, auto_params
+
+    config, params = tiny_model()
+    drafter = dataclasses.replace(AutoDrafter(pld_tokens=(3,)), cost_profile="prior")
+    ids, gen = [5, 6, 7, 8, 5, 6], GenerateConfig(max_new_tokens=6, ignore_eos=True)
+    first = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path / "a"))
+    first.compile(ids, gen)
+    assert first.for_next_start  # compiled afresh: stored, so the next start loads it and may bridge
+    jax.clear_caches()
+    again = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path / "b"))
+    again.compile(ids, gen)
+    assert not again.for_next_start and not list((tmp_path / "b").glob(f"decode-*{programs.SUFFIX}"))

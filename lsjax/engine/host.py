@@ -186,17 +186,16 @@ class Generator:
         # A bridge that cannot be stored (`program_key` None) would be compiled again on every start: none.
         bridge = self.bridges(gen) and program_key("bridge", spec, (args, kwargs)) is not None
         held = bridge and self.programs.holds("bridge", spec, (args, kwargs))
-        if bridge and not held:
-            # Stored for the next start after this run's output (`store_for_next_start`). Compiled now only
-            # beside an accelerator, where it decodes while the decode program compiles; on a CPU compiling it
-            # first would delay this run's first token by about what it saves.
-            if background and compiler_beside_device():
-                held = True
-            else:
-                self._for_next_start.append(functools.partial(build, "bridge", lower_bridge))
+        # A bridge not yet stored is compiled now only beside an accelerator, where it decodes while the decode
+        # program compiles; on a CPU compiling it first would delay this run's first token by about what it
+        # saves, so it is stored for the next start after this run's output (`store_for_next_start`).
+        later = functools.partial(build, "bridge", lower_bridge)
+        held = held or (bridge and background and compiler_beside_device())
         if background:
             if held:  # small: it loads in about a second, and decodes while the decode program loads
                 self._bridges[sig] = build("bridge", lower_bridge)
+            elif bridge:  # on a CPU, background means the decode program is stored: the next start loads it
+                self._for_next_start.append(later)
             # XLA compiles (or loads) on one host thread while the device, or the other CPU cores, prefill.
             decode = concurrent.futures.Future()
 
@@ -212,6 +211,10 @@ class Generator:
             self._compiled[sig] = (start, decode, drafter)
             return sig, time.perf_counter() - t0
         self._compiled[sig] = (start, build("decode", lower_decode), drafter)
+        if bridge and not held and self.programs.holds("decode", spec, (args, kwargs)):
+            # Only where the decode program was stored (not one JAX took from its own cache): the next start
+            # loads it in the background, which is when a bridge runs.
+            self._for_next_start.append(later)
         return sig, time.perf_counter() - t0
 
     @property
