@@ -4,6 +4,7 @@ with nothing else, a second Generator that loads instead of tracing and decodes 
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 
 import jax
@@ -99,20 +100,47 @@ def jax_cache(tmp_path):
     compilation_cache.reset_cache()
 
 
-def test_a_program_from_jax_cache_is_not_stored(tmp_path, jax_cache):
-    """XLA:CPU re-serializes an executable JAX loaded from its cache without its kernels: storing one would
-    fail at its first run in the next process."""
-    x = jnp.arange(5.0)
+_JAX_CACHE_SCRIPT = """
+import sys
+import jax, jax.numpy as jnp
+from lsjax.engine.programs import ProgramCache
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+x = jnp.arange(5.0)
 
-    def lower():
-        return jax.jit(lambda a: jnp.sin(a) * 3 + jnp.cumsum(a)).lower(x)
+def lower():
+    if sys.argv[3] == "load":
+        raise SystemExit("lowered: the program was not loaded from the program cache")
+    return jax.jit(lambda a: jnp.sin(a) * 3 + jnp.cumsum(a)).lower(x)
 
-    ProgramCache(tmp_path / "first").get("f", ("f",), (x,), lower)  # compiled: stored in both caches
-    assert len(list((tmp_path / "first").glob(f"*{programs.SUFFIX}"))) == 1 and any(jax_cache.iterdir())
-    jax.clear_caches()
-    compiled = ProgramCache(tmp_path / "second").get("f", ("f",), (x,), lower)  # JAX's cache hit
-    np.testing.assert_allclose(compiled(x), jnp.sin(x) * 3 + jnp.cumsum(x))
-    assert not (tmp_path / "second").exists()
+cache = ProgramCache(sys.argv[2])
+print(cache.get("f", ("f",), (x,), lower)(x).tolist(), cache.hits)
+"""
+
+
+def test_a_program_from_jax_cache_is_stored_with_its_kernels(tmp_path):
+    """XLA:CPU serializes an executable JAX loaded from its cache without its kernels: stored that way, it
+    would fail at its first run in the next process ("Function ... not found"). The program cache stores the
+    bytes JAX's cache holds instead. Each step is its own process: within one, the kernels are still there."""
+    import subprocess
+    import sys
+
+    def run(programs_dir, mode):
+        args = [sys.executable, "-c", _JAX_CACHE_SCRIPT, str(tmp_path / "jax"), str(tmp_path / programs_dir), mode]
+        done = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        values, hits = done.stdout.strip().rsplit(" ", 1)
+        stored = len(list((tmp_path / programs_dir).glob(f"*{programs.SUFFIX}")))
+        return np.asarray(json.loads(values)), int(hits), stored
+
+    x = np.arange(5.0)
+    want = np.sin(x) * 3 + np.cumsum(x)
+    for programs_dir, mode, hits in (("first", "compile", 0), ("second", "compile", 0), ("second", "load", 1)):
+        # first: compiled afresh, stored in both caches; second: JAX's cache hit, stored all the same; then
+        # loaded from the program cache in a new process and run.
+        values, got_hits, stored = run(programs_dir, mode)
+        np.testing.assert_allclose(values, want, rtol=1e-6)
+        assert (got_hits, stored) == (hits, 1), (programs_dir, mode)
 
 
 def test_only_the_newest_files_are_kept(tmp_path, monkeypatch):
@@ -304,11 +332,22 @@ def test_no_bridge_where_the_output_could_depend_on_when_it_hands_over(tmp_path)
     assert not Generator(bf16, params, auto, auto_params(auto), program_cache=ProgramCache(tmp_path)).bridges(greedy)
 
 
-def test_no_bridge_is_stored_where_the_decode_program_came_from_jax_cache(tmp_path, jax_cache):
-    """A decode program JAX took from its own cache is not stored, so the next start compiles it in the
-    foreground again and would never run a bridge: none is compiled after the output either."""
+@pytest.mark.parametrize("bytes_kept", [True, False], ids=["jax-bytes", "no-jax-bytes"])
+def test_a_bridge_is_stored_only_where_the_decode_program_is(tmp_path, jax_cache, monkeypatch, bytes_kept):
+    """A decode program JAX took from its own cache is stored from JAX's bytes, and the bridge after the output
+    with it. Where those bytes cannot be had (a JAX version that moved its reader) the decode program is not
+    stored, the next start compiles it in the foreground and would never run a bridge: none is compiled."""
     from lsjax.methods.auto.drafter import AutoDrafter, auto_params
 
+    real, from_jax_cache = programs._compile, []
+
+    def compile_(lower):
+        made = real(lower)
+        from_jax_cache.append(made.from_jax_cache)
+        return made if bytes_kept else dataclasses.replace(made, jax_bytes=None)
+
+    monkeypatch.setattr(programs, "_compile", compile_)
+    jax.clear_caches()  # an earlier test's programs in memory would keep this one's out of JAX's cache
     config, params = tiny_model()
     drafter = dataclasses.replace(AutoDrafter(pld_tokens=(3,)), cost_profile="prior")
     ids, gen = [5, 6, 7, 8, 5, 6], GenerateConfig(max_new_tokens=6, ignore_eos=True)
@@ -317,5 +356,8 @@ def test_no_bridge_is_stored_where_the_decode_program_came_from_jax_cache(tmp_pa
     assert first.for_next_start  # compiled afresh: stored, so the next start loads it and may bridge
     jax.clear_caches()
     again = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path / "b"))
+    del from_jax_cache[:]
     again.compile(ids, gen)
-    assert not again.for_next_start and not list((tmp_path / "b").glob(f"decode-*{programs.SUFFIX}"))
+    assert from_jax_cache == [True, True]  # the start and decode programs came from JAX's cache
+    stored = list((tmp_path / "b").glob(f"decode-*{programs.SUFFIX}"))
+    assert bool(again.for_next_start) == bool(stored) == bytes_kept

@@ -10,11 +10,11 @@ configuration, `XLA_FLAGS`, the devices, the static configuration (the repr of a
 
 Never cached (compiled as usual): a program whose static configuration holds code from outside lsjax (a
 plugin method: its source is not in the key), one whose configuration's repr names an object by address,
-programs over a mesh, and a program JAX found in its own persistent cache rather than compiled: XLA:CPU
-serializes such an executable without its kernels (jaxlib 0.10.2: loaded again, it fails at its first run
-with "NOT_FOUND: Function ... not found"), so only a fresh compile is stored. A file that cannot be read or
-loaded is compiled again and replaced; the newest
-`MAX_FILES` programs are kept.
+and programs over a mesh. A program JAX found in its own persistent cache is stored as JAX's cache holds it
+(the bytes of its fresh compile), not serialized again: XLA:CPU serializes a loaded executable without its
+kernels (jaxlib 0.10.2: loaded again, it fails at its first run with "NOT_FOUND: Function ... not found"); where
+those bytes cannot be had, such a program is not stored. A file that cannot be read or loaded is compiled
+again and replaced; the newest `MAX_FILES` programs are kept.
 
 Only `Generator(program_cache=...)` uses it, and only `decode.py` passes one (next to JAX's cache): a library
 writes nothing to disk unless asked.
@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import io
 import os
 import pickle
 import re
@@ -39,7 +40,8 @@ import jax
 MAX_FILES = 32
 SUFFIX = ".lsjax-program"
 _JAX_CACHE_HIT = "/jax/compilation_cache/cache_hits"
-_compiling = threading.local()  # per thread: JAX cache hits seen while this module compiles a program
+# Per thread, while this module compiles a program: JAX cache hits seen, and the executables JAX read.
+_compiling = threading.local()
 # Settings that move or describe caches and logs: the same program whatever they say.
 _CONFIG_IGNORED = re.compile(r"cache|log|dump|pprint|traceback|explain")
 
@@ -114,18 +116,79 @@ def _on_event(event: str, **_kw) -> None:
 @functools.cache
 def _listen() -> None:
     jax.monitoring.register_event_listener(_on_event)
+    _see_jax_cache_reads()
 
 
-def _compile(lower: Callable[[], jax.stages.Lowered]) -> tuple[jax.stages.Compiled, bool]:
-    """`lower().compile()`, and whether JAX loaded it from its persistent cache (JAX compiles in the calling
-    thread, so a hit counted in this thread while it compiles is this program's)."""
-    _listen()
-    _compiling.hits = 0
+def _see_jax_cache_reads() -> None:
+    """Keeps, per compiling thread, the serialized executable of each entry JAX reads from its persistent cache.
+
+    Why: that is the only copy of the program with its kernels (above); JAX has no public way to hand it out,
+    so its reader (`extract_executable_and_time`, called by `get_executable_and_time` through the module's
+    globals in jax 0.10 and 0.11) is wrapped. If a JAX version moves it, nothing is kept and a program from
+    JAX's cache is simply not stored."""
     try:
-        compiled = lower().compile()
-        return compiled, _compiling.hits > 0
+        from jax._src import compilation_cache as jax_cache
+    except ImportError:
+        return
+    read = getattr(jax_cache, "extract_executable_and_time", None)
+    if read is None or getattr(read, "_lsjax", False):
+        return
+
+    def extract(entry):
+        serialized, compile_time = read(entry)
+        seen = getattr(_compiling, "reads", None)
+        if seen is not None:
+            seen.append(serialized)
+        return serialized, compile_time
+
+    extract._lsjax = True
+    jax_cache.extract_executable_and_time = extract
+
+
+@dataclasses.dataclass
+class _Compiled:
+    program: jax.stages.Compiled
+    from_jax_cache: bool
+    jax_bytes: bytes | None  # the executable as JAX's cache holds it, where it came from there
+
+
+def _compile(lower: Callable[[], jax.stages.Lowered]) -> _Compiled:
+    """`lower().compile()`, and whether JAX loaded the program from its persistent cache, with the bytes it
+    read. JAX compiles in the calling thread, so what this thread sees while compiling is this program's; the
+    lowering is left out because it may compile and run small helpers of its own (a hit of 4 KB beside a
+    2.4 MB program)."""
+    _listen()
+    lowered = lower()
+    _compiling.hits, _compiling.reads = 0, []
+    try:
+        compiled = lowered.compile()
+        reads = _compiling.reads
+        from_jax_cache = _compiling.hits > 0
+        return _Compiled(compiled, from_jax_cache, reads[0] if from_jax_cache and len(reads) == 1 else None)
     finally:
-        _compiling.hits = None
+        _compiling.hits = _compiling.reads = None
+
+
+def _serialize(compiled: jax.stages.Compiled, executable: bytes | None) -> bytes:
+    """`serialize_executable.serialize`'s payload; with `executable`, that stands for the program's executable
+    instead of serializing the loaded one again."""
+    from jax.experimental import serialize_executable as se
+
+    if executable is None:
+        return se.serialize(compiled)
+
+    class Pickler(se._JaxPjrtPickler):
+        def persistent_id(self, obj):
+            if isinstance(obj, se.xc.LoadedExecutable):
+                return ("exec", executable)
+            return super().persistent_id(obj)
+
+    # The same payload `serialize` builds (and `deserialize_and_load` reads), with JAX's bytes for the program.
+    unloaded = compiled._executable._unloaded_executable
+    args_info_flat, in_tree = jax.tree_util.tree_flatten(compiled.args_info)
+    with io.BytesIO() as file:
+        Pickler(file).dump((unloaded, args_info_flat, compiled._no_kwargs))
+        return file.getvalue(), in_tree, compiled.out_tree
 
 
 class ProgramCache:
@@ -150,10 +213,10 @@ class ProgramCache:
         if compiled is not None:
             self.hits += 1
             return compiled
-        compiled, from_jax_cache = _compile(lower)
-        if not from_jax_cache:
-            self._store(path, compiled)
-        return compiled
+        made = _compile(lower)
+        if not made.from_jax_cache or made.jax_bytes is not None:
+            self._store(path, made.program, made.jax_bytes)
+        return made.program
 
     def clear(self) -> None:
         """Removes every program this cache holds."""
@@ -172,12 +235,10 @@ class ProgramCache:
             os.utime(path)  # kept as recently used
         return compiled
 
-    def _store(self, path: Path, compiled: jax.stages.Compiled) -> None:
-        from jax.experimental.serialize_executable import serialize
-
+    def _store(self, path: Path, compiled: jax.stages.Compiled, executable: bytes | None = None) -> None:
         try:
             # Level 1: a 32 MB executable (auto on a CPU) becomes 5.5 MB in 0.2 s, read back in 0.1 s.
-            data = zlib.compress(pickle.dumps(serialize(compiled)), 1)
+            data = zlib.compress(pickle.dumps(_serialize(compiled, executable)), 1)
         except Exception:  # a program JAX cannot serialize is simply not cached  # noqa: BLE001
             return
         try:
