@@ -501,6 +501,7 @@ class InvariantPlan:
     (`invariant_plan`). R queries, W = R window positions each, S cache slots."""
 
     below: jax.Array  # [B, R, 1, 1, S] bool: cache slot s is in the query's first part (s < pos - R + 1)
+    bound: jax.Array  # [B, R] int32: that first part as a range, slots [0, bound) (the kernel's form)
     slot: jax.Array  # [B, R, W] int32: the cache slot of each window position (clipped)
     node: jax.Array  # [B, R, W] int32: the tree node holding each window position at or past the cache length
     in_cache: jax.Array  # [B, R, W, 1, 1] bool: the window position is below the cache length
@@ -519,6 +520,7 @@ def invariant_plan(tree_mask, positions, lengths, capacity: int) -> InvariantPla
     anc = tree_ancestors(tree_mask, pos - lengths[:, None], R - 1)  # [B, R, R]
     return InvariantPlan(
         below=(jnp.arange(capacity)[None, None, :] < low[:, :, None])[:, :, None, None, :],
+        bound=jnp.clip(low, 0, capacity),
         slot=jnp.clip(x, 0, capacity - 1),
         node=jnp.take_along_axis(anc, jnp.clip(rel, 0, R - 1), axis=2),
         in_cache=(rel < 0)[..., None, None],
@@ -537,7 +539,22 @@ def invariant_chunk(capacity: int) -> int:
     return max(chunk, 1)
 
 
-def invariant_tree_attention(q, cache_k, cache_v, tree_k, tree_v, plan: InvariantPlan, *, layer, sm_scale=None):
+def _invariant_kernel(backend: str, q, num_kv_heads: int) -> bool | None:
+    """Whether the cache part of `invariant_tree_attention` runs as the Pallas kernel, and interpreted; None:
+    XLA. The kernel has a Triton variant only (compiled on a GPU, interpreted on a CPU host for tests); a TPU
+    and a head dim Triton cannot take (one warning) run XLA, and so does a model mesh (no per-shard call yet)."""
+    backend = _resolve(backend)
+    if not backend.startswith("pallas") or head_shards(q.shape[2], num_kv_heads, q.shape[0]) is not None:
+        return None
+    target = _kernel_or_xla(backend, q.shape[-1])
+    if target is None or target == ("tpu", False):
+        return None
+    return target[1]
+
+
+def invariant_tree_attention(
+    q, cache_k, cache_v, tree_k, tree_v, plan: InvariantPlan, *, layer, sm_scale=None, backend: str = "xla"
+):
     """Attention whose output for a query depends on its position and the keys at positions [0, pos] only,
     never on where the cache ends or on the other queries: AR (cache [0, pos), the query alone) and a
     verification forward (cache [0, p), the query's ancestors in the tree) give the same bits.
@@ -553,7 +570,9 @@ def invariant_tree_attention(q, cache_k, cache_v, tree_k, tree_v, plan: Invarian
     same operations in every step.
 
     q [B, R, N, H]; cache_k/v [L, B, K, S, H] (read at `layer`); tree_k/v [B, R, K, H]; `plan` from
-    `invariant_plan`. Returns fp32 [B, R, N, H].
+    `invariant_plan`. Returns fp32 [B, R, N, H]. `backend`: a Pallas backend runs the cache part as one kernel
+    (`pallas_kernels.invariant_attention`; `_invariant_kernel` says where), with its own fixed key blocks: the
+    bits differ from XLA's, and AR and verification stay equal because every forward of a model takes one path.
     """
     B, R, N, H = q.shape
     K = cache_k.shape[2]
@@ -564,7 +583,8 @@ def invariant_tree_attention(q, cache_k, cache_v, tree_k, tree_v, plan: Invarian
     qg = _grouped(q, K)  # [B, R, K, G, H]
 
     def window(cache, tree):  # -> [B, R, W, K, H]
-        from_cache = jax.vmap(lambda c, s: c[:, s].transpose(1, 2, 0, 3))(cache, plan.slot)  # c [K, S, H]
+        # One gather from the whole stacked cache: no layer is sliced out first (the kernel path reads none).
+        from_cache = cache[layer, jnp.arange(B)[:, None, None], :, plan.slot]  # [B, R, W, K, H]
         from_tree = jax.vmap(lambda t, n: t[n])(tree, plan.node)  # t [R, K, H]
         return jnp.where(plan.in_cache, from_cache, from_tree.astype(cache.dtype))
 
@@ -590,14 +610,22 @@ def invariant_tree_attention(q, cache_k, cache_v, tree_k, tree_v, plan: Invarian
     S = ck.shape[2]
     chunk = invariant_chunk(S)
     G = N // K
-    carry = (jnp.full((B, R, K, G), NEG_INF, f32), jnp.zeros((B, R, K, G), f32), jnp.zeros((B, R, K, G, H), f32))
-    starts = list(range(0, S, chunk))
-    if len(starts) <= 8:  # unrolled: a GPU step at short context is bound by launches, not a loop's bookkeeping
-        for start in starts:
-            carry, _ = cache_chunk(carry, start)
+    interpret = _invariant_kernel(backend, q, K)
+    if interpret is not None:
+        from pallas_kernels import invariant_attention as ik
+
+        carry = ik.invariant_cache_attention(
+            q, cache_k, cache_v, plan.bound, layer, sm_scale=scale, interpret=interpret
+        )
     else:
-        carry, _ = jax.lax.scan(cache_chunk, carry, jnp.asarray(starts, jnp.int32))
-    kw, vw = window(ck, tree_k), window(cv, tree_v)
+        carry = (jnp.full((B, R, K, G), NEG_INF, f32), jnp.zeros((B, R, K, G), f32), jnp.zeros((B, R, K, G, H), f32))
+        starts = list(range(0, S, chunk))
+        if len(starts) <= 8:  # unrolled: a GPU step at short context is bound by launches, not a loop's bookkeeping
+            for start in starts:
+                carry, _ = cache_chunk(carry, start)
+        else:
+            carry, _ = jax.lax.scan(cache_chunk, carry, jnp.asarray(starts, jnp.int32))
+    kw, vw = window(cache_k, tree_k), window(cache_v, tree_v)
     s2 = jnp.einsum("brkgh,brwkh->brkgw", qg, kw, precision=precision, preferred_element_type=f32) * scale
     _, denom, acc = update(carry, s2, plan.valid, vw, "brkgw,brwkh->brkgh")  # every query sees itself: denom > 0
     return (acc / denom[..., None]).reshape(B, R, N, H)

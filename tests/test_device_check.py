@@ -23,7 +23,7 @@ def test_dry_run_writes_every_part(tmp_path, capsys):
     for name in device.PARTS:
         assert parts[name]["rows"], f"part {name} measured nothing: {parts[name]['skips']}"
     kernels = parts["kernels"]["rows"]
-    assert {r["kernel"] for r in kernels} == {"prefix", "tree", "tree-causal"}
+    assert {r["kernel"] for r in kernels} == {"prefix", "tree", "tree-causal", "invariant"}
     assert {r["dtype"] for r in kernels} == {"bfloat16", "float32"} and all(r["ok"] for r in kernels)
     assert all(r["identical"] for r in parts["e2e"]["rows"])
     assert set(parts["step"]["rows"][0]["vs_ar"]) == {"1", "4"}  # JSON keys

@@ -61,14 +61,14 @@ def chain_in_a_tree(chain, rng) -> tuple[Tree, list[int]]:
     return Tree(jnp.array([toks], jnp.int32), par, depth, valid, mask), rows
 
 
-def ar_and_verify_logits(dtype: str, rows: int, tapped: bool = False):
+def ar_and_verify_logits(dtype: str, rows: int, tapped: bool = False, backend: str = "auto"):
     config, params = small(dtype, rows)
     rng = np.random.default_rng(0)
     prompt = jnp.asarray(rng.integers(0, 256, (1, 256)), jnp.int32)
     cache = KVCache.zeros(config, 1, 512)
     _, cache = jax.jit(loop.prefill, static_argnames=("config",))(params, config, prompt, jnp.array([37]), cache)
     chain = rng.integers(0, 256, CHAIN)
-    fwd = jax.jit(tree_forward, static_argnames=("config",))
+    fwd = jax.jit(functools.partial(tree_forward, backend=backend), static_argnames=("config",))
     ar, c = [], cache
     for tok in chain:
         _, logits, k, v = fwd(params, config, root_only(jnp.array([tok], jnp.int32)), c)
@@ -76,7 +76,9 @@ def ar_and_verify_logits(dtype: str, rows: int, tapped: bool = False):
         ar.append(np.asarray(logits[0, 0]))
     tree, at = chain_in_a_tree(chain, rng)
     if tapped:  # the forward cut between layers (what the streams drafter verifies with)
-        tapped_fwd = jax.jit(functools.partial(tapped_tree_forward, layer=1), static_argnames=("config",))
+        tapped_fwd = jax.jit(
+            functools.partial(tapped_tree_forward, layer=1, backend=backend), static_argnames=("config",)
+        )
         logits = tapped_fwd(params, config, tree, cache)[2]
     else:
         logits = fwd(params, config, tree, cache)[1]

@@ -180,6 +180,27 @@ def test_hybrid_tree_attention_lowers(platform, kind, case):
     assert not layer_copies(text, (B, K, S, H))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads", [(9, 3, 64), (N, K, H)], ids=["smollm2", "llama"])
+def test_invariant_attention_lowers_for_cuda_with_one_kernel(heads, dtype):
+    """Batch-invariant attention with a Pallas backend: the cache part is one Triton call per layer reading the
+    whole stacked cache (no layer copied out), at 128 rows and an 8K cache."""
+    n, k, h = heads
+    B, R, S = 1, 128, 8192
+    cache = sds((L, B, k, S, h), dtype)
+    tree = sds((B, R, k, h), dtype)
+
+    def fn(q, ck, cv, tk, tv, mask, positions, lengths, i):
+        plan = attention.invariant_plan(mask, positions, lengths, S)
+        return attention.invariant_tree_attention(q, ck, cv, tk, tv, plan, layer=i, backend="pallas:cuda")
+
+    args = [sds((B, R, n, h), dtype), cache, cache, tree, tree, sds((B, R, R), jnp.bool_)]
+    args += [sds((B, R), jnp.int32), sds((B,), jnp.int32), sds((), jnp.int32)]
+    text = export_text(fn, args, "cuda")
+    assert text.count(CUSTOM_CALL["cuda"]) == 1 and "invariant_cache_attention" in text
+    assert not layer_copies(text, (B, k, S, h))
+
+
 def test_layer_copy_detector_can_fail():
     """Slicing the layer before the kernel (what the Pallas path used to do) is caught by both checks."""
     B, T, S, dtype = 4, 16, 8192, jnp.bfloat16

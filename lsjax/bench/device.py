@@ -285,6 +285,7 @@ def kernel_target(dry: bool) -> tuple[str, bool]:
 
 def check_kernels(rep: Report) -> None:
     from lsjax.bench.attention import random_tree_mask
+    from pallas_kernels import invariant_attention as ik
     from pallas_kernels import prefix_attention as pk
     from pallas_kernels import tree_attention as tk
 
@@ -292,6 +293,8 @@ def check_kernels(rep: Report) -> None:
     platform, interpret = kernel_target(cfg.dry)
     lowering = {"gpu": "Pallas Triton", "tpu": "Mosaic TPU"}[platform]
     rep.note("kernels", f"{lowering} variants, {'interpreted' if interpret else 'compiled for this device'}")
+    if platform == "tpu" and not interpret:
+        rep.note("kernels", "invariant: no Mosaic variant; batch-invariant numerics run the XLA version here")
     S, L, layer = (200, 3, 2) if cfg.dry else (5000, 3, 2)
     case = 0
     for heads, (N, K, H) in HEADS.items():
@@ -300,9 +303,11 @@ def check_kernels(rep: Report) -> None:
             continue
         for T in cfg.kernel_T:
             for dtype in ("bfloat16", "float32"):
-                for kernel in ("prefix", "tree", "tree-causal"):
+                for kernel in ("prefix", "tree", "tree-causal", "invariant"):
                     if rep.over_budget("kernels", f"{kernel} {heads} T={T} {dtype}"):
                         return
+                    if kernel == "invariant" and platform == "tpu" and not interpret:
+                        continue  # no Mosaic variant: a TPU runs the XLA version (noted once below)
                     case += 1
                     rng = np.random.default_rng(case)  # the tree masks
                     kq, kk, kv = jax.random.split(jax.random.key(case), 3)  # drawn on the device: fast at 5K
@@ -310,7 +315,27 @@ def check_kernels(rep: Report) -> None:
                     B = 2
                     q = _normal(kq, (B, T, N, H), jd)
                     try:
-                        if kernel == "prefix":
+                        bits = ""
+                        if kernel == "invariant":
+                            k = _normal(kk, (L, B, K, S, H), jd)
+                            v = _normal(kv, (L, B, K, S, H), jd)
+                            bounds = jnp.asarray(rng.integers(0, S + 1, (B, T)), jnp.int32)
+                            _poison(q.shape, jd)
+                            state = ik.invariant_cache_attention(q, k, v, bounds, layer, interpret=interpret)
+                            out, lse = ik.output_of(*state)
+                            with jax.default_matmul_precision("highest"):
+                                ref, ref_lse = ik.invariant_cache_attention_reference(q, k, v, bounds, layer)
+                            # Batch invariance on this device: the rows rolled into other tiles, same bits.
+                            shift = T // 2 + 1
+                            rolled = ik.invariant_cache_attention(
+                                jnp.roll(q, shift, 1), k, v, jnp.roll(bounds, shift, 1), layer, interpret=interpret
+                            )
+                            same = all(
+                                np.array_equal(np.roll(np.asarray(a), shift, 1), np.asarray(b))
+                                for a, b in zip(state, rolled, strict=True)
+                            )
+                            bits = "" if same else "rows moved to other tiles changed bits"
+                        elif kernel == "prefix":
                             k = _normal(kk, (L, B, K, S, H), jd)
                             v = _normal(kv, (L, B, K, S, H), jd)
                             lengths = jnp.array([S - 3, S // 3 + 1], jnp.int32)
@@ -343,7 +368,7 @@ def check_kernels(rep: Report) -> None:
                     else:
                         # The reference's inputs are the kernel's (bf16 included), upcast: it is the exact answer.
                         err = max(rel_err(out, ref.astype(jnp.float32)), lse_err(lse, ref_lse))
-                        ok, detail = err <= TOLERANCE[dtype], ""
+                        ok, detail = err <= TOLERANCE[dtype] and not bits, bits
                     rep.row(
                         "kernels",
                         dict(kernel=kernel, heads=heads, T=T, dtype=dtype, rel_err=err, ok=ok, error=detail),

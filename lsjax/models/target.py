@@ -255,7 +255,7 @@ def forward_hidden(
     whichever row it sits in and however many real rows there are. Outputs are cut back to T rows.
     """
     if pad_to:
-        return _padded(params, config, tokens, positions, cache, tree_mask, layers, x, pad_to)
+        return _padded(params, config, tokens, positions, cache, tree_mask, layers, x, pad_to, backend)
     cos, sin = rope_angles(positions, inverse_frequencies(config))
     lo, hi = layers if layers is not None else (0, config.num_layers)
     # The residual stream is fp32 whatever the weights' dtype (`layers.dense` says why).
@@ -304,8 +304,9 @@ def forward_hidden(
     return x, new_k, new_v
 
 
-def _padded(params, config, tokens, positions, cache, tree_mask, layers, x, rows: int):
-    """`forward_hidden(..., pad_to=rows)`: the batch-invariant forward (plain XLA attention, any backend)."""
+def _padded(params, config, tokens, positions, cache, tree_mask, layers, x, rows: int, backend: str):
+    """`forward_hidden(..., pad_to=rows)`: the batch-invariant forward (`attention.invariant_tree_attention`,
+    whose cache part is a Pallas kernel on a GPU)."""
     B, T = tokens.shape
     if rows < T:
         raise ConfigError(
@@ -327,7 +328,8 @@ def _padded(params, config, tokens, positions, cache, tree_mask, layers, x, rows
     x = (embed(params, tokens) if x is None else x).astype(ACT_DTYPE)
 
     def attend(q, k, v, index):
-        return attention.invariant_tree_attention(q, cache.k, cache.v, k, v, plan, layer=index).astype(ACT_DTYPE)
+        out = attention.invariant_tree_attention(q, cache.k, cache.v, k, v, plan, layer=index, backend=backend)
+        return out.astype(ACT_DTYPE)
 
     layer_list = prepare_for_decode(params, config)["layers"]
     new_k, new_v = [], []
