@@ -169,13 +169,16 @@ def _compile(lower: Callable[[], jax.stages.Lowered]) -> _Compiled:
         _compiling.hits = _compiling.reads = None
 
 
-def _serialize(compiled: jax.stages.Compiled, executable: bytes | None) -> bytes:
-    """`serialize_executable.serialize`'s payload; with `executable`, that stands for the program's executable
-    instead of serializing the loaded one again."""
+def _serialize(compiled: jax.stages.Compiled, executable: bytes | None) -> tuple:
+    """`serialize_executable.serialize(compiled)`: (payload, in_tree, out_tree); with `executable`, those bytes
+    stand for the program's executable instead of the loaded one serialized again."""
     from jax.experimental import serialize_executable as se
 
+    # Always run: it refuses (raises for) programs it cannot rebuild, such as ones with mutable refs or
+    # constants; with `executable` what it made is then thrown away.
+    made = se.serialize(compiled)
     if executable is None:
-        return se.serialize(compiled)
+        return made
 
     class Pickler(se._JaxPjrtPickler):
         def persistent_id(self, obj):
