@@ -174,11 +174,13 @@ def _serialize(compiled: jax.stages.Compiled, executable: bytes | None) -> tuple
     stand for the program's executable instead of the loaded one serialized again."""
     from jax.experimental import serialize_executable as se
 
-    # Always run: it refuses (raises for) programs it cannot rebuild, such as ones with mutable refs or
-    # constants; with `executable` what it made is then thrown away.
-    made = se.serialize(compiled)
     if executable is None:
-        return made
+        return se.serialize(compiled)
+    # `serialize`'s own refusals (jax 0.10-0.11), checked without it: it would serialize the loaded executable
+    # again, seconds for a large program, only to throw that away.
+    unloaded = getattr(compiled._executable, "_unloaded_executable", None)
+    if unloaded is None or (getattr(unloaded, "mut", None) and unloaded.mut.in_mut) or compiled._params.const_args:
+        raise ValueError("this program cannot be serialized")
 
     class Pickler(se._JaxPjrtPickler):
         def persistent_id(self, obj):
@@ -187,7 +189,6 @@ def _serialize(compiled: jax.stages.Compiled, executable: bytes | None) -> tuple
             return super().persistent_id(obj)
 
     # The same payload `serialize` builds (and `deserialize_and_load` reads), with JAX's bytes for the program.
-    unloaded = compiled._executable._unloaded_executable
     args_info_flat, in_tree = jax.tree_util.tree_flatten(compiled.args_info)
     with io.BytesIO() as file:
         Pickler(file).dump((unloaded, args_info_flat, compiled._no_kwargs))
