@@ -658,6 +658,25 @@ def check_e2e(rep: Report) -> None:
         _check_e2e(rep, dtype)
 
 
+def _invariant_attention_speed(rep: Report, model, ar, prompts, gen) -> None:
+    """Invariant AR on the default attention (the Pallas kernel on a GPU) against the same with XLA attention,
+    interleaved: what the invariant kernel buys on this card. The two round differently, so their outputs may
+    part at a near tie; each is exact against its own verification."""
+    from lsjax.engine.host import Generator
+
+    xla = Generator(model.config, model.params, backend="xla")
+    xla.run(prompts[0], gen)  # compiles
+    runs = [(ar.run(ids, gen), xla.run(ids, gen)) for ids in prompts]
+    fast = float(np.median([a.tokens_per_s for a, _ in runs]))
+    slow = float(np.median([x.tokens_per_s for _, x in runs]))
+    same = sum(first_difference(a.tokens, x.tokens) is None for a, x in runs)
+    rep.note(
+        "e2e",
+        f"invariant AR, default attention ({'kernel' if jax.default_backend() == 'gpu' else 'XLA here'}) vs XLA:"
+        f" {fast:.1f} vs {slow:.1f} tok/s ({fast / max(slow, 1e-9):.2f}x); same output on {same}/{len(runs)}",
+    )
+
+
 def _check_e2e(rep: Report, dtype: str) -> None:
     from lsjax.bench.profiling import time_split
     from lsjax.config import GenerateConfig
@@ -688,6 +707,7 @@ def _check_e2e(rep: Report, dtype: str) -> None:
         model = model._replace(config=dataclasses.replace(model.config, invariant_rows=rows))
         ar = Generator(model.config, model.params)
         ar.run(prompts[0], gen)
+        _invariant_attention_speed(rep, model, ar, prompts, gen)
     else:
         ar = plain
     for name in cfg.e2e_methods:
