@@ -27,6 +27,22 @@ def is_pow2(x: int) -> bool:
     return x > 0 and x & (x - 1) == 0
 
 
+def fold_queries(q: jax.Array, K: int, rows_to: int) -> jax.Array:
+    """q [B, T, N, H] -> [B*K, rows_to, H]: each kv head's G = N/K query heads folded into its rows
+    (row t*G + g), zero rows past T*G. One program then reads a key block once for all its query heads."""
+    B, T, N, H = q.shape
+    G = N // K
+    qf = q.reshape(B, T, K, G, H).transpose(0, 2, 1, 3, 4).reshape(B * K, T * G, H)
+    return jnp.pad(qf, ((0, 0), (0, rows_to - T * G), (0, 0))) if rows_to != T * G else qf
+
+
+def unfold_rows(x: jax.Array, B: int, T: int, G: int) -> jax.Array:
+    """[B*K, >= T*G, ...] -> [B, T, K, G, ...]: `fold_queries` undone (padding rows dropped)."""
+    K = x.shape[0] // B
+    x = x[:, : T * G].reshape(B, K, T, G, *x.shape[2:])
+    return jnp.moveaxis(x, 2, 1)
+
+
 def check_platform(platform: str) -> str:
     if platform not in PLATFORMS:
         raise ValueError(f"kernel platform must be one of {'|'.join(PLATFORMS)}, got {platform!r}")

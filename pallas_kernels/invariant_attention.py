@@ -35,12 +35,14 @@ from jax.experimental import pallas as pl
 from pallas_kernels._common import (
     NEG_INF,
     dot_precision,
+    fold_queries,
     is_pow2,
     online_step,
     pv_mode,
     round_up,
     scores,
     triton_params,
+    unfold_rows,
 )
 
 BLOCK_K = 64  # cache keys per step: part of the numerics (module docstring)
@@ -104,8 +106,7 @@ def invariant_cache_attention(
     scale = float(sm_scale) if sm_scale is not None else H**-0.5
     rows = R * G
     Rp = round_up(rows, BLOCK_ROWS)
-    qf = q.reshape(B, R, K, G, H).transpose(0, 2, 1, 3, 4).reshape(B * K, rows, H)
-    qf = jnp.pad(qf, ((0, 0), (0, Rp - rows), (0, 0)))
+    qf = fold_queries(q, K, Rp)
     # Per folded row (query r, head g): the query's bound; padding rows see nothing.
     bound = jnp.repeat(jnp.clip(bounds.astype(jnp.int32), 0, S), G, axis=1)
     bound = jnp.pad(bound, ((0, 0), (0, Rp - rows)))  # [B, Rp]
@@ -145,11 +146,7 @@ def invariant_cache_attention(
         name="invariant_cache_attention",
     )(layer, bound, qf, k, v)
 
-    def unfold(x):  # [B*K, Rp, ...] -> [B, R, K, G, ...]
-        x = x[:, :rows].reshape(B, K, R, G, *x.shape[2:])
-        return jnp.moveaxis(x, 2, 1)
-
-    return unfold(m), unfold(l), unfold(acc)
+    return unfold_rows(m, B, R, G), unfold_rows(l, B, R, G), unfold_rows(acc, B, R, G)
 
 
 def invariant_cache_attention_reference(q, k, v, bounds, layer, *, sm_scale=None):

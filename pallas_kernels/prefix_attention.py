@@ -42,6 +42,7 @@ from pallas_kernels._common import (
     check_platform,
     dot_precision,
     finish,
+    fold_queries,
     is_pow2,
     next_pow2,
     online_step,
@@ -50,6 +51,7 @@ from pallas_kernels._common import (
     scores,
     tpu_params,
     triton_params,
+    unfold_rows,
 )
 
 
@@ -395,9 +397,7 @@ def prefix_attention(
     else:
         block_rows = min(tuning.block_rows, max(16, next_pow2(R)))
         Rp = round_up(R, block_rows)
-    qf = q.reshape(B, T, K, G, H).transpose(0, 2, 1, 3, 4).reshape(B * K, R, H)
-    if Rp != R:
-        qf = jnp.pad(qf, ((0, 0), (0, Rp - R), (0, 0)))
+    qf = fold_queries(q, K, Rp)
 
     if platform == "tpu":
         o, lse = _tpu_call(qf, k, v, layer, lengths, start, scale=scale, tuning=tuning, interpret=interpret)
@@ -406,8 +406,8 @@ def prefix_attention(
             qf, k, v, layer, lengths, start, scale=scale, tuning=tuning, block_rows=block_rows, interpret=interpret
         )
     out, lse = _merge_splits(o, lse)
-    out = out[:, :R].reshape(B, K, T, G, H).transpose(0, 2, 1, 3, 4).reshape(B, T, N, H)
-    lse = lse[:, :R].reshape(B, K, T, G).transpose(0, 2, 1, 3).reshape(B, T, N)
+    out = unfold_rows(out, B, T, G).reshape(B, T, N, H)
+    lse = unfold_rows(lse, B, T, G).reshape(B, T, N)
     return out.astype(out_dtype or q.dtype), lse
 
 

@@ -34,6 +34,7 @@ from pallas_kernels._common import (
     check_platform,
     dot_precision,
     finish,
+    fold_queries,
     is_pow2,
     next_pow2,
     online_step,
@@ -42,6 +43,7 @@ from pallas_kernels._common import (
     scores,
     tpu_params,
     triton_params,
+    unfold_rows,
 )
 
 
@@ -183,8 +185,7 @@ def tree_attention(
     Rp = round_up(R, block_rows)
     nrb = Rp // block_rows
 
-    qf = q.reshape(B, T, K, G, H).transpose(0, 2, 1, 3, 4).reshape(B * K, R, H)
-    qf = jnp.pad(qf, ((0, 0), (0, Rp - R), (0, 0)))
+    qf = fold_queries(q, K, Rp)
     # Padded keys are zero (not garbage), so they need no masking in the PV product.
     kf = jnp.pad(k.transpose(0, 2, 1, 3).reshape(B * K, Tk, H), ((0, 0), (0, Tkp - Tk), (0, 0)))
     vf = jnp.pad(v.transpose(0, 2, 1, 3).reshape(B * K, Tk, H), ((0, 0), (0, Tkp - Tk), (0, 0)))
@@ -237,8 +238,8 @@ def tree_attention(
     )(*args)
     if platform == "tpu":
         lse = lse[..., 0]
-    out = out[:, :R].reshape(B, K, T, G, H).transpose(0, 2, 1, 3, 4).reshape(B, T, N, H)
-    lse = lse[:, :R].reshape(B, K, T, G).transpose(0, 2, 1, 3).reshape(B, T, N)
+    out = unfold_rows(out, B, T, G).reshape(B, T, N, H)
+    lse = unfold_rows(lse, B, T, G).reshape(B, T, N)
     return out, lse
 
 
