@@ -97,12 +97,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, tuple[str, ...]]:
     )
     p.add_argument(
         "--invariant-rows",
-        type=int,
-        default=0,
+        default="0",
         metavar="R",
         help="batch-invariant numerics: every decode forward (AR's too) runs as R rows with attention that sums "
         "each query's keys alike in every step, so the output is AR's bit for bit in bf16 on any device; R >= the "
-        "largest tree (128 covers every built-in method), the same R for runs compared; default 0 = off",
+        "largest tree (128 covers every built-in method), the same R for runs compared; auto = the fewest the "
+        "method fits (a power of 2 >= 16: fewer rows, less work per step); default 0 = off",
     )
     p.add_argument("--json", action="store_true", help="no streaming; print one JSON object with the text and timings")
     p.add_argument(
@@ -245,8 +245,13 @@ def main(argv=None, *, as_program: bool = False) -> int:
         fail(f"{registry.flag_of(name)}: {rest}" if sep and name.isidentifier() else str(e))
     if args.dtype not in ("auto", "bf16", "fp32"):
         fail(f"--dtype must be bf16, fp32 or auto, got {args.dtype!r}")
-    if not 0 <= args.invariant_rows <= 1024:
-        fail(f"--invariant-rows must be in [0, 1024] (0 = off), got {args.invariant_rows}")
+    if args.invariant_rows != "auto":
+        try:
+            args.invariant_rows = int(args.invariant_rows)
+        except ValueError:
+            fail(f"--invariant-rows must be an integer in [0, 1024] (0 = off) or auto, got {args.invariant_rows!r}")
+        if not 0 <= args.invariant_rows <= 1024:
+            fail(f"--invariant-rows must be in [0, 1024] (0 = off) or auto, got {args.invariant_rows}")
     if args.invariant_rows and args.mesh:
         fail("--invariant-rows with --mesh: batch-invariant numerics run on one device only for now")
     # A warning (a kernel falling back to XLA, say) is one line on stderr, not a file:line and a source line.
@@ -262,6 +267,7 @@ def main(argv=None, *, as_program: bool = False) -> int:
         programs = ProgramCache(where) if where is not None else None
     from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
     from lsjax.engine.host import Generator, check_prompt, first_difference
+    from lsjax.engine.types import invariant_rows_for
     from lsjax.errors import LsjaxError, MethodNote
     from lsjax.loading import load_model
     from lsjax.methods import registry
@@ -289,8 +295,6 @@ def main(argv=None, *, as_program: bool = False) -> int:
     try:
         t0 = time.perf_counter()
         model = load_model(args.model, dtype=args.dtype)
-        if args.invariant_rows:
-            model = model._replace(config=dataclasses.replace(model.config, invariant_rows=args.invariant_rows))
         load_s = time.perf_counter() - t0
         tok = model.tokenizer
         if chat:
@@ -308,6 +312,9 @@ def main(argv=None, *, as_program: bool = False) -> int:
                 print(f"[lsjax] {note.message}", file=sys.stderr)
             else:
                 warnings.warn_explicit(note.message, note.category, note.filename, note.lineno)
+        if args.invariant_rows:  # after the build, which reads no numerics setting, since auto sizes it
+            rows = invariant_rows_for(drafter) if args.invariant_rows == "auto" else args.invariant_rows
+            model = model._replace(config=dataclasses.replace(model.config, invariant_rows=rows))
         mesh = None
         if args.mesh:
             from lsjax import mesh as mesh_lib

@@ -9,12 +9,13 @@ The public API — pure functions under `jax.jit`, frozen configs static:
     HybridDrafter (LongSpec tree + PLD chain)
     AutoDrafter, auto_params                      per step, the candidate with the most expected tokens/s
     load_model                                    GGUF / HF safetensors -> config, params, tokenizer
+    invariant_rows_for                            the rows batch-invariant numerics need for a drafter
 """
 
 from lsjax.api import GenerateOutput, SpecConfig, generate
 from lsjax.config import DraftConfig, GenerateConfig, ModelConfig, SamplingConfig
 from lsjax.engine import DecodeState, commit_phase, decode, draft_phase, prefill, spec_step, verify_phase
-from lsjax.engine.types import ARDrafter, Drafter
+from lsjax.engine.types import ARDrafter, Drafter, invariant_rows_for
 from lsjax.loading import load_model
 from lsjax.methods.auto.drafter import AutoDrafter, auto_params
 from lsjax.methods.hybrid.drafter import HybridDrafter
@@ -42,6 +43,7 @@ __all__ = [
     "decode",
     "draft_phase",
     "generate",
+    "invariant_rows_for",
     "load_model",
     "prefill",
     "spec_step",

@@ -284,7 +284,13 @@ def test_the_ticker_restarts_under_a_new_label(capsys):
 
 def test_invariant_rows_out_of_range_or_with_a_mesh():
     assert only_line(run_decode("--prompt", "hi", "--invariant-rows", "5000")) == (
-        "decode.py: error: --invariant-rows must be in [0, 1024] (0 = off), got 5000"
+        "decode.py: error: --invariant-rows must be in [0, 1024] (0 = off) or auto, got 5000"
+    )
+    assert only_line(run_decode("--prompt", "hi", "--invariant-rows", "many")) == (
+        "decode.py: error: --invariant-rows must be an integer in [0, 1024] (0 = off) or auto, got 'many'"
+    )
+    assert only_line(run_decode("--prompt", "hi", "--invariant-rows", "auto", "--mesh", "model=1")) == (
+        "decode.py: error: --invariant-rows with --mesh: batch-invariant numerics run on one device only for now"
     )
     assert only_line(run_decode("--prompt", "hi", "--invariant-rows", "8", "--mesh", "model=1")) == (
         "decode.py: error: --invariant-rows with --mesh: batch-invariant numerics run on one device only for now"

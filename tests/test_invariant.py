@@ -17,12 +17,14 @@ from lsjax import attention
 from lsjax.cache import KVCache, commit
 from lsjax.config import ConfigError, DraftConfig, GenerateConfig, ModelConfig
 from lsjax.engine import loop
-from lsjax.engine.types import ARDrafter
+from lsjax.engine.types import ARDrafter, invariant_rows_for
 from lsjax.engine.verify import tapped_tree_forward, tree_forward
+from lsjax.methods.auto.config import AutoPolicy
+from lsjax.methods.auto.drafter import AutoDrafter
 from lsjax.methods.longspec.drafter import LongSpecDrafter
 from lsjax.methods.pld.drafter import PLDDrafter
 from lsjax.models import target
-from lsjax.tree import Tree, TreeConfig, ancestor_mask, root_only
+from lsjax.tree import Tree, TreeConfig, ancestor_mask, parse_tree, root_only
 from tests.test_speculative import repetitive_prompts, run
 from tests.tiny import tiny_model
 
@@ -140,6 +142,32 @@ def test_bf16_speculative_output_equals_invariant_ar(drafter):
     sp = run(params, config, prompts, gen, drafter)
     np.testing.assert_array_equal(np.asarray(sp.out), np.asarray(ar.out))
     assert float(sp.mean_accepted) > 1.0
+
+
+def test_invariant_rows_for_is_the_fewest_power_of_2_a_method_fits():
+    assert invariant_rows_for(None) == invariant_rows_for(ARDrafter()) == 16
+    assert invariant_rows_for(PLDDrafter(num_tokens=8)) == 16  # 9 nodes
+    assert invariant_rows_for(PLDDrafter(num_tokens=16)) == 32  # 17 nodes
+    paper = LongSpecDrafter(parse_tree("paper"), DraftConfig(window=8))
+    assert paper.num_nodes == 69 and invariant_rows_for(paper) == 128
+    auto = AutoDrafter(longspec=LongSpecDrafter(TreeConfig((2, 1, 1)), DraftConfig(window=8)))
+    assert auto.num_nodes <= invariant_rows_for(auto) == 16
+
+
+def test_bf16_auto_equals_invariant_ar_at_the_rows_it_fits():
+    """`--invariant-rows auto`: every forward auto runs (its candidates, its AR stretches) fits the rows sized
+    from its largest candidate, and its output is AR's at that count."""
+    config, params = tiny_model()
+    free = AutoPolicy(budget=1.0, initial_slack=1e6)  # exploring freely: the tree candidates run too
+    auto = AutoDrafter(pld_tokens=(3, 8), policy=free, cost_profile="prior")
+    config = dataclasses.replace(config, dtype="bfloat16", invariant_rows=invariant_rows_for(auto))
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+    gen = GenerateConfig(max_new_tokens=24, ignore_eos=True)
+    prompts = repetitive_prompts(config, 3, 40, seed=1)
+    ar = run(params, config, prompts, gen, ARDrafter())
+    sp = run(params, config, prompts, gen, auto)
+    np.testing.assert_array_equal(np.asarray(sp.out), np.asarray(ar.out))
+    assert config.invariant_rows == 16 and float(sp.mean_accepted) > 1.0
 
 
 def test_a_tree_larger_than_the_rows_is_one_config_error():

@@ -306,3 +306,15 @@ class SwitchProfiled(Protocol):
     split: it reports its own (`lsjax.engine.profiling.time_split`)."""
 
     def switch_split(self, generator, prompt_ids: list[int], gen, seed: int) -> dict: ...
+
+
+def invariant_rows_for(drafter: Drafter | None) -> int:
+    """The fewest rows batch-invariant numerics can run `drafter` on (`ModelConfig.invariant_rows`): a power
+    of 2 >= its largest tree, and >= 16.
+
+    Every forward, AR's included, runs as that many rows, and each query gathers that many recent keys: fewer
+    rows are less work per step (16 for prompt lookup and `auto`'s candidates, against 128 for the paper tree).
+    The bits depend on the row count, so runs compared for equality (a method and its AR) share one count.
+    16: the kernels' tiles are at least 16 rows."""
+    nodes = 1 if drafter is None else drafter.num_nodes
+    return max(16, 1 << (nodes - 1).bit_length())
