@@ -124,24 +124,31 @@ def test_a_forward_cut_between_layers_keeps_ar_bits():
     np.testing.assert_array_equal(verified, ar)
 
 
+# auto exploring freely: its prompt-lookup candidates run too, not only its AR stretches
+FREE_AUTO = AutoDrafter(pld_tokens=(3, 8), policy=AutoPolicy(budget=1.0, initial_slack=1e6), cost_profile="prior")
+
+
 @pytest.mark.parametrize(
     "drafter",
     [
         PLDDrafter(num_tokens=5, ngram_max=3),
+        FREE_AUTO,
         pytest.param(LongSpecDrafter(TreeConfig((3, 4, 4)), DraftConfig(window=8)), marks=pytest.mark.slow),
     ],
     ids=lambda d: d.name,
 )
 def test_bf16_speculative_output_equals_invariant_ar(drafter):
+    """On the fewest rows the method fits (`--invariant-rows auto`), every forward it runs fits them (auto's
+    candidates and stretches too) and its output is AR's on that count."""
     config, params = tiny_model()
-    config = dataclasses.replace(config, dtype="bfloat16", invariant_rows=16)
+    config = dataclasses.replace(config, dtype="bfloat16", invariant_rows=invariant_rows_for(drafter))
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
-    gen = GenerateConfig(max_new_tokens=20, ignore_eos=True)
+    gen = GenerateConfig(max_new_tokens=24, ignore_eos=True)
     prompts = repetitive_prompts(config, 3, 40, seed=1)
     ar = run(params, config, prompts, gen, ARDrafter())
     sp = run(params, config, prompts, gen, drafter)
     np.testing.assert_array_equal(np.asarray(sp.out), np.asarray(ar.out))
-    assert float(sp.mean_accepted) > 1.0
+    assert config.invariant_rows == 16 and float(sp.mean_accepted) > 1.0
 
 
 def test_invariant_rows_for_is_the_fewest_power_of_2_a_method_fits():
@@ -152,22 +159,6 @@ def test_invariant_rows_for_is_the_fewest_power_of_2_a_method_fits():
     assert paper.num_nodes == 69 and invariant_rows_for(paper) == 128
     auto = AutoDrafter(longspec=LongSpecDrafter(TreeConfig((2, 1, 1)), DraftConfig(window=8)))
     assert auto.num_nodes <= invariant_rows_for(auto) == 16
-
-
-def test_bf16_auto_equals_invariant_ar_at_the_rows_it_fits():
-    """`--invariant-rows auto`: every forward auto runs (its candidates, its AR stretches) fits the rows sized
-    from its largest candidate, and its output is AR's at that count."""
-    config, params = tiny_model()
-    free = AutoPolicy(budget=1.0, initial_slack=1e6)  # exploring freely: the tree candidates run too
-    auto = AutoDrafter(pld_tokens=(3, 8), policy=free, cost_profile="prior")
-    config = dataclasses.replace(config, dtype="bfloat16", invariant_rows=invariant_rows_for(auto))
-    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
-    gen = GenerateConfig(max_new_tokens=24, ignore_eos=True)
-    prompts = repetitive_prompts(config, 3, 40, seed=1)
-    ar = run(params, config, prompts, gen, ARDrafter())
-    sp = run(params, config, prompts, gen, auto)
-    np.testing.assert_array_equal(np.asarray(sp.out), np.asarray(ar.out))
-    assert config.invariant_rows == 16 and float(sp.mean_accepted) > 1.0
 
 
 def test_a_tree_larger_than_the_rows_is_one_config_error():
