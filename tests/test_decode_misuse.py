@@ -17,7 +17,7 @@ import pytest
 
 import decode
 from lsjax.config import ConfigError, GenerateConfig
-from lsjax.errors import ModelNotFoundError
+from lsjax.errors import MethodNote, ModelNotFoundError
 from lsjax.loading import default_model_path
 from lsjax.methods import registry
 from lsjax.tree import TreeConfig, check_fits
@@ -72,7 +72,8 @@ def toy_model(path):
 def test_auto_uses_the_draft_it_is_given_or_fails_with_its_error(tmp_path, tiny_draft):  # noqa: F811
     config, path = tiny_draft
     model = toy_model(tmp_path / "renamed.gguf")  # no draft is shipped for it
-    assert registry.build("auto", model)[0].longspec is None  # none given, none shipped: AR + prompt lookup
+    with pytest.warns(MethodNote, match="no LongSpec draft for renamed: auto uses AR and prompt lookup only"):
+        assert registry.build("auto", model)[0].longspec is None  # none given, none shipped: AR + prompt lookup
     assert registry.build("auto", model, draft=str(path), tree="2,1")[0].longspec is not None
     with pytest.raises(ModelNotFoundError, match="no LongSpec draft at"):
         registry.build("auto", model, draft=str(tmp_path / "missing"))
