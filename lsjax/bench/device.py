@@ -709,13 +709,15 @@ def _check_e2e(rep: Report, dtype: str) -> None:
     plain.run(prompts[0], gen)  # compiles
     ars = {0: plain}  # rows -> the output baseline: AR in those numerics
 
+    def on_rows(rows: int):
+        return model._replace(config=dataclasses.replace(model.config, invariant_rows=rows))
+
     def ar_at(rows: int):
         if rows not in ars:
-            m = model._replace(config=dataclasses.replace(model.config, invariant_rows=rows))
-            ars[rows] = Generator(m.config, m.params)
+            ars[rows] = Generator(on_rows(rows).config, model.params)
             ars[rows].run(prompts[0], gen)  # compiles
             if len(ars) == 2:  # once: what the kernel buys, at the first method's rows
-                _invariant_attention_speed(rep, m, ars[rows], prompts, gen)
+                _invariant_attention_speed(rep, on_rows(rows), ars[rows], prompts, gen)
         return ars[rows]
 
     for name in cfg.e2e_methods:
@@ -728,8 +730,7 @@ def _check_e2e(rep: Report, dtype: str) -> None:
             rows = cfg.e2e_invariant_rows
             rows = invariant_rows_for(drafter) if rows == "auto" else rows
             ar = ar_at(rows)
-            numerics = dataclasses.replace(model.config, invariant_rows=rows)
-            g = Generator(numerics, model.params, drafter, draft_params)
+            g = Generator(on_rows(rows).config, model.params, drafter, draft_params)
             g.run(prompts[0], gen)  # compiles (and measures auto's costs once)
             # interleaved with AR (and plain AR when the numerics are invariant)
             runs = [(ar.run(ids, gen), g.run(ids, gen), plain.run(ids, gen) if rows else None) for ids in prompts]
