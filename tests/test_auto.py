@@ -441,6 +441,54 @@ def test_ar_stretches_leave_output_and_draft_state_as_every_step_does():
     assert int(np.asarray(stretched.draft.policy.uses)[0]) == int(stretched.steps)
 
     assert same_draft_state(every.draft, stretched.draft)
+    # The stretches taught the draft's first depth (nothing else could: shadows are priced out too).
+    fam = SMALL.families.index("ls-tree")
+    assert float(every.draft.policy.trials[fam, 0]) == SMALL.policy.prior_weight
+    assert float(stretched.draft.policy.trials[fam, 0]) > SMALL.policy.prior_weight + 10
+
+
+class _Successor(LongSpecDrafter):
+    """A draft whose first level at root t is (t + 1, t + 2, ...) mod V: what a stretch teaches is known."""
+
+    def first_children(self, ctx, ring, cache, tokens, start, width):
+        return (tokens[..., None] + 1 + jnp.arange(width)) % 97
+
+
+def test_a_stretch_teaches_the_first_depth_at_each_root_it_passed():
+    """Root i of a stretch is scored against the token emitted after it (not itself, not the one after),
+    only where the stretch ran; ls-chain by the first child, ls-tree by any child of its first level; the
+    observations weighed as one at a time, the newest most."""
+    from types import SimpleNamespace
+
+    from lsjax.engine.types import DraftContext
+
+    auto = AutoDrafter(longspec=_Successor(TreeConfig((2, 1, 1)), LS.draft), policy=AutoPolicy(stretch=8))
+    pol = auto.init_policy()
+    # Roots 10, 11, 13, 20, 21, 22, then the root after the stretch; row 1 ran only 3 steps (the rest junk).
+    toks = jnp.asarray([[10, 11, 13, 20, 21, 22, 30, 31, 32], [5, 6, 7, 9, 50, 51, 52, 53, 54]], jnp.int32)
+    count = jnp.asarray([6, 3], jnp.int32)
+    state = SimpleNamespace(cache=SimpleNamespace(lengths=jnp.asarray([40, 40], jnp.int32)))
+    verdict = SimpleNamespace(path_tokens=toks, count=count)
+    ctx = DraftContext(None, {"longspec": None}, None)
+    got = auto._stretch_drafts(ctx, state, None, verdict, pol)
+    g, w0 = auto.policy.decay, auto.policy.prior_weight
+    # Row 0: next - root = 1, 2, 7, 1, 1, 8 (chain hits at 0, 3, 4; tree (2 children) also at 1);
+    # row 1: 1, 1, 2 (chain 0, 1; tree 0, 1, 2). Weights g^(age), age 0 for the newest of each row.
+    w = lambda ages: np.asarray([g**a for a in ages])  # noqa: E731
+    keep = g**6
+    chain = auto.families.index("ls-chain")
+    tree = auto.families.index("ls-tree")
+    trials = keep * w0 + w(range(6)).sum() + w(range(3)).sum()
+    chain_s = keep * float(pol.succ[chain, 0]) + w([5, 2, 1]).sum() + w([2, 1]).sum()
+    tree_s = keep * float(pol.succ[tree, 0]) + w([5, 4, 2, 1]).sum() + w([2, 1, 0]).sum()
+    np.testing.assert_allclose(float(got.trials[chain, 0]), trials, rtol=1e-6)
+    np.testing.assert_allclose(float(got.succ[chain, 0]), chain_s, rtol=1e-6)
+    np.testing.assert_allclose(float(got.trials[tree, 0]), trials, rtol=1e-6)
+    np.testing.assert_allclose(float(got.succ[tree, 0]), tree_s, rtol=1e-6)
+    # Deeper depths and the other families are untouched.
+    np.testing.assert_array_equal(np.asarray(got.trials[:, 1:]), np.asarray(pol.trials[:, 1:]))
+    others = [i for i in range(len(auto.families)) if i not in (chain, tree)]
+    np.testing.assert_array_equal(np.asarray(got.trials)[others], np.asarray(pol.trials)[others])
 
 
 def same_draft_state(a, b) -> bool:

@@ -378,3 +378,58 @@ def test_a_stretch_stops_where_the_policy_would_run_lookup():
     low = dataclasses.replace(pol, succ=jnp.asarray(np.full(rates.shape, 0.05, np.float32) * trials))
     start = SimpleNamespace(**{**vars(start), "draft": dataclasses.replace(ds, policy=low)})
     assert not np.asarray(FULL.stretch_plan(ctx, start)).any() and not stop_after([100, 101, 102])
+
+
+@pytest.mark.parametrize("pruned", [0, 20])
+def test_first_children_are_what_propose_drafts_at_each_root(pruned):
+    """One teacher-forced pass over k committed roots gives, at each, the top-w first level `propose` drafts
+    there (its own ring and the target cache as they stood at that root): what `auto` learns from after a
+    stretch must be what a proposal would have accepted. A pass whose cross-attention saw the whole tail (no
+    per-root mask) differs."""
+    from lsjax.config import DraftConfig
+    from lsjax.engine.types import DraftContext
+    from lsjax.methods.longspec.drafter import LongSpecDrafter
+
+    config, params = tiny_model(vocab=31, scale=0.6)
+    drafter = LongSpecDrafter(TreeConfig((3,)), DraftConfig(window=64))
+    dp = longspec_params(params, config, drafter, pruned=pruned)
+    gen = GenerateConfig(max_new_tokens=2, ignore_eos=True)
+    seq = np.random.RandomState(1).randint(3, 31, 30).astype(np.int32)
+    s0, k = 17, 8
+
+    buf = np.zeros((1, 32), np.int32)
+    buf[0, : s0 + k] = seq[: s0 + k]
+    full = engine.start(
+        params, dp, config, drafter, gen, jnp.asarray(buf), jnp.array([s0 + k]), jax.random.key(0), capacity=64, chunk=16
+    )
+    ctx = DraftContext(params, dp, config, capacity=64)
+
+    @jax.jit
+    def at(m):  # the state at root m: the cache and the ring as they stood there
+        init = dataclasses.replace(ctx, prompt_tokens=jnp.asarray(buf), prompt_lengths=m[None])
+        cache = dataclasses.replace(full.cache, lengths=m[None])
+        st = dataclasses.replace(full, cache=cache, root=jnp.asarray(buf)[:, m])
+        return st, drafter.init(init, st)
+
+    tokens = jnp.asarray(seq[None, s0 : s0 + k])
+    ring0 = at(jnp.int32(s0))[1]
+    got = np.asarray(drafter.first_children(ctx, ring0, full.cache, tokens, jnp.array([s0]), width=3))[0]
+    propose = jax.jit(lambda st, ring: drafter.propose(ctx, st, ring, jax.random.key(0)))
+    for i in range(k):
+        tree = propose(*at(jnp.int32(s0 + i)))
+        np.testing.assert_array_equal(got[i], np.asarray(tree.tokens)[0, 1:4], err_msg=f"root {i}")
+    # Without the per-root mask over the tail, later keys leak into earlier roots.
+    import lsjax.methods.longspec.drafter as ld
+
+    real = ld.draft_step
+
+    def unmasked(*a, target_tail=None, **kw):
+        tk, tv, m = target_tail
+        return real(*a, target_tail=(tk, tv, jnp.ones_like(m)), **kw)
+
+    ld.draft_step = unmasked
+    try:
+        bad = np.asarray(drafter.first_children(ctx, ring0, full.cache, tokens, jnp.array([s0]), width=3))[0]
+    finally:
+        ld.draft_step = real
+    assert (bad[:, 0] != got[:, 0]).any()

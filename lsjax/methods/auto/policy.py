@@ -230,6 +230,24 @@ class PolicyRules:
             trials=jnp.where(seen, g * pol.trials + add_t, pol.trials),
         )
 
+    def observe_first(self, pol: PolicyState, fam: int, hit: jax.Array, valid: jax.Array) -> PolicyState:
+        """Family `fam`'s first depth learns k observations per row at once (hit, valid [B, k], oldest first),
+        each weighed as `_observe` would weigh it had they come one at a time: the newest most, and the
+        estimate before them decayed k times, so a stretch of 16 is ~16 observations of the ~20-observation
+        memory, not one."""
+        g = self.policy.decay
+        n = jnp.sum(valid, axis=1)  # [B]
+        age = (n[:, None] - 1 - jnp.arange(hit.shape[1])[None]).astype(jnp.float32)
+        w = jnp.where(valid, g**age, 0.0)
+        add_t, add_s = jnp.sum(w), jnp.sum(w * hit)
+        keep = g ** jnp.max(n).astype(jnp.float32)
+        seen = jnp.max(n) > 0
+        return dataclasses.replace(
+            pol,
+            succ=pol.succ.at[fam, 0].set(jnp.where(seen, keep * pol.succ[fam, 0] + add_s, pol.succ[fam, 0])),
+            trials=pol.trials.at[fam, 0].set(jnp.where(seen, keep * pol.trials[fam, 0] + add_t, pol.trials[fam, 0])),
+        )
+
     def lookup_shadow(self, pol: PolicyState, n, avail, proposal, emitted, count, from_depth=1) -> PolicyState:
         """Prompt lookup's rates from a step it did not run: its proposal [B, D] (the continuation of the match
         the step saw) against the emitted tokens [B, D] (the first count [B] valid). Whatever ran, the emitted

@@ -164,6 +164,51 @@ class LongSpecDrafter(Drafter):
         sampled = jnp.ones((B, T), bool).at[:, 0].set(False)
         return Tree(tokens, parents, depth, valid, anc, logq, sampled), q_root
 
+    def first_children(self, ctx: DraftContext, ring: RingCache, cache, tokens: jax.Array, start: jax.Array, width: int):
+        """[B, k, width] token ids: the draft's top-`width` children (best first, as `propose` ranks a greedy
+        tree's first level) at each of k consecutive committed roots `tokens` [B, k], root i at position
+        start + i, computed in one pass over the k roots (teacher-forced), not k proposals.
+
+        Root i sees what `propose` would have seen there: the draft's own K/V of the positions before it (`ring`,
+        filled below `start`, then roots 0 .. i) and the target's committed cache [0, start + i), which `cache`
+        must hold. The one difference: the ring is not trimmed to the window per root, so a root late in the
+        run sees up to i of the oldest keys more (as a tree node at depth i does). `auto` learns the draft's
+        first-depth acceptance from this at every root an AR stretch passed, where a shadow draft sees one."""
+        dp = DraftParams.of(ctx.draft_params)
+        params, vocab_ids = dp.weights, dp.vocab_ids
+        cfg, tp = ctx.config, ctx.target_params
+        B, k = tokens.shape
+        pos = start[:, None] + jnp.arange(k)[None]
+        own_k, own_v = draft_self_kv(params, tp, cfg, tokens, pos)
+        causal = jnp.broadcast_to(jnp.tril(jnp.ones((k, k), bool))[None], (B, k, k))
+        # Target keys: [0, start - 1) unmasked, then positions start - 1 + j for key j <= query i; every query
+        # sees at least one tail key, so no part is empty.
+        layer = cfg.num_layers - 1
+        idx = jnp.clip(start[:, None] - 1 + jnp.arange(k)[None], 0, cache.k.shape[3] - 1)  # [B, k]
+
+        def tail(buf):  # [L, B, K, S, H] -> [B, k, K, H]
+            return jnp.take_along_axis(buf[layer], idx[:, None, :, None], axis=2).swapaxes(1, 2)
+
+        hidden = draft_step(
+            params,
+            tp,
+            cfg,
+            self.draft,
+            tokens,
+            pos,
+            ring,
+            own_k,
+            own_v,
+            causal,
+            cache.k,
+            cache.v,
+            start - 1,
+            backend=ctx.backend,
+            target_tail=(tail(cache.k), tail(cache.v), causal),
+        )
+        _, top = jax.lax.top_k(draft_logits(dp, tp, cfg, hidden), width)  # [B, k, width]
+        return top if vocab_ids is None else jnp.take(vocab_ids, top)
+
     def _penalized(self, ctx: DraftContext, state, tokens, anc, lo: int, w: int, d: int):
         """The frontier's contextual-penalty windows (over the draft's vocabulary), or None when it is off."""
         s = ctx.sampling

@@ -345,6 +345,7 @@ def draft_step(
     *,
     layer: int | None = None,
     backend: str = "auto",
+    target_tail: tuple[jax.Array, jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
     """The draft on T query tokens (a tree frontier): hidden [B, T, D] before the final norm.
 
@@ -355,7 +356,9 @@ def draft_step(
     Cross-attention: over the target's committed last-layer cache
     [0, target_len) [B], no mask. target_k/v are [B, K, S, H], or the whole
     target cache [L, B, K, S, H]: then `layer` (default the last) is read in
-    place, with no copy of that layer.
+    place, with no copy of that layer. `target_tail` (k, v [B, Tt, K, H], mask [B, T, Tt]): more target keys,
+    each query seeing those its mask allows, merged by LSE (queries at consecutive positions, each reading the
+    target cache up to its own position: `LongSpecDrafter.first_children`).
     """
     del draft_config  # the window is the ring's size
     if target_k.ndim == 5 and layer is None:
@@ -368,6 +371,10 @@ def draft_step(
     o, _ = attention.merge_attention(out_r, lse_r, out_t, lse_t)
     x = x + jnp.einsum("btnh,nhd->btd", o, draft_params["self_wo"])
     qc = _query(draft_params, config, x, cos, sin, "cross")
-    oc, _ = attention.prefix_attention(qc, target_k, target_v, target_len, layer=layer, backend=backend)
+    oc, lse_c = attention.prefix_attention(qc, target_k, target_v, target_len, layer=layer, backend=backend)
+    if target_tail is not None:
+        tail_k, tail_v, tail_mask = target_tail
+        out_tail, lse_tail = attention.tree_attention(qc, tail_k, tail_v, tail_mask, backend=backend)
+        oc, _ = attention.merge_attention(oc, lse_c, out_tail, lse_tail)
     x = x + jnp.einsum("btnh,nhd->btd", oc, draft_params["cross_wo"])
     return x + mlp(draft_params, rms_norm(x, draft_params["mlp_norm"], config.rms_norm_eps))
