@@ -400,7 +400,16 @@ def test_first_children_are_what_propose_drafts_at_each_root(pruned):
     buf = np.zeros((1, 32), np.int32)
     buf[0, : s0 + k] = seq[: s0 + k]
     full = engine.start(
-        params, dp, config, drafter, gen, jnp.asarray(buf), jnp.array([s0 + k]), jax.random.key(0), capacity=64, chunk=16
+        params,
+        dp,
+        config,
+        drafter,
+        gen,
+        jnp.asarray(buf),
+        jnp.array([s0 + k]),
+        jax.random.key(0),
+        capacity=64,
+        chunk=16,
     )
     ctx = DraftContext(params, dp, config, capacity=64)
 

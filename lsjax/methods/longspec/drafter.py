@@ -164,7 +164,9 @@ class LongSpecDrafter(Drafter):
         sampled = jnp.ones((B, T), bool).at[:, 0].set(False)
         return Tree(tokens, parents, depth, valid, anc, logq, sampled), q_root
 
-    def first_children(self, ctx: DraftContext, ring: RingCache, cache, tokens: jax.Array, start: jax.Array, width: int):
+    def first_children(
+        self, ctx: DraftContext, ring: RingCache, cache, tokens: jax.Array, start: jax.Array, width: int
+    ):
         """[B, k, width] token ids: the draft's top-`width` children (best first, as `propose` ranks a greedy
         tree's first level) at each of k consecutive committed roots `tokens` [B, k], root i at position
         start + i, computed in one pass over the k roots (teacher-forced), not k proposals.
