@@ -432,7 +432,7 @@ def test_ar_stretches_leave_output_and_draft_state_as_every_step_does():
     config, params = tiny_model()
     ref = run(params, config, repetitive_prompts(), GenerateConfig(max_new_tokens=60, ignore_eos=True), ARDrafter())
     every = _priced_out(dataclasses.replace(SMALL, policy=AutoPolicy(stretch=0)))
-    stretched = _priced_out(SMALL)
+    stretched = _priced_out(dataclasses.replace(SMALL, policy=AutoPolicy(stretch_observe=True)))
     for out in (every, stretched):
         np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out))
     assert int(stretched.steps) == int(every.steps) == 59  # no forward over finished rows after a stretch
@@ -441,7 +441,8 @@ def test_ar_stretches_leave_output_and_draft_state_as_every_step_does():
     assert int(np.asarray(stretched.draft.policy.uses)[0]) == int(stretched.steps)
 
     assert same_draft_state(every.draft, stretched.draft)
-    # The stretches taught the draft's first depth (nothing else could: shadows are priced out too).
+    # The stretches taught the draft's first depth (`stretch_observe`; nothing else could: shadows are priced
+    # out too).
     fam = SMALL.families.index("ls-tree")
     assert float(every.draft.policy.trials[fam, 0]) == SMALL.policy.prior_weight
     assert float(stretched.draft.policy.trials[fam, 0]) > SMALL.policy.prior_weight + 10
@@ -462,7 +463,8 @@ def test_a_stretch_teaches_the_first_depth_at_each_root_it_passed():
 
     from lsjax.engine.types import DraftContext
 
-    auto = AutoDrafter(longspec=_Successor(TreeConfig((2, 1, 1)), LS.draft), policy=AutoPolicy(stretch=8))
+    policy = AutoPolicy(stretch=8, stretch_observe=True)
+    auto = AutoDrafter(longspec=_Successor(TreeConfig((2, 1, 1)), LS.draft), policy=policy)
     pol = auto.init_policy()
     # Roots 10, 11, 13, 20, 21, 22, then the root after the stretch; row 1 ran only 3 steps (the rest junk).
     toks = jnp.asarray([[10, 11, 13, 20, 21, 22, 30, 31, 32], [5, 6, 7, 9, 50, 51, 52, 53, 54]], jnp.int32)

@@ -64,8 +64,13 @@ class AutoPolicy:
     stretch: int = 16
     # After a stretch, the draft's first level is computed at every root it passed in one pass and checked
     # against the emitted tokens (`AutoDrafter._stretch_drafts`): the chain's and the tree's first-depth rates
-    # learnt from up to 16 roots for ~0.05 AR steps, where a shadow draft sees one for ~0.2.
-    stretch_observe: bool = True
+    # learnt from up to 16 roots, where a shadow draft sees one. Not the default: the estimates it gives are
+    # right (the same children as a proposal at each root, tested), but on 2 dev prompts and the first held-out
+    # one (2026-11-28, T=0, 128 tokens) auto then ran the draft less: tau 1.21 / 1.12 / 2.65 against the
+    # default's 1.34 / 1.59 / 2.82, 0.07-0.20x AR slower (medians of 2 rounds). With the draft near its
+    # break-even (first depth ~0.4 there), the rate of all the roots keeps the policy on AR where the default,
+    # from a few looks and then the chain's own steps, ran the chain that paid (docs/methods/auto.md).
+    stretch_observe: bool = False
 
     def __post_init__(self):
         if not (isinstance(self.stretch, int) and not isinstance(self.stretch, bool) and 0 <= self.stretch <= 256):

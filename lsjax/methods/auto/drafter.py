@@ -28,7 +28,9 @@ tree at the new root (~0.2 AR steps on a 2-core CPU), the proposal waits until t
 committed, and is then walked against them as verification would walk it, teaching ls-tree, ls-chain (read off
 the beam tree) and hybrid at once (at T > 0 with sampled drafts, the chain's first depth is scored as the
 probability that rejection sampling accepts a child drawn from the draft's q, from q and the target's p of the
-emitted token: `DraftShadow.first_accept`). With `AutoPolicy.shadow=False` they are probed instead: a group's
+emitted token: `DraftShadow.first_accept`). Opt-in (`AutoPolicy.stretch_observe`), the draft's first depth is
+also learnt at every root an AR stretch passed, from one teacher-forced pass of the draft after it
+(`_stretch_drafts`; T = 0 and deterministic trees). With `AutoPolicy.shadow=False` they are probed instead: a group's
 most hopeful candidate (rates + a binomial confidence width) runs once, a full verification that costs 1.3-2.3x
 an AR step when it accepts nothing. Either way, exploration that leaves every group ranked below the rest doubles
 its interval (8 .. 64 steps) and one that makes a group win resets it (or, with `AutoPolicy.explore_share`, a
@@ -344,8 +346,8 @@ class AutoDrafter(PolicyRules, Drafter):
 
     def _stretch_drafts(self, ctx: DraftContext, state, ring, verdict: Verdict, pol: PolicyState) -> PolicyState:
         """The draft's first level at every root the stretch passed, in one teacher-forced pass
-        (`LongSpecDrafter.first_children`: the draft layer and its pruned head over the stretch's k roots,
-        ~0.05 AR steps on a 2-core CPU for 16), checked against the token the target emitted there: ls-chain's
+        (`LongSpecDrafter.first_children`: the draft layer and its pruned head over the stretch's k roots),
+        checked against the token the target emitted there: ls-chain's
         first depth (the best child) and ls-tree's (any child of its first level). A shadow draft, ~0.2 AR
         steps, observes one root; a stretch observes up to 16, so where AR runs most of the time the draft's
         first-depth rate is known from the run's own text rather than from 3-7 looks."""
