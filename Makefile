@@ -54,7 +54,8 @@ test: $(VENV)/.installed-test
 # (generation and training on JAX 0.11); ~5 min from a clean .venv312.
 # The smoke: the default model and the shipped draft decode identically to AR (--compare ar runs both).
 test-jax011: $(VENV312)/.installed
-	$(PY312) -m pytest -q tests/test_lowering.py tests/test_device_check.py tests/test_device_job.py $(PYTEST_ARGS)
+	$(PY312) -m pytest -q -m 'not slow and not network' tests/test_lowering.py tests/test_device_check.py \
+		tests/test_device_job.py $(PYTEST_ARGS)
 	$(PY312) decode.py --prompt "The history of the printing press begins" --max-new-tokens 16 \
 		--method longspec --compare ar --json > $(VENV312)/smoke.json
 	$(PY312) -c "import json, sys; d = json.load(open('$(VENV312)/smoke.json')); \

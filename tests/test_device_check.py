@@ -7,12 +7,14 @@ import dataclasses
 import json
 
 import jax.numpy as jnp
+import pytest
 
 from lsjax.bench import device
 from pallas_kernels import prefix_attention as pk
 from pallas_kernels import tree_attention as tk
 
 
+@pytest.mark.jax011
 def test_dry_run_writes_every_part(tmp_path, capsys):
     assert device.main(["--dry", "--out", str(tmp_path)]) == 0
     md = next(tmp_path.glob("*.md")).read_text()
@@ -31,6 +33,7 @@ def test_dry_run_writes_every_part(tmp_path, capsys):
     assert "[kernels] prefix" in capsys.readouterr().out  # progress as it goes
 
 
+@pytest.mark.jax011
 def test_a_wrong_kernel_fails_the_check(monkeypatch):
     """A prefix kernel 2% off its reference (and no interpreter run: both kernels are stand-ins) is a FAIL row,
     and a correctness failure."""
@@ -72,6 +75,7 @@ def test_llama_shapes_and_read_bytes():
     assert device.kv_bytes(cfg, 1) == 2 * 32 * 8 * 128 * 2
 
 
+@pytest.mark.jax011
 def test_e2e_compares_every_prompt_and_names_the_first_difference(monkeypatch):
     """A method whose output leaves AR's on one prompt fails the check with the prompt count and the token."""
     from lsjax.engine import host

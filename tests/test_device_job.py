@@ -12,6 +12,7 @@ from lsjax.errors import LsjaxError
 from lsjax.train import device_job as dj
 
 
+@pytest.mark.jax011
 def test_the_tiny_job_generates_trains_and_exports_within_its_budget(tmp_path):
     lines = []
     # 45 s: compiling the generator and the train step takes ~25 s of it on 2 busy cores (the clock covers all)

@@ -140,6 +140,7 @@ def run_grid(platform, kinds_for):
     assert not failures, f"{len(failures)} cases failed to lower:\n" + "\n".join(failures)
 
 
+@pytest.mark.jax011
 @pytest.mark.parametrize("platform", ["tpu", "cuda"])
 def test_grid_lowers(platform):
     """Every grid point lowers; on TPU each point under one of the four chip kinds (see the module doc)."""

@@ -332,7 +332,9 @@ def test_no_bridge_where_the_output_could_depend_on_when_it_hands_over(tmp_path)
     assert not Generator(bf16, params, auto, auto_params(auto), program_cache=ProgramCache(tmp_path)).bridges(greedy)
 
 
-@pytest.mark.parametrize("bytes_kept", [True, False], ids=["jax-bytes", "no-jax-bytes"])
+@pytest.mark.parametrize(
+    "bytes_kept", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["jax-bytes", "no-jax-bytes"]
+)
 def test_a_bridge_is_stored_only_where_the_decode_program_is(tmp_path, jax_cache, monkeypatch, bytes_kept):
     """A decode program JAX took from its own cache is stored from JAX's bytes, and the bridge after the output
     with it. Where those bytes cannot be had (a JAX version that moved its reader) the decode program is not

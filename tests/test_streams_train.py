@@ -138,6 +138,7 @@ def test_config_and_positions(tmp_path, feature_set):
     assert q.shape == (2, 6) and len(set(q[0])) == 6 and np.all((q + 2 >= 10) & (q + 2 < 20))
 
 
+@pytest.mark.slow
 def test_init_from_continues_a_previous_run(trained, tmp_path, feature_set):
     """A continuation starts from the exported params (its first loss is the trained run's level, not the
     random start's), and a checkpoint trained with other streams settings is refused by field."""

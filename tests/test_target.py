@@ -252,6 +252,7 @@ def real(ours, hf_gguf):  # session fixtures from conftest.py
     return ours, hf_gguf[0]
 
 
+@pytest.mark.slow  # ~100 s; the tiny HF-parity configs above run by default
 def test_real_smollm2_matches_transformers(real):
     import sysconfig
     from pathlib import Path
