@@ -57,6 +57,7 @@ def main(argv=None) -> int:
     from lsjax.bench.suites import encode, load_suite
     from lsjax.config import GenerateConfig, SamplingConfig
     from lsjax.engine.host import Generator
+    from lsjax.engine.profiling import prefilled
     from lsjax.loading import load_model
     from lsjax.methods import registry
     from lsjax.models import target
@@ -71,8 +72,7 @@ def main(argv=None) -> int:
         # Room for every step to accept its whole tree: no step is cut short by the end of the run.
         new_tokens = args.steps * (g.drafter.max_depth + 1) + 8
         gen = GenerateConfig(new_tokens, SamplingConfig(temperature=args.temperature), ignore_eos=True)
-        _, P, buf, key, (start, decode, _), _ = g.programs_for(ids, gen, 0)
-        s = start(g.params, g.draft_params, tokens=jnp.asarray(buf), lengths=jnp.array([P], jnp.int32), key=key)
+        _, _, s, (_, decode, _) = prefilled(g, ids, gen)
         got, length = [], int(s.cache.lengths[0])
         for _ in range(args.steps):
             s = decode(g.params, g.draft_params, s, jnp.int32(int(s.steps) + 1))

@@ -68,6 +68,7 @@ def main(argv=None) -> int:
     from lsjax.bench.suites import encode, load_suite
     from lsjax.config import GenerateConfig, SamplingConfig
     from lsjax.engine.host import Generator
+    from lsjax.engine.profiling import prefilled
     from lsjax.engine.types import ARDrafter
     from lsjax.loading import load_model
     from lsjax.methods import registry
@@ -97,8 +98,8 @@ def main(argv=None) -> int:
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     states, compile_s = {}, {}
     for name, g in programs.items():
-        gen_, P, buf, key, (start, decode, _), compile_s[name] = g.programs_for(ids, gen, 0)
-        state = start(g.params, g.draft_params, tokens=jnp.asarray(buf), lengths=jnp.array([P], jnp.int32), key=key)
+        compile_s[name] = g.compile(ids, gen)
+        _, _, state, (_, decode, _) = prefilled(g, ids, gen)
         states[name] = (jax.block_until_ready(state), decode)
 
     def timed(name: str, force: int | None = None) -> float:

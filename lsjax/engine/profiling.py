@@ -44,7 +44,9 @@ def _phases(generator: Generator, bucket: int, capacity: int, gen: GenerateConfi
     return cache[sig]
 
 
-def _prefilled(generator: Generator, prompt_ids: list[int], gen: GenerateConfig, seed: int):
+def prefilled(generator: Generator, prompt_ids: list[int], gen: GenerateConfig, seed: int = 0):
+    """(gen capped to the context, the prompt bucket, the state after prefill, (start, decode, drafter)): a
+    prompt prefilled by the generator's compiled programs, for callers that step the decode themselves."""
     gen, P, buf, key, compiled, _ = generator.programs_for(prompt_ids, gen, seed)
     state = compiled[0](
         generator.params, generator.draft_params, tokens=jnp.asarray(buf), lengths=jnp.array([P], jnp.int32), key=key
@@ -65,7 +67,7 @@ def time_split(
         if isinstance(generator.drafter, SwitchProfiled):
             return generator.drafter.switch_split(generator, prompt_ids, gen, seed)
         return {}
-    gen, bucket, state, (_, _, drafter) = _prefilled(generator, prompt_ids, gen, seed)
+    gen, bucket, state, (_, _, drafter) = prefilled(generator, prompt_ids, gen, seed)
     draft, verify, commit = _phases(
         generator, bucket, loop.required_capacity(bucket, gen, generator.drafter), gen, drafter
     )

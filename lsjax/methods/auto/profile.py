@@ -277,10 +277,10 @@ def candidate_split(generator, prompt_ids: list[int], gen, seed: int = 0) -> dic
     each run forced in the compiled loop on this prompt. "step_ms_source" says where they come from: "profile",
     the device's cost profile the run chose with (`cost_profile` cached or measure: already measured, free), or
     "measured" now the same way (`cost_profile` prior: its costs are a guess in AR steps, not times)."""
-    from lsjax.engine.profiling import _prefilled
+    from lsjax.engine.profiling import prefilled
 
     drafter = generator.drafter
-    gen, bucket, state, (_, decode, _) = _prefilled(generator, prompt_ids, gen, seed)
+    gen, bucket, state, (_, decode, _) = prefilled(generator, prompt_ids, gen, seed)
     if bool(state.done[0]):
         return {}  # prefill ended the row: no step to time
     if drafter.cost_profile == "prior":
