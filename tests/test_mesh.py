@@ -61,7 +61,8 @@ def test_grouped_layout_computes_the_flat_one():
             "w_gate_up": layer["w_gate_up"].reshape(36, 3, 2 * F // 3),
         }
 
-    wrong = {**flat, "layers": tuple(naive(layer) for layer in flat["layers"])}
+    in_major = target.prepare_for_decode(params, config, layout="in")  # the copy `naive` reshapes is the one used
+    wrong = {**in_major, "layers": tuple(naive(layer) for layer in in_major["layers"])}
     assert float(jnp.max(jnp.abs(_logits(wrong, config, tokens) - ref))) > 1e-2
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from lsjax import engine
 from lsjax.cache import KVCache
-from lsjax.config import GenerateConfig
+from lsjax.config import ConfigError, GenerateConfig
 from lsjax.engine.types import ARDrafter
 from lsjax.models import target
 from tests.tiny import tiny_model
@@ -149,6 +149,12 @@ def test_decode_layout_equals_training_layout(tiny):
         assert target.is_prepared(prepared) and not target.is_prepared(p)
         assert target.prepare_for_decode(prepared, cfg) is prepared  # idempotent
         assert len(prepared["layers"]) == cfg.num_layers and "wq" not in prepared["layers"][0]
+        assert target.layout_of(prepared) == "both"  # this CPU's default: see target.default_layout
+        # Every storage of the projections, and each made from another, runs the same model.
+        layouts = {name: target.prepare_for_decode(p, cfg, layout=name) for name in target.LAYOUTS}
+        assert {target.layout_of(v) for v in layouts.values()} == set(target.LAYOUTS)
+        converted = target.prepare_for_decode(layouts["out"], cfg, layout="in")
+        np.testing.assert_array_equal(converted["layers"][1]["w_qkv"], layouts["in"]["layers"][1]["w_qkv"])
         rng = np.random.RandomState(0)
         kv = [jnp.asarray(rng.randn(cfg.num_layers, 2, cfg.num_kv_heads, 96, cfg.head_dim), jnp.float32)] * 2
         cache = KVCache(*kv, jnp.array([64, 40], jnp.int32))  # rows of different lengths
@@ -157,13 +163,29 @@ def test_decode_layout_equals_training_layout(tiny):
             jnp.asarray(rng.randint(0, cfg.vocab_size, (2, 5))), parents, jnp.ones((2, 5), bool), TreeConfig((2, 2))
         )
         run = jax.jit(tree_forward, static_argnums=1)
-        for a, b in zip(run(p, cfg, tree, cache), run(prepared, cfg, tree, cache)):
+        ref = run(p, cfg, tree, cache)
+        for a, b in [pair for v in (prepared, converted, *layouts.values()) for pair in zip(ref, run(v, cfg, tree, cache))]:
             # fp32, two summation orders (fused vs separate projections): tolerance relative to the array's scale
             # (logits reach ~25 here; a 1.6e-5 difference on a -0.1 logit failed a fixed 1e-5 once).
             scale = float(np.max(np.abs(np.asarray(a))))
             np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=2e-6 * scale, rtol=1e-5)
     host = target.prepare_for_decode(jax.tree.map(np.asarray, params), config)
     assert isinstance(host["layers"][0]["w_qkv"], np.ndarray)  # numpy in, numpy out: one device copy later
+
+
+def test_a_projection_stored_both_ways_uses_out_major_rows_from_three_rows():
+    """`project` multiplies the [out, in] copy for 3+ rows (cheaper on XLA CPU) and the [in, out] one below;
+    a layer holding only one copy uses it whatever the rows. Made visible by two copies that disagree."""
+    w = jnp.asarray(np.random.RandomState(0).randn(4, 6), jnp.float32)
+    both = {"w_down": w, "w_down_t": -w.T}
+    for rows, sign in ((1, 1), (2, 1), (3, -1), (8, -1)):
+        x = jnp.ones((1, rows, 4), jnp.float32)
+        np.testing.assert_allclose(target.project(both, "w_down", x), sign * (x @ w), rtol=1e-6)
+        np.testing.assert_allclose(target.project({"w_down_t": w.T}, "w_down", x), x @ w, rtol=1e-6)
+        np.testing.assert_allclose(target.project({"w_down": w}, "w_down", x), x @ w, rtol=1e-6)
+    config, params = tiny_model()
+    with pytest.raises(ConfigError, match="layout: expected one of in, out, both, got 'rows'"):
+        target.prepare_for_decode(params, config, layout="rows")
 
 
 @pytest.mark.parametrize("bucket,chunk", [(128, 32), (256, 64), (512, 256)])

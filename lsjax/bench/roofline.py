@@ -66,7 +66,8 @@ def _xla_block(block: int | None):
 
 def weight_matrices(prepared: dict, config: ModelConfig) -> list[tuple[jax.Array, bool]]:
     """Every matrix a decode step reads (the LM head once) as (2-D array, read transposed)."""
-    mats = [(w, False) for layer in prepared["layers"] for w in layer.values() if w.ndim == 2]
+    # Out-major projections ([out, in], `target.prepare_for_decode` on a CPU) are read as w @ h.
+    mats = [(w, name.endswith("_t")) for layer in prepared["layers"] for name, w in layer.items() if w.ndim == 2]
     if config.tie_embeddings:
         return mats + [(prepared["embed"], True)]  # [V, D], read as embed @ h like the tied head
     return mats + [(prepared["lm_head"], False)]
@@ -146,7 +147,8 @@ def measure(
     read, ws = weight_read_fn(mats), [w for w, _ in mats]
     x = jnp.ones((max(max(w.shape) for w in ws),), jnp.dtype(config.dtype))
     jax.block_until_ready(read(ws, x))
-    gemm, gemm_ws = gemm_fn(), [layouts["after"]["layers"][0][k] for k in ("w_qkv", "w_gate_up", "w_down")]
+    in_major = target.prepare_for_decode(stacked, config, layout="in")["layers"][0]
+    gemm, gemm_ws = gemm_fn(), [in_major[k] for k in ("w_qkv", "w_gate_up", "w_down")]
     gemm_x = jnp.ones((128, max(w.shape[0] for w in gemm_ws)), x.dtype)
     gemm_flops = sum(2 * 128 * w.size for w in gemm_ws)
     jax.block_until_ready(gemm(gemm_ws, gemm_x))

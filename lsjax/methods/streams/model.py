@@ -110,12 +110,17 @@ def _layer(target_params: dict, index: int) -> dict:
     return layers[index] if target.is_prepared(target_params) else jax.tree.map(lambda a: a[index], layers)
 
 
+def _mm(layer: dict, name: str, x: jax.Array) -> jax.Array:
+    """x through a projection of the target's inference layout, stored [in, out] or out-major [out, in]."""
+    return x @ layer[name] if name in layer else x @ layer[f"{name}_t"].T
+
+
 def _qkv(layer: dict, config: ModelConfig, h: jax.Array, cos, sin):
     """h [B, T, S, D] -> q [B, T, S, N, H], k, v [B, T, S, K, H] with the frozen weights, RoPE on q and k
     (cos/sin [B, T, 1, H/2]: every stream of a node sits at the node's position)."""
     N, K, H = config.num_heads, config.num_kv_heads, config.head_dim
-    if "w_qkv" in layer:
-        qkv = h @ layer["w_qkv"]
+    if "w_qkv" in layer or "w_qkv_t" in layer:  # the inference layout, either order
+        qkv = _mm(layer, "w_qkv", h)
         if config.qkv_bias:
             qkv = qkv + layer["b_qkv"]
         q = qkv[..., : N * H].reshape(*h.shape[:3], N, H)
@@ -132,16 +137,16 @@ def _qkv(layer: dict, config: ModelConfig, h: jax.Array, cos, sin):
 
 def _out_proj(layer: dict, o: jax.Array) -> jax.Array:
     """o [B, T, S, N, H] -> [B, T, S, D]."""
-    if "w_qkv" in layer:
-        return o.reshape(*o.shape[:3], -1) @ layer["wo"]
+    if "w_qkv" in layer or "w_qkv_t" in layer:
+        return _mm(layer, "wo", o.reshape(*o.shape[:3], -1))
     return jnp.einsum("btsnh,nhd->btsd", o, layer["wo"])
 
 
 def _mlp(layer: dict, config: ModelConfig, h: jax.Array) -> jax.Array:
-    if "w_gate_up" in layer:
+    if "w_gate_up" in layer or "w_gate_up_t" in layer:
         F = config.intermediate_size
-        gu = h @ layer["w_gate_up"]
-        return (jax.nn.silu(gu[..., :F]) * gu[..., F:]) @ layer["w_down"]
+        gu = _mm(layer, "w_gate_up", h)
+        return _mm(layer, "w_down", jax.nn.silu(gu[..., :F]) * gu[..., F:])
     return (jax.nn.silu(h @ layer["w_gate"]) * (h @ layer["w_up"])) @ layer["w_down"]
 
 
