@@ -164,7 +164,8 @@ def test_decode_layout_equals_training_layout(tiny):
         )
         run = jax.jit(tree_forward, static_argnums=1)
         ref = run(p, cfg, tree, cache)
-        for a, b in [pair for v in (prepared, converted, *layouts.values()) for pair in zip(ref, run(v, cfg, tree, cache))]:
+        runs = [run(v, cfg, tree, cache) for v in (prepared, converted, *layouts.values())]
+        for a, b in [pair for out in runs for pair in zip(ref, out)]:
             # fp32, two summation orders (fused vs separate projections): tolerance relative to the array's scale
             # (logits reach ~25 here; a 1.6e-5 difference on a -0.1 logit failed a fixed 1e-5 once).
             scale = float(np.max(np.abs(np.asarray(a))))
