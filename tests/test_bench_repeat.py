@@ -77,3 +77,11 @@ def test_accept_memory_counts_the_rate_after_a_hit_and_after_a_miss(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--steps", "1"])
     assert e.value.code == 2 and "--steps: must be >= 2" in capsys.readouterr().err
+
+
+def test_saved_command_names_the_module_and_no_path_of_this_machine():
+    """Saved rows go into docs/: the command they carry is the one a user types, whatever the paths here."""
+    args = ["--suite", "dev", "--out", "/some/where/runs/dev.json", "--methods", "auto"]
+    got = repeat.portable_command(args)
+    assert got == ["python", "-m", "lsjax.bench.repeat", "--suite", "dev", "--out", "dev.json", "--methods", "auto"]
+    assert not any("/" in a for a in got)

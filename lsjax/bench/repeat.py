@@ -179,7 +179,7 @@ def main(argv=None) -> int:
                     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"command": sys.argv, "rows": rows}, f, indent=1)
+            json.dump({"command": portable_command(sys.argv[1:]), "rows": rows}, f, indent=1)
     report(rows, methods, args.temperatures)
     if args.flops:
         from lsjax.bench import flops
@@ -204,6 +204,15 @@ def _decode(spec, params, draft_params, state, step_limit):
     from lsjax import engine
 
     return engine.decode(params, draft_params, spec, state, step_limit)
+
+
+def portable_command(args: list[str]) -> list[str]:
+    """The command as a user would type it, with no path of this machine: the module, not the script's path,
+    and the --out file by its name (saved rows go into docs/, which holds no machine paths)."""
+    out = ["python", "-m", "lsjax.bench.repeat"]
+    for prev, arg in zip([None, *args], args):
+        out.append(os.path.basename(arg) if prev == "--out" else arg)
+    return out
 
 
 def report_files(paths: list[str], parser) -> int:
