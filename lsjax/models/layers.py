@@ -146,7 +146,7 @@ def dense_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
     """x [..., K] against a weight stored as output rows [N, K] (torch's Linear layout) -> fp32 [..., N].
 
     Computed as rows @ x^T. On XLA CPU that form is the faster one for 3 or more rows of x: a SmolLM2
-    verification forward of 4-8 nodes costs 7-13% less with its projections stored [N, K] than with x @ w,
+    verification forward of 4-8 nodes costs 7-14% less with its projections stored [N, K] than with x @ w,
     w [K, N]; 1 row costs the same and 2 rows ~8% more (`target.default_layout`).
     """
     flat = x.reshape(-1, x.shape[-1])
