@@ -166,18 +166,20 @@ def prepare_for_decode(params: dict, config: ModelConfig, *, layout: str | None 
     layer's matrices out of the stack on every step (425 MB/step), and so does indexing a stacked array
     in an unrolled loop; separate arrays per layer are read in place. One [D, (N+2K)H] GEMV reads at
     full bandwidth where the [D, KH] ones for k and v do not, and `wo` as [NH, D] spares XLA a
-    transpose per layer. `layout` (default `default_layout()`): the four projections stored [in, out]
-    ("in"), [out, in] ("out") or both. Run once after loading; idempotent, and params prepared in another
-    layout are converted to this one; training keeps the stacked layout.
+    transpose per layer. `layout`: the four projections stored [in, out] ("in"), [out, in] ("out") or
+    both; None keeps prepared params as they are and prepares others in `default_layout()`. Run once after
+    loading; idempotent, and a named layout converts params prepared in another; training keeps the stacked
+    layout.
     """
-    layout = default_layout() if layout is None else layout
-    if layout not in LAYOUTS:
+    if layout is not None and layout not in LAYOUTS:
         raise ConfigError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
     layers = params["layers"]
     if not isinstance(layers, dict):
-        if layout_of(params) == layout or layers[0].get("w_qkv", layers[0].get("w_qkv_t")).ndim == 3:
-            return params  # as asked, or grouped for a mesh (always [in, out])
+        grouped = layers[0].get("w_qkv", layers[0].get("w_qkv_t")).ndim == 3  # for a mesh: always [in, out]
+        if layout is None or layout_of(params) == layout or grouped:
+            return params
         return {**params, "layers": tuple(_relayout(layer, layout) for layer in layers)}
+    layout = default_layout() if layout is None else layout
     D = config.hidden_size
     # Host (numpy) params stay on the host, so a caller's device copy is made once, of the new layout.
     xp = np if isinstance(layers["wq"], np.ndarray) else jnp
@@ -245,7 +247,7 @@ def group_for_shards(params: dict, config: ModelConfig, shards: int) -> dict:
     its f = F/M MLP columns (the rows of `w_down` it holds). Splitting the flat [D, (N + 2K) H] matrix in M
     would hand shard 0 only query heads. `_prepared_layer` reads either layout; M = 1 keeps the flat one.
     """
-    # The mesh's shardings are written for [in, out]; one shard keeps this backend's layout.
+    # The mesh's shardings are written for [in, out]; one shard keeps the params' layout (or this backend's).
     params = prepare_for_decode(params, config, layout=None if shards == 1 else "in")
     if shards == 1 or params["layers"][0]["w_qkv"].ndim == 3:
         return params
@@ -404,7 +406,7 @@ def _padded(params, config, tokens, positions, cache, tree_mask, layers, x, rows
         out = attention.invariant_tree_attention(q, cache.k, cache.v, k, v, plan, layer=index, backend=backend)
         return out.astype(ACT_DTYPE)
 
-    layer_list = (params if is_prepared(params) else prepare_for_decode(params, config))["layers"]
+    layer_list = prepare_for_decode(params, config)["layers"]
     new_k, new_v = [], []
     for i, layer in enumerate(layer_list[lo:hi], start=lo):
         x, k, v = _prepared_layer(layer, config, x, *cos_sin, lambda q, k, v, i=i: attend(q, k, v, i))

@@ -174,8 +174,7 @@ def partial_forward(
     layer index, as the verify forward reads the full cache); the rebuilding one assembles the new selection
     layer by layer, which copies the partial cache once.
     """
-    if not target.is_prepared(params):  # prepared params run in whichever layout they were prepared
-        params = target.prepare_for_decode(params, config)
+    params = target.prepare_for_decode(params, config)  # a no-op for params already in the decode layout
     cos, sin = rope_angles(positions, inverse_frequencies(config))
     x0 = embed(params, tokens).astype(jnp.dtype(config.dtype))
 
