@@ -242,3 +242,28 @@ def test_tpu_prefix_fetches_only_blocks_with_valid_keys(length, start):
     fetched = [j for n, j in enumerate(index) if n == 0 or j != index[n - 1]]
     wanted = list(range(start // block_s, -(-length // block_s))) or [start // block_s]
     assert fetched == wanted, f"index map {index}"
+
+
+@pytest.mark.parametrize("capability, stages", [("9.0", 4), ("8.6", 2)])
+def test_prefix_tuning_takes_four_stages_on_hopper_only(monkeypatch, capability, stages):
+    """Four K/V blocks in flight need Hopper's shared memory; the interpreter and other GPUs keep the default."""
+
+    class FakeGpu:
+        compute_capability = capability
+
+    attention.prefix_tuning.cache_clear()
+    monkeypatch.setattr(attention.jax, "devices", lambda *a: [FakeGpu()])
+    try:
+        assert attention.prefix_tuning("gpu", False).num_stages == stages
+        assert attention.prefix_tuning("gpu", True).num_stages == 2
+        assert attention.prefix_tuning("tpu", False) == pk.PrefixTuning()
+    finally:
+        attention.prefix_tuning.cache_clear()
+
+
+def test_prefix_kernel_with_four_stages_lowers_for_cuda():
+    def fn(q, k, v, n, w):
+        return pk.prefix_attention(q, k, v, n, w, platform="gpu", tuning=pk.PrefixTuning(num_stages=4))
+
+    text = export_text(fn, prefix_args(1, 69, 32768, jnp.bfloat16, False), "cuda")
+    assert text.count(CUSTOM_CALL["cuda"]) == 1
