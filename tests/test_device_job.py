@@ -70,3 +70,30 @@ def test_the_command_line_says_what_is_wrong_in_one_line(tmp_path, capsys):
         "device job: error: gen_share: must be in (0, 1), got 1.5"
     )
     assert main_line(capsys, "--tiny") == "device job: error: --out is required"
+
+
+def test_later_passes_answer_each_prompt_another_way_and_are_read_back(tmp_path):
+    from lsjax.train.data import load_distilled
+    from lsjax.train.self_distill import sampling_index
+
+    # pass 0 alternates greedy/sampled parts, pass 1 flips them, later passes only sample (greedy would repeat)
+    assert [sampling_index(p) for p in range(4)] == [0, 1, 0, 1]
+    assert [sampling_index(p, parity=1) for p in range(4)] == [1, 0, 1, 0]
+    assert {sampling_index(p, parity=0, sampled_only=True) for p in range(4)} == {1}
+    for sub, value in (("", 1), ("pass-01", 2), ("pass-02", 3)):
+        (tmp_path / sub).mkdir(exist_ok=True)
+        tokens = np.full((2, 8), value, np.int32)
+        np.savez(tmp_path / sub / "part-00000.npz", tokens=tokens, loss_mask=tokens > 0)
+    tokens, mask = load_distilled(tmp_path)
+    assert tokens[:, 0].tolist() == [1, 1, 2, 2, 3, 3] and mask.all()
+
+
+def test_the_schedule_is_sized_to_the_time_left():
+    from lsjax.train.config import OptimConfig
+
+    optim = dj.sized_schedule(OptimConfig(warmup_steps=20, total_steps=900), seconds=300, steps_per_s=7.0)
+    assert (optim.total_steps, optim.warmup_steps) == (2100, 20)
+    tiny = dj.sized_schedule(OptimConfig(warmup_steps=20, total_steps=900), seconds=1, steps_per_s=0.5)
+    assert (tiny.total_steps, tiny.warmup_steps) == (2, 1)
+    with pytest.raises(Exception, match="steps_per_s"):
+        dj.JobConfig(steps_per_s=-1)

@@ -43,16 +43,26 @@ class JobConfig:
 
     budget_minutes: float = 9.0
     gen_share: float = 0.35  # of the budget for self-distillation; training gets the rest less the margin
-    gen_batch: int = 64  # prompts per generation batch (one jitted program)
+    gen_batch: int = 128  # prompts per generation batch (one jitted program)
     max_new_tokens: int = 384
     seed: int = 0
+    # Passes over the prompts while the generation share lasts: the first answers half greedily and half
+    # sampled, the second each prompt the other way, later ones sampled with new seeds. On 2026-11-28 one pass
+    # took an H200 51 s of its 176 s share, and the stage then ran 6 epochs over 0.32M answer tokens.
+    max_passes: int = 8
+    # Optimizer steps per second that sizes the stage's total_steps to the time left for training, so that the
+    # schedule decays over the budget (0: the config's total_steps). An H200 ran 7.7 (32K tokens a step,
+    # SmolLM2) on 2026-11-28, when total_steps=900 ended training at 197 s of a 504 s budget.
+    steps_per_s: float = 7.0
 
     def __post_init__(self):
         if not self.budget_minutes > 0:
             raise ConfigError(f"budget_minutes: must be > 0, got {self.budget_minutes}")
         if not 0 < self.gen_share < 1:
             raise ConfigError(f"gen_share: must be in (0, 1), got {self.gen_share}")
-        for name in ("gen_batch", "max_new_tokens"):
+        if not self.steps_per_s >= 0:
+            raise ConfigError(f"steps_per_s: must be >= 0 (0 = the config's total_steps), got {self.steps_per_s}")
+        for name in ("gen_batch", "max_new_tokens", "max_passes"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be an int >= 1, got {getattr(self, name)!r}")
 
@@ -174,6 +184,12 @@ def tiny_train_config(out: Path):
     )
 
 
+def sized_schedule(optim, seconds: float, steps_per_s: float):
+    """`optim` with total_steps what `seconds` of training reach at `steps_per_s` (warmup kept below it)."""
+    total = max(2, int(seconds * steps_per_s))
+    return dataclasses.replace(optim, total_steps=total, warmup_steps=min(optim.warmup_steps, total - 1))
+
+
 def run(cfg, job: JobConfig, prompts: PromptSet | None, out: str | Path, *, tiny: bool = False, log=print) -> dict:
     """The three phases (module docstring) against one clock started now; returns what `job.json` holds."""
     from lsjax.train import inputs
@@ -202,20 +218,25 @@ def run(cfg, job: JobConfig, prompts: PromptSet | None, out: str | Path, *, tiny
     # 1. the target's own answers, until the generation share of the budget is used
     gen_end = t0 + job.budget_minutes * 60 * job.gen_share
     light = [_Named(i, t) for i, t in zip(prompts.ids, prompts.tasks, strict=True)]
-    write_answers(
-        distilled,
-        target_params,
-        config,
-        None,
-        light,
-        seq_len=seq_len,
-        max_new_tokens=job.max_new_tokens,
-        batch_size=job.gen_batch,
-        seed=job.seed,
-        log=log,
-        token_ids=prompts.tokens,
-        deadline=gen_end,
-    )
+    passes = 0
+    while passes < job.max_passes and (passes == 0 or time.monotonic() < gen_end):
+        write_answers(
+            distilled / f"pass-{passes:02d}" if passes else distilled,
+            target_params,
+            config,
+            None,
+            light,
+            seq_len=seq_len,
+            max_new_tokens=job.max_new_tokens,
+            batch_size=job.gen_batch,
+            seed=job.seed + passes,
+            log=log,
+            token_ids=prompts.tokens,
+            deadline=gen_end,
+            parity=passes % 2,
+            sampled_only=passes >= 2,
+        )
+        passes += 1
     from lsjax.train.data import load_distilled
 
     try:
@@ -226,6 +247,7 @@ def run(cfg, job: JobConfig, prompts: PromptSet | None, out: str | Path, *, tiny
             "give a larger --budget-minutes or a smaller --gen-batch"
         ) from None
     report |= {
+        "passes": passes,
         "distilled_rows": int(len(rows)),
         "answer_tokens": int(mask.sum()),
         "generate_s": round(time.monotonic() - t0, 1),
@@ -237,6 +259,9 @@ def run(cfg, job: JobConfig, prompts: PromptSet | None, out: str | Path, *, tiny
     left_min = (deadline - time.monotonic() - margin) / 60
     if left_min <= 0.05:
         raise LsjaxError("device job: no time left to train after generating; give a larger --budget-minutes")
+    if job.steps_per_s and not tiny:
+        cfg = dataclasses.replace(cfg, optim=sized_schedule(cfg.optim, left_min * 60, job.steps_per_s))
+        report["total_steps"] = cfg.optim.total_steps
     cfg = dataclasses.replace(
         cfg,
         run_dir=str(out / "run"),
@@ -293,8 +318,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="where the distilled rows, the run, the draft and job.json go")
     p.add_argument("--budget-minutes", type=float, default=9.0)
     p.add_argument("--gen-share", type=float, default=0.35)
-    p.add_argument("--gen-batch", type=int, default=64)
-    p.add_argument("--max-new-tokens", type=int, default=384)
+    p.add_argument("--gen-batch", type=int, default=JobConfig.gen_batch)
+    p.add_argument("--max-new-tokens", type=int, default=JobConfig.max_new_tokens)
+    p.add_argument("--max-passes", type=int, default=JobConfig.max_passes, help="passes over the prompts at most")
+    p.add_argument(
+        "--steps-per-s",
+        type=float,
+        default=JobConfig.steps_per_s,
+        help="sizes total_steps to the time left for training (0: the config's)",
+    )
     p.add_argument("--tiny", action="store_true", help="a tiny random target and prompts (runs anywhere, seconds)")
     p.add_argument("--allow-cpu", action="store_true", help="run the real job without an accelerator (slow)")
     args = p.parse_args(argv)
@@ -309,7 +341,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if not args.out:
             return fail("--out is required")
-        job = JobConfig(args.budget_minutes, args.gen_share, args.gen_batch, args.max_new_tokens)
+        job = JobConfig(
+            args.budget_minutes,
+            args.gen_share,
+            args.gen_batch,
+            args.max_new_tokens,
+            max_passes=args.max_passes,
+            steps_per_s=args.steps_per_s,
+        )
         if args.tiny:
             cfg, prompts = tiny_train_config(Path(args.out)), None
         else:

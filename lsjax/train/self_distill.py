@@ -63,6 +63,11 @@ def rows_from_answers(prompt_ids, answers, lengths, seq_len: int, eos: int, pad:
     return tokens, mask
 
 
+def sampling_index(part: int, parity: int = 0, sampled_only: bool = False) -> int:
+    """0 (greedy) or 1 (sampled) for a part of `write_answers`."""
+    return 1 if sampled_only else (part + parity) % 2
+
+
 def write_answers(
     out_dir: str | Path,
     params,
@@ -77,9 +82,14 @@ def write_answers(
     log=print,
     token_ids: list | None = None,
     deadline: float | None = None,
+    parity: int = 0,
+    sampled_only: bool = False,
 ) -> dict:
     """Writes one part per batch of prompts (resumable); returns the manifest. `token_ids`: the prompts already
-    encoded (then `tokenizer` is not used); `deadline` (`time.monotonic()`): start no part after it."""
+    encoded (then `tokenizer` is not used); `deadline` (`time.monotonic()`): start no part after it. Parts
+    alternate greedy and sampled answers, the first greedy; `parity=1` starts with a sampled one (a second pass
+    then answers each prompt the other way), `sampled_only` samples every part (later passes: a greedy answer
+    would repeat one already written)."""
     from lsjax import api
     from lsjax.config import GenerateConfig, SamplingConfig
     from lsjax.engine import PREFILL_CHUNK
@@ -113,7 +123,7 @@ def write_answers(
             log(f"self-distill: time is up after {part} of {-(-len(keep) // batch_size)} parts")
             break
         sel = keep[lo : lo + batch_size]
-        sampling = samplings[part % 2]
+        sampling = samplings[sampling_index(part, parity, sampled_only)]
         if sampling not in fns:
             cfg = api.SpecConfig(model=config, gen=GenerateConfig(max_new_tokens, sampling=sampling))
             fns[sampling] = jax.jit(api.generate, static_argnames="config"), cfg
