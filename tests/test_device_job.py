@@ -17,7 +17,8 @@ def test_the_tiny_job_generates_trains_and_exports_within_its_budget(tmp_path):
     lines = []
     # 45 s: compiling the generator and the train step takes ~25 s of it on 2 busy cores (the clock covers all)
     job = dj.JobConfig(budget_minutes=0.75, gen_share=0.25, gen_batch=4, max_new_tokens=8)
-    report = dj.run(dj.tiny_train_config(tmp_path), job, None, tmp_path, tiny=True, log=lines.append)
+    cfg = dj.tiny_train_config(tmp_path)
+    report = dj.run(cfg, job, None, tmp_path, tiny=True, log=lines.append, config_path="configs/train/x.yaml")
     assert report["within_budget"] and report["total_s"] <= 45
     assert report["distilled_rows"] >= 4 and report["answer_tokens"] > 0
     assert report["train_steps"] > 0 and report["tokens_trained"] == report["train_steps"] * 4 * 64
@@ -28,6 +29,7 @@ def test_the_tiny_job_generates_trains_and_exports_within_its_budget(tmp_path):
 
     arrays, draft_cfg, meta = load_draft(tmp_path / "draft")  # a draft decode.py can load
     assert draft_cfg.window == 16 and meta["device_job"]["train_steps"] == report["train_steps"]
+    assert meta["train_config"] == "configs/train/x.yaml"  # what made it, after what it continued
     raw = (tmp_path / "draft" / "model.safetensors").read_bytes()
     header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
     assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16"}  # stored in bf16

@@ -190,8 +190,19 @@ def sized_schedule(optim, seconds: float, steps_per_s: float):
     return dataclasses.replace(optim, total_steps=total, warmup_steps=min(optim.warmup_steps, total - 1))
 
 
-def run(cfg, job: JobConfig, prompts: PromptSet | None, out: str | Path, *, tiny: bool = False, log=print) -> dict:
-    """The three phases (module docstring) against one clock started now; returns what `job.json` holds."""
+def run(
+    cfg,
+    job: JobConfig,
+    prompts: PromptSet | None,
+    out: str | Path,
+    *,
+    tiny: bool = False,
+    log=print,
+    config_path: str | None = None,
+) -> dict:
+    """The three phases (module docstring) against one clock started now; returns what `job.json` holds.
+    `config_path` (the stage's YAML) goes into the draft's config.json after the lineage of the draft it
+    continues."""
     from lsjax.train import inputs
     from lsjax.train.self_distill import write_answers
 
@@ -286,7 +297,7 @@ def run(cfg, job: JobConfig, prompts: PromptSet | None, out: str | Path, *, tiny
     # 3. the draft, exported in bf16
     from lsjax.methods.longspec.export import export_run
 
-    export_run(cfg, out / "draft", extra={"device_job": dict(report)})
+    export_run(cfg, out / "draft", extra={"train_config": config_path, "device_job": dict(report)})
     report["draft_bytes"] = sum(f.stat().st_size for f in (out / "draft").iterdir() if f.is_file())
     report["total_s"] = round(time.monotonic() - t0, 1)
     report["within_budget"] = report["total_s"] <= job.budget_minutes * 60
@@ -364,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
             from lsjax.train.config import TrainConfig
 
             cfg = load_yaml(TrainConfig, args.config, args.set)
-        run(cfg, job, prompts, args.out, tiny=args.tiny)
+        run(cfg, job, prompts, args.out, tiny=args.tiny, config_path=None if args.tiny else args.config)
     except (LsjaxError, ValueError, OSError) as e:
         return fail(str(e).splitlines()[0])
     return 0
