@@ -97,7 +97,8 @@ device-bundle: $(VENV)/.installed
 		--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
 		--platform manylinux2014_x86_64 --platform any -d .device/whl -c $(CONSTRAINTS) \
 		gguf grain array_record portpicker
-	split -b 24m "$$($(PY) -c 'from lsjax.loading import default_model_path; print(default_model_path())')" \
+	# two halves, one per call to a GPU machine (scripts/device_trim.sh makes the tree small enough for them)
+	split -n 2 "$$($(PY) -c 'from lsjax.loading import default_model_path; print(default_model_path())')" \
 		.device/gguf.part-
 	# drafts are filed under the model's file name: the joined file must keep it
 	$(PY) -c 'from lsjax.loading import default_model_path; print(default_model_path().name)' > .device/gguf.name
