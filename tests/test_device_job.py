@@ -72,6 +72,9 @@ def test_the_command_line_says_what_is_wrong_in_one_line(tmp_path, capsys):
         "device job: error: gen_share: must be in (0, 1), got 1.5"
     )
     assert main_line(capsys, "--tiny") == "device job: error: --out is required"
+    assert main_line(capsys, "--tiny", "--out", str(tmp_path / "t"), "--max-new-tokens", "400").startswith(
+        "device job: error: self-distill: no prompt leaves room for 400 answer tokens in a row of 64"
+    )
 
 
 def test_later_passes_answer_each_prompt_another_way_and_are_read_back(tmp_path):

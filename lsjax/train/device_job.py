@@ -35,6 +35,7 @@ from lsjax.errors import LsjaxError
 DEFAULT_CONFIG = "configs/train/smollm2-device.yaml"
 EXPORT_MARGIN_S = 45.0  # the export and the report after training stops (the draft is small)
 PROMPT_FILE_VERSION = 1
+TINY_GEN = (4, 8)  # --tiny's prompts per batch and answer tokens: its rows are 64 tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,8 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="where the distilled rows, the run, the draft and job.json go")
     p.add_argument("--budget-minutes", type=float, default=9.0)
     p.add_argument("--gen-share", type=float, default=0.35)
-    p.add_argument("--gen-batch", type=int, default=JobConfig.gen_batch)
-    p.add_argument("--max-new-tokens", type=int, default=JobConfig.max_new_tokens)
+    p.add_argument("--gen-batch", type=int, help=f"default {JobConfig.gen_batch} ({TINY_GEN[0]} with --tiny)")
+    p.add_argument("--max-new-tokens", type=int, help=f"default {JobConfig.max_new_tokens} ({TINY_GEN[1]} with --tiny)")
     p.add_argument("--max-passes", type=int, default=JobConfig.max_passes, help="passes over the prompts at most")
     p.add_argument(
         "--steps-per-s",
@@ -352,11 +353,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if not args.out:
             return fail("--out is required")
+        gen_batch, max_new = TINY_GEN if args.tiny else (JobConfig.gen_batch, JobConfig.max_new_tokens)
         job = JobConfig(
             args.budget_minutes,
             args.gen_share,
-            args.gen_batch,
-            args.max_new_tokens,
+            args.gen_batch or gen_batch,
+            args.max_new_tokens or max_new,
             max_passes=args.max_passes,
             steps_per_s=args.steps_per_s,
         )

@@ -99,6 +99,11 @@ def write_answers(
     eos = config.eos_token_ids[0] if config.eos_token_ids else config.pad_token_id
     ids = [encode(tokenizer, p) for p in prompts] if token_ids is None else [list(t) for t in token_ids]
     keep = [i for i, p in enumerate(ids) if len(p) + max_new_tokens + 1 <= seq_len]
+    if not keep:
+        raise LsjaxError(
+            f"self-distill: no prompt leaves room for {max_new_tokens} answer tokens in a row of {seq_len} "
+            f"(shortest prompt: {min(map(len, ids), default=0)} tokens); lower max_new_tokens or raise seq_len"
+        )
     manifest = {
         "version": 1,
         "seq_len": seq_len,
