@@ -18,6 +18,7 @@ stopped and writes the same files.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -61,6 +62,15 @@ def rows_from_answers(prompt_ids, answers, lengths, seq_len: int, eos: int, pad:
         tokens[b, : len(row)] = row
         mask[b, len(p) : len(row)] = 1
     return tokens, mask
+
+
+@functools.cache
+def _jitted_generate():
+    """One jitted generator for the process: the device job's later passes reuse the programs the first
+    compiled (the config, static and hashable, keys them) instead of compiling them again per pass."""
+    from lsjax import api
+
+    return jax.jit(api.generate, static_argnames="config")
 
 
 def sampling_index(part: int, parity: int = 0, sampled_only: bool = False) -> int:
@@ -118,7 +128,7 @@ def write_answers(
     mfile.write_text(json.dumps(manifest, indent=1) + "\n")
     P = -(-max(len(ids[i]) for i in keep) // PREFILL_CHUNK) * PREFILL_CHUNK
     samplings = (SamplingConfig(), SamplingConfig(temperature=1.0, min_p=0.1))
-    fns = {}
+    generate = _jitted_generate()
     t0, made = time.perf_counter(), 0
     for part, lo in enumerate(range(0, len(keep), batch_size)):
         path = out_dir / f"part-{part:05d}.npz"
@@ -129,16 +139,13 @@ def write_answers(
             break
         sel = keep[lo : lo + batch_size]
         sampling = samplings[sampling_index(part, parity, sampled_only)]
-        if sampling not in fns:
-            cfg = api.SpecConfig(model=config, gen=GenerateConfig(max_new_tokens, sampling=sampling))
-            fns[sampling] = jax.jit(api.generate, static_argnames="config"), cfg
-        fn, cfg = fns[sampling]
+        cfg = api.SpecConfig(model=config, gen=GenerateConfig(max_new_tokens, sampling=sampling))
         batch = np.zeros((batch_size, P), np.int32)
         lengths = np.ones((batch_size,), np.int32)
         for r, i in enumerate(sel):
             batch[r, : len(ids[i])], lengths[r] = ids[i], len(ids[i])
         key = jax.random.fold_in(jax.random.PRNGKey(seed), part)
-        out = jax.device_get(fn(params, (), jnp.asarray(batch), cfg, key, jnp.asarray(lengths)))
+        out = jax.device_get(generate(params, (), jnp.asarray(batch), cfg, key, jnp.asarray(lengths)))
         n = len(sel)
         tokens, mask = rows_from_answers(
             [ids[i] for i in sel], out.tokens[:n], out.num_tokens[:n], seq_len, eos, config.pad_token_id
