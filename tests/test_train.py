@@ -3,6 +3,7 @@ sharding on 8 fake devices, configs and the train.py CLI. Tiny random targets ke
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -161,6 +162,45 @@ def test_distillation_losses(tiny_models):
     assert abs(float(kl["distill"])) < 1e-4
     kl2 = ls_losses.lm_losses(same, tp, TINY, th[:, ::-1], labels, w, chunk_size=4, distill="kl", target_hidden=th)
     assert float(kl2["distill"]) > 1e-3
+
+
+def test_distillation_on_the_whole_text(tiny_models):
+    """`loss.distill_on: text`: the distillation term weighs every position up to the row's last training
+    target (a self-distilled row's prompt too, never the padding after it), normalised by its own weight;
+    CE stays on the answer. A step on a row whose only target is its last token then learns from the
+    prompt."""
+    mask = jnp.asarray([[0, 0, 0, 1, 1, 0, 0, 0]], jnp.float32)
+    np.testing.assert_array_equal(ls_losses.text_weights(mask), [[1, 1, 1, 1, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(ls_losses.text_weights(jnp.ones((1, 4))), [[1, 1, 1, 0]])
+    tp, dp = tiny_models
+    th = jax.random.normal(jax.random.PRNGKey(5), (2, 8, TINY.hidden_size))
+    labels = jnp.zeros((2, 8), jnp.int32)
+    w, dw = jnp.zeros((2, 8)).at[:, 5].set(1.0), jnp.ones((2, 8)).at[:, 7].set(0.0)
+    for kind in ("argmax", "kl"):
+        kw = dict(chunk_size=4, distill=kind, target_hidden=th)
+        own = ls_losses.lm_losses(dp, tp, TINY, th, labels, w, distill_weights=dw, **kw)
+        ref = ls_losses.lm_losses(dp, tp, TINY, th, labels, dw, **kw)
+        np.testing.assert_allclose(own["distill"], ref["distill"], rtol=1e-5)
+        assert float(own["weight"]) == 2.0 and float(own["distill_weight"]) == 14.0
+
+    cfg_a = tiny_cfg(loss__distill="argmax", loss__distill_weight=1.0, loss__ce_weight=0.0, loss__flash_noisy=False)
+    cfg_t = dataclasses.replace(cfg_a, loss=dataclasses.replace(cfg_a.loss, distill_on="text"))
+    (batch,) = _batch(cfg_a)
+    T = batch["tokens"].shape[-1]
+    batch = {**batch, "loss_mask": jnp.zeros_like(batch["loss_mask"]).at[..., T - 1].set(1.0)}
+    micro = jax.tree.map(lambda x: x[0], batch)
+    a = ls_losses.micro_losses(dp, tp, TINY, cfg_a, micro, jnp.int32(0))
+    t = ls_losses.micro_losses(dp, tp, TINY, cfg_t, micro, jnp.int32(0))
+    assert float(t["distill_weight"]) > 10 * float(a["distill_weight"]) > 0
+    np.testing.assert_allclose(t["ce"], a["ce"])
+    opt = tr.make_optimizer(cfg_t.optim)
+    _, m = jax.jit(ls_step.make_train_step(TINY, cfg_t))(tr.init_state(dp, opt), tp, batch, jax.random.PRNGKey(0))
+    np.testing.assert_allclose(m["loss"], m["distill"], rtol=1e-5)  # CE weighs 0: the loss is the text's distill
+    assert float(m["loss"]) > 0 and np.isfinite(float(m["grad_norm"])) and float(m["grad_norm"]) > 0
+    with pytest.raises(ConfigError, match="loss.distill_on"):
+        tiny_cfg(loss__distill_on="prompt")
+    with pytest.raises(ConfigError, match="loss.distill_on"):
+        tiny_cfg(loss__distill_on="text")  # no distillation term to put there
 
 
 def test_stage3_loss_is_on_assistant_tokens_only(ours, tiny_models):

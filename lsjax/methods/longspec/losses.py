@@ -32,14 +32,18 @@ def lm_losses(
     distill: str = "none",
     target_hidden: jax.Array | None = None,
     target_labels: jax.Array | None = None,
+    distill_weights: jax.Array | None = None,
 ) -> dict:
-    """Weighted sums over positions, chunk by chunk: {"ce", "distill", "correct", "weight"} (scalars).
+    """Weighted sums over positions, chunk by chunk: {"ce", "distill", "correct", "weight", "distill_weight"}
+    (scalars).
 
     hidden [B, T, D] (the draft's, before its final norm); labels [B, T] the next tokens; weights [B, T].
     With `vocab_ids` [Vd] the logits cover only those tokens and labels outside them get weight 0.
     distill "argmax": CE on `target_labels` [B, T] (or the argmax of the target's logits from
     `target_hidden`); "kl": KL(target || draft) from `target_hidden` [B, T, D] (over the pruned vocabulary,
-    renormalised, when pruned). Each chunk's [B, C, V] logits are rematerialised in the backward pass.
+    renormalised, when pruned), weighed by `distill_weights` [B, T] (default: `weights`; labels outside a
+    pruned vocabulary do not remove a position from it). Each chunk's [B, C, V] logits are rematerialised in
+    the backward pass.
     """
     B, T, D = hidden.shape
     C = min(chunk_size, T)
@@ -52,7 +56,10 @@ def lm_losses(
         x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2), constant_values=fill)
         return x.reshape(B, n, C, *x.shape[2:]).swapaxes(0, 1)
 
+    own = distill_weights is not None
     xs = {"h": chunked(hidden), "y": chunked(labels), "w": chunked(weights)}
+    if own:
+        xs["dw"] = chunked(distill_weights)
     if distill == "kl" or (distill == "argmax" and target_labels is None):
         if target_hidden is None:
             raise ValueError(f"distill={distill!r} needs target_hidden")
@@ -76,17 +83,20 @@ def lm_losses(
         y = to_local(c["y"])
         ce_sum, w = ce(logp, y, c["w"])
         correct = jnp.sum((jnp.argmax(logits, axis=-1) == y) * w)
+        dw = c["dw"] if own else c["w"]
         out = {"ce": ce_sum, "correct": correct, "weight": jnp.sum(w), "distill": jnp.zeros(())}
+        out["distill_weight"] = jnp.sum(dw) if own else out["weight"]
         if distill == "argmax":
             if "ty" in c:
                 ty = to_local(c["ty"])
             else:  # the target's own argmax over the full vocabulary, then mapped into the pruned one
                 ty = to_local(jnp.argmax(target_logits(target_params, config, c["th"], None), axis=-1))
-            out["distill"] = ce(logp, ty, c["w"])[0]
+            out["distill"], dsum = ce(logp, ty, dw)
+            out["distill_weight"] = jnp.sum(dsum)  # an argmax outside the pruned vocabulary teaches nothing
         elif distill == "kl":
             tlogp = jax.nn.log_softmax(target_logits(target_params, config, c["th"], head_ids), axis=-1)
             kl = jnp.sum(jnp.exp(tlogp) * (tlogp - logp), axis=-1)  # [B, C]
-            out["distill"] = jnp.sum(kl * c["w"])
+            out["distill"] = jnp.sum(kl * dw)
         return out
 
     per_chunk = jax.lax.map(chunk, xs)
@@ -111,6 +121,13 @@ def next_token_targets(tokens: jax.Array, loss_mask: jax.Array) -> tuple[jax.Arr
     labels = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
     weights = jnp.concatenate([loss_mask[:, 1:], jnp.zeros_like(loss_mask[:, :1])], axis=1)
     return labels, weights.astype(jnp.float32)
+
+
+def text_weights(loss_mask: jax.Array) -> jax.Array:
+    """[..., T] next-token weights over a row's text: position t weighs 1 when token t + 1 is at or before the
+    row's last training target (`LossConfig.distill_on` "text": the prompt too, not the padding after)."""
+    text = jnp.flip(jnp.cumsum(jnp.flip(loss_mask > 0, -1), -1), -1) > 0
+    return jnp.concatenate([text[..., 1:], jnp.zeros_like(text[..., :1])], axis=-1).astype(jnp.float32)
 
 
 def micro_losses(
@@ -153,4 +170,5 @@ def micro_losses(
         distill=distill,
         target_hidden=None if distill == "none" else th,
         target_labels=target_labels if distill == "argmax" else None,
+        distill_weights=text_weights(micro["loss_mask"]) if cfg.loss.distill_on == "text" else None,
     )

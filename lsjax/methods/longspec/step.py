@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from lsjax.config import ModelConfig
-from lsjax.methods.longspec.losses import micro_losses
+from lsjax.methods.longspec.losses import micro_losses, text_weights
 from lsjax.train.config import TrainConfig
 from lsjax.train.step import TrainState, accumulate_grads, apply_grads, lr_schedule, make_optimizer
 
@@ -29,11 +29,19 @@ def draw_shift(key: jax.Array, cfg: TrainConfig) -> jax.Array:
     return jax.random.randint(key, (), 1, cfg.loss.gamma, dtype=jnp.int32)
 
 
-def _objective(sums: dict, cfg: TrainConfig, total_weight: jax.Array) -> jax.Array:
-    loss = cfg.loss.ce_weight * sums["ce"]
+def _objective(sums: dict, cfg: TrainConfig, total_weight: jax.Array, distill_total: jax.Array) -> jax.Array:
+    loss = cfg.loss.ce_weight * sums["ce"] / total_weight
     if cfg.loss.distill != "none":
-        loss = loss + cfg.loss.distill_weight * sums["distill"]
-    return loss / total_weight
+        loss = loss + cfg.loss.distill_weight * sums["distill"] / distill_total
+    return loss
+
+
+def _distill_total(cfg: TrainConfig, loss_mask: jax.Array, total_w: jax.Array) -> jax.Array:
+    """The distillation term's normaliser: the CE term's unless it weighs the whole text (`distill_on`). An
+    upper bound under "text" with argmax (positions whose argmax is outside a pruned vocabulary count)."""
+    if cfg.loss.distill_on == "text":
+        return jnp.maximum(jnp.sum(text_weights(loss_mask)), 1.0)
+    return total_w
 
 
 def make_train_step(config: ModelConfig, cfg: TrainConfig, vocab_ids=None, optimizer=None):
@@ -47,21 +55,23 @@ def make_train_step(config: ModelConfig, cfg: TrainConfig, vocab_ids=None, optim
         keys = jax.random.split(key, A)
         # The normaliser is known before any forward: sum over micro-batches of next-token weights.
         total_w = jnp.maximum(jnp.sum(batch["loss_mask"][:, :, 1:]), 1.0)
+        total_d = _distill_total(cfg, batch["loss_mask"], total_w)
 
         def loss_fn(p, xs):
             micro, k = xs
             shift = draw_shift(k, cfg)
             sums = micro_losses(p, target_params, config, cfg, micro, shift, vocab_ids)
-            return _objective(sums, cfg, total_w), {**sums, "shift": shift.astype(jnp.float32)}
+            return _objective(sums, cfg, total_w, total_d), {**sums, "shift": shift.astype(jnp.float32)}
 
-        zeros_s = {k: jnp.zeros((), jnp.float32) for k in ("ce", "distill", "correct", "weight", "shift")}
+        keys_s = ("ce", "distill", "correct", "weight", "distill_weight", "shift")
+        zeros_s = {k: jnp.zeros((), jnp.float32) for k in keys_s}
         grads, sums = accumulate_grads(loss_fn, state.params, (batch, keys), zeros_s)
         new_state = apply_grads(state, grads, optimizer)
         w = jnp.maximum(sums["weight"], 1.0)
         metrics = {
-            "loss": _objective(sums, cfg, total_w),
+            "loss": _objective(sums, cfg, total_w, total_d),
             "ce": sums["ce"] / w,
-            "distill": sums["distill"] / w,
+            "distill": sums["distill"] / jnp.maximum(sums["distill_weight"], 1.0),
             "acc": sums["correct"] / w,
             "loss_tokens": sums["weight"],
             "grad_norm": optax.tree.norm(grads),
@@ -82,7 +92,7 @@ def make_eval_step(config: ModelConfig, cfg: TrainConfig, vocab_ids=None):
             sums = micro_losses(draft_params, target_params, config, cfg, micro, shift, vocab_ids)
             return jax.tree.map(jnp.add, carry, sums), None
 
-        zeros = {k: jnp.zeros((), jnp.float32) for k in ("ce", "distill", "correct", "weight")}
+        zeros = {k: jnp.zeros((), jnp.float32) for k in ("ce", "distill", "correct", "weight", "distill_weight")}
         return jax.lax.scan(one, zeros, batch)[0]
 
     return evaluate

@@ -1,0 +1,186 @@
+"""What a LongSpec draft would accept, teacher-forced on the target's own continuations: no decode timing.
+
+    python -m lsjax.bench.draft_accept                                   # the shipped draft, dev 1K-4K
+    python -m lsjax.bench.draft_accept --draft A --draft B --suite dev --buckets 1K-2K
+
+Per prompt and temperature the target writes `--new-tokens` with AR (seed 0); then one target pass and a few
+draft passes over prompt + continuation give, at every root of the continuation:
+
+- T = 0: whether the draft's first child is the next token of the (greedy) continuation (`first`), whether
+  one of its top two is (`top2`), and a k-token greedy chain's expected tokens per verification (`chain2`,
+  `chain4`: 1 + the depths accepted). Depth d of a chain is the draft at the root's (d - 1)-th successor
+  with the target's cache d tokens behind (cross-attention lag d), which is what a chain drafts there once
+  depths 1 .. d - 1 matched.
+- T > 0: the probability that rejection sampling accepts a child drawn from the draft's q (`sampled`:
+  sum_x min(p(x), q(x)), p and q at that temperature, q over the draft's vocabulary), and that a deterministic
+  child (q's argmax) matches the target's draw (`match`: p(argmax q)).
+
+Each root's value is exact (T = 0: what a proposal there accepts, tested against `propose`; T > 0: the
+acceptance probability itself, not a draw), so two drafts compared on the same continuations differ by what
+the drafts do, not by timing noise: a minute per prompt where a decode benchmark needs rounds. The draft's
+self-attention here is the training band of `window` keys (the ring at decode time holds up to a tree's depth
+more). Dev split by default: the held-out one is for reporting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+T0_KEYS = ("first", "top2", "chain2", "chain4")
+PAD = 1024  # sequences are padded to a multiple of this: one compiled program per padded length
+T1_KEYS = ("sampled", "match")
+
+
+def first_level(
+    target_params, config, draft_params, draft_config, tokens, new: int, temperature: float, length=None, depth=4
+):
+    """Per-root acceptance estimates [new] of one sequence: tokens [1, T], its first `length` (an int32 array;
+    default T) real, the last `new` of those the target's continuation (at T = 0 its greedy one) of the ones
+    before: padding after them changes nothing (everything here is causal), so one compiled program serves
+    every prompt of a padded length. The roots are positions length - new - 1 .. length - 2.
+    Returns the module doc's keys for the temperature (T = 0: T0_KEYS; else T1_KEYS), each [new] float32."""
+    import jax
+    import jax.numpy as jnp
+
+    from lsjax.methods.longspec import model as draft_lib
+    from lsjax.models.draft_params import DraftParams
+    from lsjax.train.features import target_features, target_logits
+
+    dp = DraftParams.of(draft_params)
+    vocab_ids = dp.vocab_ids
+    T = tokens.shape[1]
+    length = jnp.int32(T) if length is None else length
+    pos = jnp.arange(T)[None]
+    feats = target_features(target_params, config, tokens, pos)
+    first = length - new - 1
+
+    def roots(x):  # x [1, T, ...] -> [1, new, ...] at the roots
+        return jax.lax.dynamic_slice_in_dim(x, first, new, axis=1)
+
+    def draft_at(shift):  # [new, Vd] logits at the roots, target cache `shift` tokens behind each
+        h = draft_lib.draft_forward_train(
+            dp.weights, target_params, config, draft_config, tokens, pos, feats["k"], feats["v"], jnp.int32(shift)
+        )
+        return draft_lib.draft_logits(dp, target_params, config, roots(h))[0]
+
+    def to_ids(local):
+        return local if vocab_ids is None else jnp.take(jnp.asarray(vocab_ids), local)
+
+    q_logits = draft_at(1)
+    if temperature == 0:
+        y = jax.lax.dynamic_slice_in_dim(tokens[0], first + 1, new)  # at T = 0 a child is accepted iff it is next
+        _, top = jax.lax.top_k(q_logits, 2)
+        hit = [to_ids(top[:, 0]) == y]
+        for d in range(2, depth + 1):  # depth d at root r: the draft at r + d - 1, lag d, must give y[r + d - 1]
+            g = to_ids(jnp.argmax(draft_at(d), axis=-1)) == y
+            hit.append(jnp.concatenate([g[d - 1 :], jnp.zeros((d - 1,), bool)]))
+        run = jnp.cumprod(jnp.stack(hit).astype(jnp.float32), axis=0)  # [depth, new]: depths 1 .. d all match
+        # The last roots lack the successors a deep chain needs: those depths count as unmatched.
+        return {
+            "first": run[0],
+            "top2": jnp.any(to_ids(top) == y[:, None], axis=-1).astype(jnp.float32),
+            "chain2": 1.0 + jnp.sum(run[:2], axis=0),
+            "chain4": 1.0 + jnp.sum(run[:4], axis=0),
+        }
+    p_logits = target_logits(target_params, config, roots(feats["hidden"]), None)[0]  # [new, V]
+    p = jax.nn.softmax(p_logits / temperature, axis=-1)
+    q = jax.nn.softmax(q_logits / temperature, axis=-1)
+    p_in = p if vocab_ids is None else p[:, jnp.asarray(vocab_ids)]
+    best = jnp.argmax(q_logits, axis=-1)
+    return {
+        "sampled": jnp.sum(jnp.minimum(p_in, q), axis=-1),
+        "match": jnp.take_along_axis(p_in, best[:, None], axis=-1)[:, 0],
+    }
+
+
+def summarize(rows: list[dict]) -> dict:
+    """{(draft, T): {key: mean over prompts}} of the per-prompt rows."""
+    out: dict = {}
+    for r in rows:
+        out.setdefault((r["draft"], r["T"]), []).append(r)
+    return {
+        k: {m: float(np.mean([r[m] for r in v])) for m in (T0_KEYS if k[1] == 0 else T1_KEYS)} | {"prompts": len(v)}
+        for k, v in out.items()
+    }
+
+
+def main(argv=None) -> int:
+    from lsjax.prompts import BUCKETS, TASKS
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--draft", action="append", help="a draft directory (repeat to compare; default: the shipped one)")
+    p.add_argument("--suite", choices=("dev", "heldout"), default="dev")
+    p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
+    p.add_argument("--buckets", nargs="+", choices=list(BUCKETS), default=["1K-2K", "2K-4K"])
+    p.add_argument("--per-cell", type=int, default=1)
+    p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
+    p.add_argument("--new-tokens", type=int, default=96, help="the continuation's length (roots per prompt)")
+    p.add_argument("--json", metavar="FILE", help="also write every prompt's row here")
+    args = p.parse_args(argv)
+    if args.new_tokens < 8:
+        p.error(f"--new-tokens: must be >= 8, got {args.new_tokens}")
+    if args.per_cell < 1:
+        p.error(f"--per-cell: must be >= 1, got {args.per_cell}")
+    if any(t < 0 for t in args.temperatures):
+        p.error(f"--temperatures: must be >= 0, got {args.temperatures}")
+
+    import jax
+    import jax.numpy as jnp
+
+    from lsjax.bench.suites import encode, load_suite
+    from lsjax.config import GenerateConfig, SamplingConfig
+    from lsjax.engine.host import Generator
+    from lsjax.loading import load_model
+    from lsjax.methods import registry
+    from lsjax.methods.longspec.checkpoint import load_longspec
+    from lsjax.models import target
+
+    model = load_model()
+    drafts = {}
+    for d in args.draft or [None]:
+        drafter, dp = load_longspec(model, d, "1")
+        drafts[d or "shipped"] = (drafter.draft, dp)
+    ar = Generator(
+        model.config,
+        jax.tree.map(jnp.asarray, target.prepare_for_decode(model.params, model.config)),
+        *registry.build("ar", model),
+    )
+    tp = jax.tree.map(jnp.asarray, model.params)
+    measure = jax.jit(
+        lambda dp, toks, n, temperature, dcfg: first_level(
+            tp, model.config, dp, dcfg, toks, args.new_tokens, temperature, length=n
+        ),
+        static_argnums=(3, 4),
+    )
+    rows = []
+    prompts = load_suite(model.tokenizer, args.suite, None, args.per_cell, args.tasks, args.buckets)
+    print(f"{len(prompts)} {args.suite} prompts, {args.new_tokens} roots each, T in {args.temperatures}", flush=True)
+    for prompt in prompts:
+        ids = encode(model.tokenizer, prompt)
+        for temp in args.temperatures:
+            gen = GenerateConfig(args.new_tokens, SamplingConfig(temperature=temp), ignore_eos=True)
+            cont = ar.run(ids, gen, seed=0).tokens[: args.new_tokens]
+            seq = ids + cont
+            toks = np.zeros((1, -(-len(seq) // PAD) * PAD), np.int32)
+            toks[0, : len(seq)] = seq
+            for name, (dcfg, dp) in drafts.items():
+                got = measure(dp, jnp.asarray(toks), jnp.int32(len(seq)), float(temp), dcfg)
+                row = {"prompt": prompt.id, "draft": name, "T": temp}
+                row |= {k: round(float(np.mean(np.asarray(v))), 4) for k, v in got.items()}
+                rows.append(row)
+                vals = "  ".join(f"{k} {v:.3f}" for k, v in row.items() if k not in ("prompt", "draft", "T"))
+                print(f"{prompt.id:26s} T={temp:g}  {name:10s} {vals}", flush=True)
+    for (name, temp), means in summarize(rows).items():
+        vals = "  ".join(f"{k} {v:.3f}" for k, v in means.items() if k != "prompts")
+        print(f"{'mean of ' + str(means['prompts']):26s} T={temp:g}  {name:10s} {vals}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"suite": args.suite, "new_tokens": args.new_tokens, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,170 @@
+"""`lsjax.bench.draft_accept`: its teacher-forced estimates are what a proposal at each root would accept."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lsjax import engine
+from lsjax.bench.draft_accept import first_level, summarize
+from lsjax.config import DraftConfig, GenerateConfig, SamplingConfig
+from lsjax.engine.types import DraftContext
+from lsjax.methods.longspec.drafter import LongSpecDrafter
+from lsjax.train.features import target_features, target_logits
+from lsjax.tree import TreeConfig
+from tests.test_speculative import longspec_params
+from tests.tiny import tiny_model
+
+P, NEW = 14, 12
+
+
+L = 48  # the buffer
+
+
+@pytest.fixture(scope="module")
+def setup():
+    """A tiny target and draft, and a sequence whose continuation follows the draft's own chains for a random
+    number of tokens, then leaves them: an untrained draft matches a tiny target's text almost never, and the
+    estimates must be checked at every depth."""
+    config, params = tiny_model(vocab=31, scale=0.6)
+    drafter = LongSpecDrafter(TreeConfig((1, 1, 1, 1)), DraftConfig(window=64))
+    dp = longspec_params(params, config, drafter, pruned=20)
+    rng = np.random.RandomState(2)
+    seq = list(rng.randint(3, 31, P))
+    propose = _proposer(config, params, drafter, dp)
+    while len(seq) < P + NEW + 4:
+        chain = propose(np.asarray(seq, np.int32), len(seq) - 1)
+        k = rng.randint(0, 5)
+        other = [t for t in range(3, 31) if k == 4 or t != chain[k]]
+        seq += list(chain[:k]) + [int(rng.choice(other))]
+    return config, params, drafter, dp, np.asarray(seq[: P + NEW + 4], np.int32)
+
+
+def _proposer(config, params, drafter, dp):
+    """propose(seq, m) -> the chain `drafter` proposes at root m of seq (target cache [0, m), ring below m)."""
+    ctx = DraftContext(params, dp, config, capacity=64)
+
+    @jax.jit
+    def at(buf, n, m):
+        full = engine.start(
+            params,
+            dp,
+            config,
+            drafter,
+            GenerateConfig(max_new_tokens=2, ignore_eos=True),
+            buf,
+            n[None],
+            jax.random.key(0),
+            capacity=64,
+            chunk=16,
+        )
+        init = dataclasses.replace(ctx, prompt_tokens=buf, prompt_lengths=m[None])
+        st = dataclasses.replace(full, cache=dataclasses.replace(full.cache, lengths=m[None]), root=buf[:, m])
+        return drafter.propose(ctx, st, drafter.init(init, st), jax.random.key(0)).tokens[0, 1:]
+
+    def propose(seq, m):
+        buf = np.zeros((1, L), np.int32)
+        buf[0, : len(seq)] = seq
+        return np.asarray(at(jnp.asarray(buf), jnp.int32(len(seq)), jnp.int32(m)))
+
+    return propose
+
+
+def _at(setup, m, sampling):
+    """(ctx, the decode state at root m: target cache [0, m), the draft's ring filled below m)."""
+    config, params, drafter, dp, seq = setup
+    buf = np.zeros((1, L), np.int32)
+    buf[0, : len(seq)] = seq
+    full = engine.start(
+        params,
+        dp,
+        config,
+        drafter,
+        GenerateConfig(max_new_tokens=2, ignore_eos=True),
+        jnp.asarray(buf),
+        jnp.array([len(seq)]),
+        jax.random.key(0),
+        capacity=64,
+        chunk=16,
+    )
+    ctx = DraftContext(params, dp, config, capacity=64, sampling=sampling)
+    init = dataclasses.replace(ctx, prompt_tokens=jnp.asarray(buf), prompt_lengths=jnp.array([m]))
+    root = jnp.asarray(buf)[:, m]
+    st = dataclasses.replace(full, cache=dataclasses.replace(full.cache, lengths=jnp.array([m])), root=root)
+    return ctx, st, drafter.init(init, st)
+
+
+def test_greedy_chain_estimates_are_what_a_chain_proposal_accepts(setup):
+    """T = 0: at every root, depth d of the estimate is accepted exactly when the 4-token chain proposed there
+    matches the continuation through depth d (the draft at the d-th successor with the target d tokens
+    behind); the first level and a 2-token chain likewise. Lag 1 at every depth (a biased estimate) differs."""
+    config, params, drafter, dp, seq = setup
+    toks = jnp.asarray(seq[None, : P + NEW])
+    got = {k: np.asarray(v) for k, v in first_level(params, config, dp, drafter.draft, toks, NEW, 0.0).items()}
+    propose = _proposer(config, params, drafter, dp)
+    accepted = []
+    for i in range(NEW):
+        m = P - 1 + i  # root i sits at position m and predicts seq[m + 1]
+        ok = propose(seq, m) == seq[m + 1 : m + 5]
+        accepted.append(int(np.cumprod(ok).sum()))
+    accepted = np.asarray(accepted)
+    # The estimate counts depths past the continuation's end as unmatched: compare the roots with 4 successors.
+    full = slice(0, NEW - 3)
+    np.testing.assert_array_equal(got["first"], (accepted >= 1).astype(np.float32))
+    np.testing.assert_array_equal(got["chain4"][full], 1.0 + accepted[full])
+    np.testing.assert_array_equal(got["chain2"][: NEW - 1], 1.0 + np.minimum(accepted, 2)[: NEW - 1])
+    assert (accepted == 0).any() and (accepted >= 3).any(), "the fixture must reach every depth, and miss"
+    assert np.all(got["top2"] >= got["first"])
+    padded = jnp.zeros((1, 40), jnp.int32).at[:, : P + NEW].set(toks)  # padding after the text changes nothing
+    again = first_level(params, config, dp, drafter.draft, padded, NEW, 0.0, length=jnp.int32(P + NEW))
+    for k, v in got.items():
+        np.testing.assert_array_equal(np.asarray(again[k]), v, err_msg=k)
+
+    import lsjax.methods.longspec.model as dl
+
+    real = dl.draft_forward_train
+
+    def lag_one(*a):  # every depth drafted with the target one token behind: not what a chain sees
+        return real(*a[:-1], jnp.int32(1))
+
+    dl.draft_forward_train = lag_one
+    try:
+        bad = np.asarray(first_level(params, config, dp, drafter.draft, toks, NEW, 0.0)["chain4"])
+    finally:
+        dl.draft_forward_train = real
+    assert (bad[full] != 1.0 + accepted[full]).any()
+
+
+def test_sampled_estimate_is_the_overlap_of_p_and_the_roots_q(setup):
+    """T > 0: `sampled` is sum_x min(p, q) with q the draft's processed distribution at the root (as
+    `propose_with_root_q` gives it) and p the target's at that temperature; `match` is p at q's argmax."""
+    config, params, drafter, dp, seq = setup
+    temp = 0.8
+    toks = jnp.asarray(seq[None, : P + NEW])
+    got = {k: np.asarray(v) for k, v in first_level(params, config, dp, drafter.draft, toks, NEW, temp).items()}
+    sampling = SamplingConfig(temperature=temp)
+    for i in (0, 5, NEW - 1):
+        m = P - 1 + i
+        ctx, st, ring = _at(setup, m, sampling)
+        _, logq = drafter.propose_with_root_q(ctx, st, ring, jax.random.key(0))
+        q = np.exp(np.asarray(logq)[0])
+        h = target_features(params, config, toks[:, : m + 1], jnp.arange(m + 1)[None])["hidden"]
+        p = np.asarray(jax.nn.softmax(target_logits(params, config, h[:, -1], None)[0] / temp))
+        np.testing.assert_allclose(got["sampled"][i], np.minimum(p, q).sum(), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got["match"][i], p[np.argmax(q)], rtol=1e-4, atol=1e-5)
+    assert np.all((got["sampled"] > 0) & (got["sampled"] <= 1 + 1e-5))
+
+
+def test_summary_means_per_draft_and_temperature():
+    rows = [
+        {"prompt": "a", "draft": "x", "T": 0.0, "first": 0.2, "top2": 0.3, "chain2": 1.2, "chain4": 1.3},
+        {"prompt": "b", "draft": "x", "T": 0.0, "first": 0.4, "top2": 0.5, "chain2": 1.4, "chain4": 1.5},
+        {"prompt": "a", "draft": "x", "T": 1.0, "sampled": 0.3, "match": 0.2},
+    ]
+    s = summarize(rows)
+    assert s[("x", 0.0)]["first"] == pytest.approx(0.3) and s[("x", 0.0)]["prompts"] == 2
+    assert s[("x", 1.0)] == {"sampled": 0.3, "match": 0.2, "prompts": 1}
