@@ -168,3 +168,21 @@ def test_summary_means_per_draft_and_temperature():
     s = summarize(rows)
     assert s[("x", 0.0)]["first"] == pytest.approx(0.3) and s[("x", 0.0)]["prompts"] == 2
     assert s[("x", 1.0)] == {"sampled": 0.3, "match": 0.2, "prompts": 1}
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--draft", "no/such/draft"], "--draft no/such/draft: no such directory"),
+        (["--new-tokens", "3"], "--new-tokens: must be >= 8"),
+        (["--temperatures", "-1"], "--temperatures: must be >= 0"),
+    ],
+)
+def test_bad_options_are_one_line_before_the_model_loads(argv, says, capsys):
+    from lsjax.bench import draft_accept
+
+    with pytest.raises(SystemExit) as e:
+        draft_accept.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert says in err[-1]

@@ -111,7 +111,9 @@ def main(argv=None) -> int:
     from lsjax.prompts import BUCKETS, TASKS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--draft", action="append", help="a draft directory (repeat to compare; default: the shipped one)")
+    p.add_argument(
+        "--draft", action="append", help="a draft directory, or `shipped` (repeat to compare; default: shipped)"
+    )
     p.add_argument("--suite", choices=("dev", "heldout"), default="dev")
     p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
     p.add_argument("--buckets", nargs="+", choices=list(BUCKETS), default=["1K-2K", "2K-4K"])
@@ -126,6 +128,11 @@ def main(argv=None) -> int:
         p.error(f"--per-cell: must be >= 1, got {args.per_cell}")
     if any(t < 0 for t in args.temperatures):
         p.error(f"--temperatures: must be >= 0, got {args.temperatures}")
+    from pathlib import Path
+
+    for d in args.draft or []:  # before the model loads
+        if d != "shipped" and not Path(d).is_dir():
+            p.error(f"--draft {d}: no such directory (a draft directory, or `shipped`)")
 
     import jax
     import jax.numpy as jnp
@@ -133,6 +140,7 @@ def main(argv=None) -> int:
     from lsjax.bench.suites import encode, load_suite
     from lsjax.config import GenerateConfig, SamplingConfig
     from lsjax.engine.host import Generator
+    from lsjax.errors import LsjaxError
     from lsjax.loading import load_model
     from lsjax.methods import registry
     from lsjax.methods.longspec.checkpoint import load_longspec
@@ -140,9 +148,12 @@ def main(argv=None) -> int:
 
     model = load_model()
     drafts = {}
-    for d in args.draft or [None]:
-        drafter, dp = load_longspec(model, d, "1")
-        drafts[d or "shipped"] = (drafter.draft, dp)
+    for d in args.draft or ["shipped"]:
+        try:
+            drafter, dp = load_longspec(model, None if d == "shipped" else d, "1")
+        except LsjaxError as e:
+            p.error(f"--draft {d}: {e}")
+        drafts[d] = (drafter.draft, dp)
     ar = Generator(
         model.config,
         jax.tree.map(jnp.asarray, target.prepare_for_decode(model.params, model.config)),
