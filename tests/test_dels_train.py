@@ -188,3 +188,7 @@ def test_block_drafter_trains_from_the_feature_cache_and_loads(tmp_path):
     params, dcfg, bcfg, meta = load_block_draft(tmp_path / "block", tiny)
     assert bcfg.block_size == 4 and dcfg.window == 8 and params["vocab_ids"].shape == (48,)
     assert "mask_embed" in params and meta["training"]["steps"] == 40
+    from lsjax.config import ConfigError
+
+    with pytest.raises(ConfigError, match="loss.distill_on"):  # LongSpec's whole-text distillation is not DeLS's
+        fit(block_cfg(tmp_path, feature_set, loss={"distill_on": "text"}), log=lambda *_: None)

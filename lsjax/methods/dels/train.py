@@ -110,7 +110,7 @@ def make_step(config, cfg: TrainConfig, optimizer, vocab_ids):
             sums = micro_block_losses(p, target_params, config, cfg, m, k, vocab_ids)
             return objective(sums), sums
 
-        zeros = {k: jnp.zeros((), jnp.float32) for k in ("ce", "distill", "correct", "weight")}
+        zeros = {k: jnp.zeros((), jnp.float32) for k in ("ce", "distill", "correct", "weight", "distill_weight")}
         grads, sums = accumulate_grads(loss_fn, state.params, (micro, keys), zeros)
         w = jnp.maximum(sums["weight"], 1e-6)
         grads = jax.tree.map(lambda g: g / w, grads)  # the mean over the step's weighted targets
@@ -185,6 +185,8 @@ def _setup(cfg: TrainConfig, open_run_dir, log):
         raise ConfigError("features.set: kind block trains from the shared target-feature cache; name a set")
     if cfg.loss.distill == "kl":
         raise ConfigError("loss.distill: kind block distills to the target's argmax (argmax) or not at all (none)")
+    if cfg.loss.distill_on != "answers":
+        raise ConfigError("loss.distill_on: kind block distills where its blocks' CE is (answers) only")
     s = cfg.block.block_size
     if cfg.data.seq_len < s + 2 + cfg.dels.num_anchors:
         raise ConfigError(f"dels.num_anchors: {cfg.dels.num_anchors} anchors of {s}-token blocks need longer sequences")

@@ -41,8 +41,8 @@ def lm_losses(
     With `vocab_ids` [Vd] the logits cover only those tokens and labels outside them get weight 0.
     distill "argmax": CE on `target_labels` [B, T] (or the argmax of the target's logits from
     `target_hidden`); "kl": KL(target || draft) from `target_hidden` [B, T, D] (over the pruned vocabulary,
-    renormalised, when pruned), weighed by `distill_weights` [B, T] (default: `weights`; labels outside a
-    pruned vocabulary do not remove a position from it). Each chunk's [B, C, V] logits are rematerialised in
+    renormalised, when pruned), weighed by `distill_weights` [B, T] (default: `weights`; a data label outside a
+    pruned vocabulary does not remove a position from it, a target argmax outside it does). Each chunk's [B, C, V] logits are rematerialised in
     the backward pass.
     """
     B, T, D = hidden.shape
