@@ -44,58 +44,46 @@ def setup():
     return config, params, drafter, dp, np.asarray(seq[: P + NEW + 4], np.int32)
 
 
-def _proposer(config, params, drafter, dp):
-    """propose(seq, m) -> the chain `drafter` proposes at root m of seq (target cache [0, m), ring below m)."""
-    ctx = DraftContext(params, dp, config, capacity=64)
-
-    @jax.jit
-    def at(buf, n, m):
-        full = engine.start(
-            params,
-            dp,
-            config,
-            drafter,
-            GenerateConfig(max_new_tokens=2, ignore_eos=True),
-            buf,
-            n[None],
-            jax.random.key(0),
-            capacity=64,
-            chunk=16,
-        )
-        init = dataclasses.replace(ctx, prompt_tokens=buf, prompt_lengths=m[None])
-        st = dataclasses.replace(full, cache=dataclasses.replace(full.cache, lengths=m[None]), root=buf[:, m])
-        return drafter.propose(ctx, st, drafter.init(init, st), jax.random.key(0)).tokens[0, 1:]
-
-    def propose(seq, m):
-        buf = np.zeros((1, L), np.int32)
-        buf[0, : len(seq)] = seq
-        return np.asarray(at(jnp.asarray(buf), jnp.int32(len(seq)), jnp.int32(m)))
-
-    return propose
-
-
-def _at(setup, m, sampling):
-    """(ctx, the decode state at root m: target cache [0, m), the draft's ring filled below m)."""
-    config, params, drafter, dp, seq = setup
-    buf = np.zeros((1, L), np.int32)
-    buf[0, : len(seq)] = seq
+def _state_at(config, params, drafter, dp, buf, n, m, sampling=SamplingConfig()):
+    """(ctx, the decode state at root m of buf [1, L] (n tokens): target cache [0, m), the draft's ring below m)."""
     full = engine.start(
         params,
         dp,
         config,
         drafter,
         GenerateConfig(max_new_tokens=2, ignore_eos=True),
-        jnp.asarray(buf),
-        jnp.array([len(seq)]),
+        buf,
+        n[None],
         jax.random.key(0),
         capacity=64,
         chunk=16,
     )
     ctx = DraftContext(params, dp, config, capacity=64, sampling=sampling)
-    init = dataclasses.replace(ctx, prompt_tokens=jnp.asarray(buf), prompt_lengths=jnp.array([m]))
-    root = jnp.asarray(buf)[:, m]
-    st = dataclasses.replace(full, cache=dataclasses.replace(full.cache, lengths=jnp.array([m])), root=root)
+    init = dataclasses.replace(ctx, prompt_tokens=buf, prompt_lengths=m[None])
+    st = dataclasses.replace(full, cache=dataclasses.replace(full.cache, lengths=m[None]), root=buf[:, m])
     return ctx, st, drafter.init(init, st)
+
+
+def _padded(seq):
+    buf = np.zeros((1, L), np.int32)
+    buf[0, : len(seq)] = seq
+    return jnp.asarray(buf), jnp.int32(len(seq))
+
+
+def _proposer(config, params, drafter, dp):
+    """propose(seq, m) -> the chain `drafter` proposes at root m of seq."""
+
+    @jax.jit
+    def at(buf, n, m):
+        ctx, st, ring = _state_at(config, params, drafter, dp, buf, n, m)
+        return drafter.propose(ctx, st, ring, jax.random.key(0)).tokens[0, 1:]
+
+    return lambda seq, m: np.asarray(at(*_padded(seq), jnp.int32(m)))
+
+
+def _at(setup, m, sampling):
+    config, params, drafter, dp, seq = setup
+    return _state_at(config, params, drafter, dp, *_padded(seq), jnp.int32(m), sampling)
 
 
 def test_greedy_chain_estimates_are_what_a_chain_proposal_accepts(setup):
