@@ -30,8 +30,8 @@ import json
 import numpy as np
 
 T0_KEYS = ("first", "top2", "chain2", "chain4")
-PAD = 1024  # sequences are padded to a multiple of this: one compiled program per padded length
 T1_KEYS = ("sampled", "match")
+PAD = 1024  # sequences are padded to a multiple of this: one compiled program per padded length
 
 
 def first_level(
