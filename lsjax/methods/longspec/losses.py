@@ -42,8 +42,8 @@ def lm_losses(
     distill "argmax": CE on `target_labels` [B, T] (or the argmax of the target's logits from
     `target_hidden`); "kl": KL(target || draft) from `target_hidden` [B, T, D] (over the pruned vocabulary,
     renormalised, when pruned), weighed by `distill_weights` [B, T] (default: `weights`; a data label outside a
-    pruned vocabulary does not remove a position from it, a target argmax outside it does). Each chunk's [B, C, V] logits are rematerialised in
-    the backward pass.
+    pruned vocabulary does not remove a position from it, a target argmax outside it does). Each chunk's
+    [B, C, V] logits are rematerialised in the backward pass.
     """
     B, T, D = hidden.shape
     C = min(chunk_size, T)
