@@ -89,7 +89,9 @@ class CheckConfig:
     budget_s: float = 480.0
     kernel_T: tuple[int, ...] = (1, 16, 69, 256)
     contexts: tuple[int, ...] = (8192, 32768, 131072)
-    step_sizes: tuple[int, ...] = (1, 8, 32, 69, 128)  # each size compiles the whole forward once
+    # Each size compiles the whole forward once. 48 and 64 bracket the jump the first H200 check saw between 32
+    # nodes (1.13x) and 69 (1.68x; 128: 1.78x): a matmul tile boundary would make a 64-node tree the GPU's pick.
+    step_sizes: tuple[int, ...] = (1, 8, 32, 48, 64, 69, 128)
     max_new_tokens: int = 128
     e2e_methods: tuple[str, ...] = ("longspec", "pld", "auto")
     # Prompts per method: the bundled one (chat) and cuts of the same document as plain continuations, all in
