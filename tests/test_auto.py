@@ -569,6 +569,21 @@ def test_profile_is_keyed_by_device_model_backend_and_candidates(tmp_path, monke
     )
 
 
+def test_a_cpu_profile_names_the_processor_and_its_cores(monkeypatch):
+    class Dev:
+        def __init__(self, platform, kind):
+            self.platform, self.device_kind = platform, kind
+
+    assert auto_profile.device_name(Dev("gpu", "NVIDIA H200")) == "NVIDIA H200"
+    here = auto_profile.device_name(Dev("cpu", "cpu"))
+    assert here.startswith("cpu ") and here != "cpu "
+    monkeypatch.setattr(auto_profile.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7, 8}, raising=False)
+    wider = auto_profile.device_name(Dev("cpu", "cpu"))
+    assert wider.endswith(" x9") and wider != here
+    paths = {auto_profile.profile_path(k, "SmolLM2", "auto", NAMES) for k in (here, wider)}
+    assert len(paths) == 2
+
+
 def test_profile_is_measured_once_then_read(tmp_path):
     path, calls = tmp_path / "p.json", []
 

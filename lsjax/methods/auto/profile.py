@@ -6,9 +6,10 @@
 A profile is measured with the very program that decodes: the compiled `auto` loop run with one candidate
 forced (`PolicyState.force`) for a few steps on a copy of the prefilled state, candidates interleaved and
 repeated, median per candidate. So it costs no compile and sees the real context length, cache layout and
-sampling. Files live in `$LSJAX_PROFILE_DIR` (default `~/.cache/lsjax/profiles/`), one per device kind,
-model configuration (shapes and dtype: a bf16 step costs other ratios than an fp32 one), backend and candidate
-set, holding one entry per context bucket and sampling mode (greedy or sampled trees verify differently).
+sampling. Files live in `$LSJAX_PROFILE_DIR` (default `~/.cache/lsjax/profiles/`), one per device kind (on a
+CPU its model and core count: `device_name`), model configuration (shapes and dtype: a bf16 step costs other
+ratios than an fp32 one), backend and candidate set, holding one entry per context bucket and sampling mode
+(greedy or sampled trees verify differently).
 
 A profile is never used silently where it may not hold: a corrupt file, one of another format, candidate set
 or lsjax version, and an entry whose AR step no longer takes what it took when measured (checked at every
@@ -61,6 +62,27 @@ def prior_costs(drafter) -> np.ndarray:
 
 def profile_dir() -> Path:
     return Path(os.environ.get("LSJAX_PROFILE_DIR") or Path.home() / ".cache" / "lsjax" / "profiles")
+
+
+def device_name(device) -> str:
+    """What the profile is keyed by: the runtime's `device_kind`, which on a CPU is just "cpu", so there the
+    processor's model and the cores this process may use are added: a profile measured on one CPU (an AMD EPYC
+    runs a 2-row verification at 1.13-1.16x a 1-row one, a Xeon at 1.25-1.31x) is not read on another that
+    shares the home directory."""
+    if device.platform != "cpu":
+        return device.device_kind
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    if not model:
+        import platform
+
+        model = platform.processor() or platform.machine()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"cpu {model} x{cores}"
 
 
 def profile_path(device_kind: str, model: str, backend: str, candidates: tuple[str, ...], model_sig: str = "") -> Path:
@@ -252,7 +274,7 @@ def profile_costs(
     if mode == "prior":
         return prior
     names = drafter.cost_names
-    path = profile_path(jax.devices()[0].device_kind, model_name, backend, names, model_sig)
+    path = profile_path(device_name(jax.devices()[0]), model_name, backend, names, model_sig)
     key = entry_key(bucket, gen.sampling.greedy or not gen.sampling.sample_drafts)
     if decode is None:  # nothing to check or measure with yet: the cached entry as it stands, else the prior
         entries, _ = load_profile(path, names, lsjax_version())
