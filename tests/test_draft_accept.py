@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 
 from lsjax import engine
-from lsjax.bench.draft_accept import first_level, summarize
+from lsjax.bench.draft_accept import first_level, summarize, two_wide
 from lsjax.config import DraftConfig, GenerateConfig, SamplingConfig
+from lsjax.engine import verify
 from lsjax.engine.types import DraftContext
 from lsjax.methods.longspec.drafter import LongSpecDrafter
 from lsjax.train.features import target_features, target_logits
-from lsjax.tree import TreeConfig
+from lsjax.tree import Tree, TreeConfig
 from tests.test_speculative import longspec_params
 from tests.tiny import tiny_model
 
@@ -145,6 +146,68 @@ def test_sampled_estimate_is_the_overlap_of_p_and_the_roots_q(setup):
         np.testing.assert_allclose(got["sampled"][i], np.minimum(p, q).sum(), rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(got["match"][i], p[np.argmax(q)], rtol=1e-4, atol=1e-5)
     assert np.all((got["sampled"] > 0) & (got["sampled"] <= 1 + 1e-5))
+
+
+def _two_wide_by_enumeration(p, q):
+    """Recursive rejection sampling over two children drawn from q without replacement, every pair
+    enumerated: p [V] (may leave mass outside q's support, as p outside a pruned vocabulary), q [V]."""
+    total = 0.0
+    for c1 in range(len(q)):
+        a = min(1.0, p[c1] / q[c1])
+        r = np.maximum(p - q, 0.0) / (1.0 - np.minimum(p, q).sum())  # p's mass outside q's support counts
+        q2 = q.copy()
+        q2[c1] = 0.0
+        q2 /= q2.sum()
+        second = sum(q2[c2] * min(1.0, r[c2] / q2[c2]) for c2 in range(len(q)) if q2[c2] > 0)
+        total += q[c1] * (a + (1 - a) * second)
+    return total
+
+
+def test_two_wide_is_what_recursive_rejection_sampling_accepts():
+    """`sampled2` against every pair of children enumerated, then against the engine's verification run on
+    two-child sampled trees many times: a variant that forgets to drop the first child from q fails."""
+    rng = np.random.RandomState(0)
+    for trial in range(6):
+        V = 6 + trial
+        q = rng.dirichlet(np.full(V, 0.5 + trial * 0.3))
+        p_full = rng.dirichlet(np.full(V + 2, 0.7))  # two tokens outside the draft's vocabulary
+        p = p_full[:V]
+        got = float(two_wide(jnp.asarray(p)[None], jnp.asarray(q)[None])[0])
+        np.testing.assert_allclose(got, _two_wide_by_enumeration(p, q), rtol=1e-5)
+        assert np.minimum(p, q).sum() <= got <= p.sum() + 1e-6
+    # The engine's walk over root + two sampled children, 20000 draws of the children and of the walk; the
+    # last two tokens are outside the draft's vocabulary (q = 0 there).
+    V = 9
+    q = np.concatenate([rng.dirichlet(np.ones(V - 2)), np.zeros(2)])
+    p = rng.dirichlet(np.ones(V) * 0.6)
+    n = 20000
+    keys = jax.random.split(jax.random.key(1), n)
+
+    def walk(key):
+        kc, kw = jax.random.split(key)
+        kids = jax.random.choice(kc, V, (2,), replace=False, p=jnp.asarray(q))
+        tree = Tree(
+            tokens=jnp.concatenate([jnp.zeros(1, jnp.int32), kids.astype(jnp.int32)])[None],
+            parents=jnp.asarray([[-1, 0, 0]], jnp.int32),
+            depth=jnp.asarray([[0, 1, 1]], jnp.int32),
+            valid=jnp.ones((1, 3), bool),
+            mask=jnp.asarray([[[1, 0, 0], [1, 1, 0], [1, 0, 1]]], bool),
+            logq=jnp.broadcast_to(jnp.log(jnp.asarray(q, jnp.float32)), (1, 3, V)),  # -inf outside
+            sampled=jnp.asarray([[False, True, True]]),
+        )
+        logits = jnp.broadcast_to(jnp.log(jnp.asarray(p, jnp.float32)), (1, 3, V))
+        return verify.accept(tree, logits, SamplingConfig(temperature=1.0), kw, 1)[1][0]
+
+    rate = float(jnp.mean(jax.jit(jax.vmap(walk))(keys)))
+    want = float(two_wide(jnp.asarray(p[:-2])[None], jnp.asarray(q[:-2])[None])[0])
+    se = np.sqrt(want * (1 - want) / n)
+    assert abs(rate - want) < 4 * se, (rate, want)
+    one = float(np.minimum(p, q).sum())
+    assert want - one > 8 * se  # the second child adds more than the test can miss
+    # A variant that keeps the first child in q for the second draw disagrees with the enumeration.
+    r = np.maximum(p - q, 0) / (1 - one)
+    wrong = one + np.sum(np.maximum(q - p, 0)) * np.minimum(r, q).sum()
+    assert abs(wrong - want) > 8 * se
 
 
 def test_summary_means_per_draft_and_temperature():

@@ -12,8 +12,10 @@ draft passes over prompt + continuation give, at every root of the continuation:
   with the target's cache d tokens behind (cross-attention lag d), which is what a chain drafts there once
   depths 1 .. d - 1 matched.
 - T > 0: the probability that rejection sampling accepts a child drawn from the draft's q (`sampled`:
-  sum_x min(p(x), q(x)), p and q at that temperature, q over the draft's vocabulary), and that a deterministic
-  child (q's argmax) matches the target's draw (`match`: p(argmax q)).
+  sum_x min(p(x), q(x)), p and q at that temperature, q over the draft's vocabulary), that recursive rejection
+  sampling accepts one of two children drawn from q without replacement (`sampled2`: what a two-wide sampled
+  first level buys, `two_wide`), and that a deterministic child (q's argmax) matches the target's draw
+  (`match`: p(argmax q)).
 
 Each root's value is exact (T = 0: what a proposal there accepts, tested against `propose`; T > 0: the
 acceptance probability itself, not a draw), so two drafts compared on the same continuations differ by what
@@ -30,8 +32,37 @@ import json
 import numpy as np
 
 T0_KEYS = ("first", "top2", "chain2", "chain4")
-T1_KEYS = ("sampled", "match")
+T1_KEYS = ("sampled", "sampled2", "match")
 PAD = 1024  # sequences are padded to a multiple of this: one compiled program per padded length
+
+
+def two_wide(p_in, q):
+    """[...] the probability that recursive rejection sampling (`lsjax.engine.verify`) accepts one of two
+    children drawn from q without replacement, given p_in [..., Vd] (the target's p on the draft's vocabulary,
+    its mass outside it left out) and q [..., Vd] (> 0 everywhere, sums to 1).
+
+    The first child c is accepted with probability min(1, p(c)/q(c)), on average a1 = sum min(p, q). Rejected,
+    the residual is r = max(p - q, 0) / (1 - a1) whatever c was (and r(c) = 0: only a c with p(c) < q(c) is
+    ever rejected), the second child is drawn from q without c, q(x) s with s = 1 / (1 - q(c)), and accepted
+    with probability f(s) = sum_x min(r(x), s q(x)). So the answer is a1 + sum_c max(q(c) - p(c), 0) f(1 / (1 -
+    q(c))); f at every s comes from the ratios r/q sorted once: f(s) = sum of r where r/q <= s, plus s times
+    the sum of q where r/q > s."""
+    import jax
+    import jax.numpy as jnp
+
+    def one(p, q):
+        a1 = jnp.sum(jnp.minimum(p, q))
+        r = jnp.maximum(p - q, 0.0) / jnp.maximum(1.0 - a1, 1e-12)
+        order = jnp.argsort(r / q)
+        ratio, r_s, q_s = (r / q)[order], r[order], q[order]
+        r_below = jnp.concatenate([jnp.zeros(1), jnp.cumsum(r_s)])  # r summed over the i smallest ratios
+        q_above = jnp.sum(q_s) - jnp.concatenate([jnp.zeros(1), jnp.cumsum(q_s)])
+        s = 1.0 / jnp.maximum(1.0 - q, 1e-12)
+        i = jnp.searchsorted(ratio, s, side="right")
+        return a1 + jnp.sum(jnp.maximum(q - p, 0.0) * (r_below[i] + s * q_above[i]))
+
+    flat = jax.vmap(one)(p_in.reshape(-1, p_in.shape[-1]), q.reshape(-1, q.shape[-1]))
+    return flat.reshape(p_in.shape[:-1])
 
 
 def first_level(
@@ -92,6 +123,7 @@ def first_level(
     best = jnp.argmax(q_logits, axis=-1)
     return {
         "sampled": jnp.sum(jnp.minimum(p_in, q), axis=-1),
+        "sampled2": two_wide(p_in, q),
         "match": jnp.take_along_axis(p_in, best[:, None], axis=-1)[:, 0],
     }
 
@@ -101,10 +133,10 @@ def summarize(rows: list[dict]) -> dict:
     out: dict = {}
     for r in rows:
         out.setdefault((r["draft"], r["T"]), []).append(r)
-    return {
-        k: {m: float(np.mean([r[m] for r in v])) for m in (T0_KEYS if k[1] == 0 else T1_KEYS)} | {"prompts": len(v)}
-        for k, v in out.items()
-    }
+    def keys(k, v):  # rows written before a key existed (`sampled2`) lack it
+        return [m for m in (T0_KEYS if k[1] == 0 else T1_KEYS) if all(m in r for r in v)]
+
+    return {k: {m: float(np.mean([r[m] for r in v])) for m in keys(k, v)} | {"prompts": len(v)} for k, v in out.items()}
 
 
 def main(argv=None) -> int:
