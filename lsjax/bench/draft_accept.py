@@ -133,6 +133,7 @@ def summarize(rows: list[dict]) -> dict:
     out: dict = {}
     for r in rows:
         out.setdefault((r["draft"], r["T"]), []).append(r)
+
     def keys(k, v):  # rows written before a key existed (`sampled2`) lack it
         return [m for m in (T0_KEYS if k[1] == 0 else T1_KEYS) if all(m in r for r in v)]
 
