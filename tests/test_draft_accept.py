@@ -175,6 +175,10 @@ def test_two_wide_is_what_recursive_rejection_sampling_accepts():
         got = float(two_wide(jnp.asarray(p)[None], jnp.asarray(q)[None])[0])
         np.testing.assert_allclose(got, _two_wide_by_enumeration(p, q), rtol=1e-5)
         assert np.minimum(p, q).sum() <= got <= p.sum() + 1e-6
+    # q underflowed to 0 on part of the draft's vocabulary: the residual lives there, no second child can take it.
+    assert float(
+        two_wide(jnp.asarray([[0.5, 0.3, 0.2, 0.0]]), jnp.asarray([[0.6, 0.4, 0.0, 0.0]]))[0]
+    ) == pytest.approx(0.8)
     # The engine's walk over root + two sampled children, 20000 draws of the children and of the walk; the
     # last two tokens are outside the draft's vocabulary (q = 0 there).
     V = 9

@@ -39,7 +39,7 @@ PAD = 1024  # sequences are padded to a multiple of this: one compiled program p
 def two_wide(p_in, q):
     """[...] the probability that recursive rejection sampling (`lsjax.engine.verify`) accepts one of two
     children drawn from q without replacement, given p_in [..., Vd] (the target's p on the draft's vocabulary,
-    its mass outside it left out) and q [..., Vd] (> 0 everywhere, sums to 1).
+    its mass outside it left out) and q [..., Vd] (sums to 1).
 
     The first child c is accepted with probability min(1, p(c)/q(c)), on average a1 = sum min(p, q). Rejected,
     the residual is r = max(p - q, 0) / (1 - a1) whatever c was (and r(c) = 0: only a c with p(c) < q(c) is
@@ -53,8 +53,9 @@ def two_wide(p_in, q):
     def one(p, q):
         a1 = jnp.sum(jnp.minimum(p, q))
         r = jnp.maximum(p - q, 0.0) / jnp.maximum(1.0 - a1, 1e-12)
-        order = jnp.argsort(r / q)
-        ratio, r_s, q_s = (r / q)[order], r[order], q[order]
+        ratio = jnp.where(q > 0, r / jnp.where(q > 0, q, 1.0), jnp.inf)  # q underflows to 0 in a long fp32 tail
+        order = jnp.argsort(ratio)
+        ratio, r_s, q_s = ratio[order], r[order], q[order]
         r_below = jnp.concatenate([jnp.zeros(1), jnp.cumsum(r_s)])  # r summed over the i smallest ratios
         q_above = jnp.sum(q_s) - jnp.concatenate([jnp.zeros(1), jnp.cumsum(q_s)])
         s = 1.0 / jnp.maximum(1.0 - q, 1e-12)
