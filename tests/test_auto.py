@@ -584,6 +584,18 @@ def test_a_cpu_profile_names_the_processor_and_its_cores(monkeypatch):
     assert len(paths) == 2
 
 
+def test_a_profile_measured_on_another_device_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("LSJAX_PROFILE_DIR", str(tmp_path))
+    epyc = auto_profile.profile_path("cpu AMD EPYC 9B14 x2", "SmolLM2", "auto", NAMES)
+    xeon = auto_profile.profile_path("cpu Intel(R) Xeon(R) Processor x2", "SmolLM2", "auto", NAMES)
+    assert auto_profile.measured_elsewhere(xeon) == []
+    auto_profile.write_profile(epyc, NAMES, {"2048/greedy": [0.07, 0.1, 0.12]}, {})
+    auto_profile.write_profile(auto_profile.profile_path("cpu x", "Llama-3", "auto", NAMES), NAMES, {}, {})
+    auto_profile.write_profile(auto_profile.profile_path("cpu y", "SmolLM2", "auto", NAMES[:2]), NAMES[:2], {}, {})
+    assert auto_profile.measured_elsewhere(xeon) == ["cpu_AMD_EPYC_9B14_x2"]  # not another model or candidate set
+    assert auto_profile.measured_elsewhere(epyc) == []
+
+
 def test_profile_is_measured_once_then_read(tmp_path):
     path, calls = tmp_path / "p.json", []
 

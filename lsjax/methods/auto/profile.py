@@ -14,7 +14,8 @@ ratios than an fp32 one), backend and candidate set, holding one entry per conte
 A profile is never used silently where it may not hold: a corrupt file, one of another format, candidate set
 or lsjax version, and an entry whose AR step no longer takes what it took when measured (checked at every
 start from a few forced AR steps: a profile measured while the machine was busy skews every ratio) are
-measured again, with one line saying why. Never fatal.
+measured again, with one line saying why; so is a profile missing for this device that another device (another
+CPU model sharing the directory) has. Never fatal.
 
 Only ratios matter to the policy (it maximises tokens per second), so the prior is in units of one AR step:
 verification ratios measured with `lsjax.bench.tree_cost` on a 2-core CPU at 1K context (1.21x / 1.35x /
@@ -91,6 +92,22 @@ def profile_path(device_kind: str, model: str, backend: str, candidates: tuple[s
     sig = hashlib.sha1((",".join(candidates) + (f"|{model_sig}" if model_sig else "")).encode()).hexdigest()[:10]
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{device_kind}--{model}--{backend}")
     return profile_dir() / f"{safe}--{sig}.json"
+
+
+def measured_elsewhere(path: Path) -> list[str]:
+    """The devices (as their file names spell them) that have a profile for the same model, backend and
+    candidates as `path` in its directory, `path`'s own device excepted: a profile that is missing here
+    but exists for another device is a machine change worth one line, not a silent first measurement."""
+    device, *rest = path.name[: -len(".json")].rsplit("--", 3)
+    if len(rest) != 3:
+        return []
+    tail = "--" + "--".join(rest) + ".json"
+    found = []
+    for other in sorted(path.parent.glob(f"*{tail}")) if path.parent.is_dir() else []:
+        name = other.name[: -len(tail)]
+        if name != device and "--" not in name:
+            found.append(name)
+    return found
 
 
 def lsjax_version() -> str:
@@ -276,6 +293,12 @@ def profile_costs(
     names = drafter.cost_names
     path = profile_path(device_name(jax.devices()[0]), model_name, backend, names, model_sig)
     key = entry_key(bucket, gen.sampling.greedy or not gen.sampling.sample_drafts)
+    if decode is not None and mode == "cached" and not path.exists() and (others := measured_elsewhere(path)):
+        print(
+            f"[lsjax] auto's cost profile exists for {', '.join(others)}, not for this device"
+            f" ({device_name(jax.devices()[0])}): measuring it here",
+            file=sys.stderr,
+        )
     if decode is None:  # nothing to check or measure with yet: the cached entry as it stands, else the prior
         entries, _ = load_profile(path, names, lsjax_version())
         return np.asarray(entries.get(key, prior), np.float32)
