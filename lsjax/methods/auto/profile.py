@@ -291,12 +291,13 @@ def profile_costs(
     if mode == "prior":
         return prior
     names = drafter.cost_names
-    path = profile_path(device_name(jax.devices()[0]), model_name, backend, names, model_sig)
+    device = device_name(jax.devices()[0])
+    path = profile_path(device, model_name, backend, names, model_sig)
     key = entry_key(bucket, gen.sampling.greedy or not gen.sampling.sample_drafts)
     if decode is not None and mode == "cached" and not path.exists() and (others := measured_elsewhere(path)):
         print(
             f"[lsjax] auto's cost profile exists for {', '.join(others)}, not for this device"
-            f" ({device_name(jax.devices()[0])}): measuring it here",
+            f" ({device}): measuring it here",
             file=sys.stderr,
         )
     if decode is None:  # nothing to check or measure with yet: the cached entry as it stands, else the prior
