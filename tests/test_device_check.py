@@ -27,7 +27,9 @@ def test_dry_run_writes_every_part(tmp_path, capsys):
     kernels = parts["kernels"]["rows"]
     assert {r["kernel"] for r in kernels} == {"prefix", "tree", "tree-causal", "invariant"}
     assert {r["dtype"] for r in kernels} == {"bfloat16", "float32"} and all(r["ok"] for r in kernels)
-    assert all(r["identical"] for r in parts["e2e"]["rows"])
+    e2e = parts["e2e"]["rows"]  # greedy rows compare outputs; sampled ones time T = 1 and compare nothing
+    assert [(r["temperature"], r["identical"]) for r in e2e] == [(0.0, True), (1.0, None)]
+    assert e2e[1]["prompts_identical"] == "sampled" and e2e[1]["speedup"] > 0 and e2e[1]["invariant_rows"] == 0
     assert set(parts["step"]["rows"][0]["vs_ar"]) == {"1", "4"}  # JSON keys
     assert "## Goals" in md and "| kernels within" in md
     assert "[kernels] prefix" in capsys.readouterr().out  # progress as it goes
@@ -65,6 +67,13 @@ def test_bad_options_are_one_line(capsys):
     assert device.main(["--dry", "--parts", "kernels,nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["lsjax.bench.device: error: parts: unknown part 'nope'; choose from kernels, e2e, bandwidth, step"]
+    assert device.main(["--dry", "--e2e-temperatures", "0,hot"]) == 2
+    assert capsys.readouterr().err.strip() == "lsjax.bench.device: error: --e2e-temperatures: comma-separated numbers"
+    assert device.main(["--dry", "--e2e-temperatures", "0,-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "lsjax.bench.device: error: e2e_temperatures: must be numbers in [0, 10], at least one; got (0.0, -1.0)"
+    ]
 
 
 def test_llama_shapes_and_read_bytes():
@@ -91,8 +100,9 @@ def test_e2e_compares_every_prompt_and_names_the_first_difference(monkeypatch):
 
     monkeypatch.setattr(host.Generator, "run", run)
     rep = device.run(device.CheckConfig.for_dry_run(parts=("e2e",)), log=lambda s: None)
-    (row,) = rep.parts["e2e"]["rows"]
+    row, sampled = rep.parts["e2e"]["rows"]
     assert (row["identical"], row["prompts_identical"], row["first_difference"]) == (False, "1/2", 3)
+    assert sampled["temperature"] == 1 and sampled["identical"] is None  # a sample that differs is no failure
     assert rep.failures() == [
         "pld (float32): output differs from AR's on 1/2 prompts identical, first difference at new token 3"
     ]
@@ -109,3 +119,30 @@ def test_the_tuning_sweep_times_each_variant():
     rep = device.run(cfg, log=lambda s: None)
     sweep = rep.parts["bandwidth"]["sweep"]
     assert [r["tuning"] for r in sweep] == [{}, {"block_k": 128}] and all(r["us"] > 0 for r in sweep)
+
+
+def test_goals_judge_greedy_rows_and_sampled_auto():
+    """The speed-and-identity goals read the T = 0 rows (the first dtype's); a sampled `auto` row is judged
+    on speed alone (issue 36's 1.1x)."""
+    rep = device.Report(device.CheckConfig.for_dry_run(parts=("e2e",)), log=lambda s: None)
+
+    def row(method, t, speedup, identical, dtype="bfloat16"):
+        seen = "sampled" if identical is None else ("2/2" if identical else "1/2")
+        return dict(
+            method=method, dtype=dtype, temperature=t, speedup=speedup, identical=identical,
+            prompts_identical=seen, first_difference=None if identical is not False else 7,
+        )  # fmt: skip
+
+    rep.parts["e2e"]["rows"] = [
+        row("auto", 0.0, 1.4, True),
+        row("longspec", 0.0, 1.2, False),
+        row("auto", 0.0, 0.5, True, dtype="float32"),  # a second dtype's row is not the goal's
+        row("auto", 1.0, 1.05, None),
+    ]
+    got = {g: (m, ok) for g, m, ok in device.goals(rep)}
+    assert got["`auto` faster than AR, identical output"] == ("1.40x, identical", True)
+    assert got["`longspec` faster than AR, identical output"] == ("1.20x, DIFFERENT", False)
+    assert got["`auto` sampled at T=1 >= 1.1x AR"] == ("1.05x", False)
+    assert rep.failures() == [
+        "longspec (bfloat16): output differs from AR's on 1/2 prompts identical, first difference at new token 7"
+    ]
