@@ -69,6 +69,9 @@ def test_bad_options_are_one_line(capsys):
     assert err == ["lsjax.bench.device: error: parts: unknown part 'nope'; choose from kernels, e2e, bandwidth, step"]
     assert device.main(["--dry", "--e2e-temperatures", "0,hot"]) == 2
     assert capsys.readouterr().err.strip() == "lsjax.bench.device: error: --e2e-temperatures: comma-separated numbers"
+    assert device.main(["--dry", "--e2e-methods", "auto,nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["lsjax.bench.device: error: e2e_methods: unknown method 'nope'; choose from longspec, pld, auto"]
     assert device.main(["--dry", "--e2e-temperatures", "0,-1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [

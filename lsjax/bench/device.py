@@ -80,6 +80,7 @@ VERSIONED = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "libtpu"
 # In order of what a short lease must not miss: correctness first (kernels, then outputs equal AR's end to end),
 # then the speed curves; `--budget-s` skips what the time does not reach.
 PARTS = ("kernels", "e2e", "bandwidth", "step")
+E2E_METHODS = ("longspec", "pld", "auto")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +96,7 @@ class CheckConfig:
     # nodes (1.13x) and 69 (1.68x; 128: 1.78x): a matmul tile boundary would make a 64-node tree the GPU's pick.
     step_sizes: tuple[int, ...] = (1, 8, 32, 48, 64, 69, 128)
     max_new_tokens: int = 128
-    e2e_methods: tuple[str, ...] = ("longspec", "pld", "auto")
+    e2e_methods: tuple[str, ...] = E2E_METHODS
     # Prompts per method: the bundled one (chat) and cuts of the same document as plain continuations, all in
     # one prompt bucket (one compile); one prompt catches few of the rounding differences bf16 can hide.
     e2e_prompts: int = 4
@@ -116,6 +117,9 @@ class CheckConfig:
         bad = [p for p in self.parts if p not in PARTS]
         if bad:
             raise ValueError(f"parts: unknown part {bad[0]!r}; choose from {', '.join(PARTS)}")
+        bad = [m for m in self.e2e_methods if m not in E2E_METHODS] or ([] if self.e2e_methods else ["(none)"])
+        if bad:
+            raise ValueError(f"e2e_methods: unknown method {bad[0]!r}; choose from {', '.join(E2E_METHODS)}")
         bad = [d for d in self.e2e_dtypes if d not in TOLERANCE]
         if bad:
             raise ValueError(f"e2e_dtypes: unknown dtype {bad[0]!r}; choose from bfloat16, float32")
@@ -721,12 +725,15 @@ def _check_e2e(rep: Report, dtype: str, temperatures: tuple[float, ...]) -> None
     numerics = {0: "", "auto": ", batch-invariant over the rows each method fits"}.get(
         cfg.e2e_invariant_rows, f", batch-invariant over {cfg.e2e_invariant_rows} rows"
     )
+    if 0 not in temperatures:
+        numerics = ""
+    elif any(temperatures):
+        numerics += numerics and " at T = 0"
     rep.note(
         "e2e",
         f"{model.config.name} ({model.config.dtype}{numerics}), prompts of {lengths} tokens, {gen.max_new_tokens} new",
     )
     plain = Generator(model.config, model.params)  # the speed baseline: AR as fast as it runs
-    plain.run(prompts[0], gen)  # compiles
     ars = {0: plain}  # rows -> the output baseline: AR in those numerics
 
     def on_rows(rows: int):
@@ -743,8 +750,7 @@ def _check_e2e(rep: Report, dtype: str, temperatures: tuple[float, ...]) -> None
     for t in temperatures:
         # T > 0 runs in plain numerics against plain AR: samples are not compared, only speed and tau are
         g_t = gen if t == 0 else dataclasses.replace(gen, sampling=SamplingConfig(temperature=float(t)))
-        if t:
-            plain.run(prompts[0], g_t)  # compiles
+        plain.run(prompts[0], g_t)  # compiles
         for name in cfg.e2e_methods:
             opts = methods[name]
             if rep.over_budget("e2e", f"{name} ({dtype}, T={t:g})"):
@@ -981,6 +987,9 @@ def main(argv=None) -> int:
     p.add_argument("--e2e-prompts", type=int, default=None, help="end to end: prompts per method (4; dry 2)")
     p.add_argument("--e2e-dtypes", default=None, help="end to end: comma-separated bf16,fp32 (default bf16; dry fp32)")
     p.add_argument(
+        "--e2e-methods", default=None, help="end to end: comma-separated subset of longspec,pld,auto (default all)"
+    )
+    p.add_argument(
         "--e2e-temperatures",
         default=None,
         help="end to end: comma-separated temperatures (default 0,1: T > 0 rows time sampled decoding, first dtype)",
@@ -1020,6 +1029,8 @@ def main(argv=None) -> int:
                 print("lsjax.bench.device: error: --e2e-invariant-rows: an int or auto", file=sys.stderr)
                 return 2
         kw["e2e_invariant_rows"] = rows
+    if args.e2e_methods is not None:
+        kw["e2e_methods"] = tuple(x for x in args.e2e_methods.split(",") if x)
     if args.e2e_temperatures is not None:
         try:
             kw["e2e_temperatures"] = tuple(float(x) for x in args.e2e_temperatures.split(",") if x)
