@@ -13,7 +13,7 @@ import pytest
 
 from lsjax import engine
 from lsjax.artifacts import BF16
-from lsjax.config import GenerateConfig, SamplingConfig
+from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
 from lsjax.engine.types import ARDrafter
 from lsjax.methods.tokenswift import model as th
 from lsjax.methods.tokenswift.drafter import TokenSwiftConfig, TokenSwiftDrafter
@@ -140,3 +140,17 @@ def test_registry_options_reach_the_config():
     assert registry.build("tokenswift", model, **paper, draft_pass="verified")[0].cfg.topk == (3, 3, 3)
     cpu = registry.build("tokenswift", model, heads="zero", ts_preset="cpu", draft_pass="partial")[0].cfg
     assert cpu.topk == (1, 1, 1, 1) and cpu.draft_pass == "partial"
+
+
+@pytest.mark.parametrize(
+    "kw, says",
+    [
+        (dict(kv_budget=3), "tokenswift.kv_budget: must be > kv_sink=16 (the first positions always kept), got 3"),
+        (dict(kv_sink=-1), "tokenswift.kv_sink: must be an integer >= 0, got -1"),
+    ],
+)
+def test_a_budget_below_the_sink_names_the_budget(kw, says):
+    """--kv-budget 3 is the flag a user set; the error names it, not the sink default they never saw."""
+    with pytest.raises(ConfigError) as e:
+        TokenSwiftConfig(**kw)
+    assert str(e.value) == says

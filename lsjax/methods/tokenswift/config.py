@@ -42,9 +42,15 @@ class TokenSwiftConfig:
         )
         _positive_int(self.kv_budget, "tokenswift.kv_budget")
         _check(
-            isinstance(self.kv_sink, int) and 0 <= self.kv_sink < self.kv_budget,
+            isinstance(self.kv_sink, int) and self.kv_sink >= 0,
             "tokenswift.kv_sink",
-            f"must be an integer in [0, kv_budget={self.kv_budget}), got {self.kv_sink!r}",
+            f"must be an integer >= 0, got {self.kv_sink!r}",
+        )
+        # Named as the budget: the sink is a default most users never set, the budget a flag they did.
+        _check(
+            self.kv_budget > self.kv_sink,
+            "tokenswift.kv_budget",
+            f"must be > kv_sink={self.kv_sink} (the first positions always kept), got {self.kv_budget}",
         )
         _check(
             isinstance(self.ngram_topk, int) and self.ngram_topk >= 0,
