@@ -32,6 +32,7 @@ def test_dry_run_writes_every_part(tmp_path, capsys):
     assert e2e[1]["prompts_identical"] == "sampled" and e2e[1]["speedup"] > 0 and e2e[1]["invariant_rows"] == 0
     assert set(parts["step"]["rows"][0]["vs_ar"]) == {"1", "4"}  # JSON keys
     assert "## Goals" in md and "| kernels within" in md
+    assert "every T = 0 output identical to AR's; the T > 0 rows are samples, timed and not compared" in md
     assert "[kernels] prefix" in capsys.readouterr().out  # progress as it goes
 
 
