@@ -163,18 +163,28 @@ class Ticker:
     `every` seconds (a log, a pipe, `--json`)."""
 
     def __init__(self, label: str, every: float = 5.0):
-        self.label, self.every, self.tty = label, every, sys.stderr.isatty()
+        self.every, self.tty = every, sys.stderr.isatty()
+        self._state = (label, 0.0)  # (label, start): one tuple, so the thread never pairs a new label with an old start
         self._stop = threading.Event()
 
+    @property
+    def label(self) -> str:
+        return self._state[0]
+
+    @label.setter
+    def label(self, label: str):
+        self._state = (label, self._state[1])
+
     def __enter__(self):
-        self._t0 = time.perf_counter()
+        self._state = (self.label, time.perf_counter())
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
 
     def _run(self):
         while not self._stop.wait(1.0 if self.tty else self.every):
-            line = f"[lsjax] {self.label}: {time.perf_counter() - self._t0:.0f}s"
+            label, t0 = self._state
+            line = f"[lsjax] {label}: {time.perf_counter() - t0:.0f}s"
             sys.stderr.write(f"\r{line}\033[K" if self.tty else line + "\n")
             sys.stderr.flush()
 
@@ -183,7 +193,7 @@ class Ticker:
 
     def restart(self, label: str):
         """Counts again from 0 under a new label."""
-        self.label, self._t0 = label, time.perf_counter()
+        self._state = (label, time.perf_counter())
 
     def stop(self):
         """Ends the ticker (once; later calls do nothing)."""
