@@ -122,6 +122,12 @@ class Drafter:
     def num_nodes(self) -> int:
         return self.tree.num_nodes
 
+    def check_params(self, draft_params, config: ModelConfig) -> str | None:
+        """Why `draft_params` cannot run this drafter on `config`'s target (one line), or None. `lsjax.generate`
+        calls it at trace time (shapes only), so a wrong or missing draft is named before anything runs; the
+        default (a drafter without weights) accepts anything."""
+        return None
+
     def init(self, ctx: DraftContext, state) -> Any:
         return ()
 
@@ -254,6 +260,11 @@ class SpecConfig:
                 f"SpecConfig.gen.max_new_tokens: {self.gen.max_new_tokens} does not fit the model's context window "
                 f"of {self.model.max_position} tokens"
             )
+
+
+# A pytree with no leaves (the config is its tree structure), so plain `jax.jit(lsjax.generate)` treats it as
+# static without `static_argnames`; equal configs share one compiled program either way.
+jax.tree_util.register_static(SpecConfig)
 
 
 def step_keys(key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from lsjax.config import ModelConfig
+from lsjax.models.layers import ParamSpec, shape_problem
 
 VOCAB_IDS, VOCAB_HEAD = "vocab_ids", "vocab_head"  # their names in the file layout (the head is never saved)
 
@@ -71,6 +72,16 @@ class DraftParams:
     def replace_weights(self, **weights) -> DraftParams:
         """The same params with some weights replaced or added (e.g. a block draft's `mask_embed`)."""
         return dataclasses.replace(self, weights={**self.weights, **weights})
+
+
+def weights_problem(params, specs: dict[str, ParamSpec], method: str) -> str | None:
+    """Why `params` cannot be the weights of a `method` draft whose schema is `specs` (one line), or None."""
+    if not isinstance(params, DraftParams | Mapping):
+        return (
+            f"{method} needs its draft's params (a DraftParams or a {{name: array}} dict, as load_draft or "
+            f"registry.build returns them), got {type(params).__name__}"
+        )
+    return shape_problem(DraftParams.of(params).weights, specs)
 
 
 def vocab_head_rows(target_params: dict, config: ModelConfig, vocab_ids) -> jax.Array:

@@ -94,6 +94,15 @@ def check_shapes(params: dict, specs: dict[str, ParamSpec]) -> None:
             raise ShapeMismatchError(f"tensor {path}: expected shape {s.shape}, got {tuple(flat[path].shape)}")
 
 
+def shape_problem(params: dict, specs: dict[str, ParamSpec]) -> str | None:
+    """`check_shapes` as one line (None when `params` fit `specs`), for callers that name the argument."""
+    try:
+        check_shapes(params, specs)
+    except ShapeMismatchError as e:
+        return str(e)
+    return None
+
+
 # ---------------------------------------------------------------------------
 # Layers
 

@@ -27,6 +27,7 @@ tree's ancestor mask) and returns the new tokens' K/V for the caller to commit.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -47,6 +48,7 @@ from lsjax.models.layers import (
     init_from_specs,
     mlp,
     rms_norm,
+    shape_problem,
 )
 from lsjax.rope import apply_rope, inverse_frequencies, rope_angles
 
@@ -111,6 +113,41 @@ def param_specs(config: ModelConfig) -> dict[str, ParamSpec]:
     if not config.tie_embeddings:
         specs["lm_head"] = ParamSpec((D, V), config.dtype, AXES["lm_head"])
     return specs
+
+
+def check_params(params, config: ModelConfig) -> str | None:
+    """Why `params` cannot be the weights of `config`'s target (one line naming the tensor), or None.
+
+    The stacked layout is checked against `param_specs` exactly; the inference layouts (`prepare_for_decode`,
+    `group_for_shards`) by their top-level tensors' shapes, the layer count and each layer tensor's size,
+    which every layout of the same weights keeps. Shapes only: a trace-time check, free under `jax.jit`."""
+    if not isinstance(params, Mapping):
+        return f"expected the target's {{name: array}} dict (lsjax.load_model().params), got {type(params).__name__}"
+    if "layers" not in params:
+        return "tensor layers: missing (not a target's params?)"
+    specs = param_specs(config)
+    layers = params["layers"]
+    if isinstance(layers, Mapping):
+        return shape_problem(params, specs)
+    top = {name: s for name, s in specs.items() if not name.startswith("layers/")}
+    if problem := shape_problem({k: v for k, v in params.items() if k != "layers"}, top):
+        return problem
+    L, D, F = config.num_layers, config.hidden_size, config.intermediate_size
+    QKV = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
+    if len(layers) != L:
+        return f"layers: {len(layers)} of them, the model config has num_layers={L}"
+    sizes = {"attn_norm": D, "mlp_norm": D, "w_qkv": D * QKV, "wo": config.num_heads * config.head_dim * D}
+    sizes |= {"w_gate_up": 2 * D * F, "w_down": F * D} | ({"b_qkv": QKV} if config.qkv_bias else {})
+    for i, layer in enumerate(layers):
+        for name, size in sizes.items():
+            leaves = [layer[n] for n in (name, f"{name}_t") if n in layer]
+            if not leaves:
+                return f"tensor layers[{i}]/{name}: missing"
+            for leaf in leaves:
+                if math.prod(leaf.shape) != size:
+                    shape = tuple(leaf.shape)
+                    return f"tensor layers[{i}]/{name}: shape {shape}, the model config implies {size} elements"
+    return None
 
 
 def lm_head(params: dict, config: ModelConfig, hidden: jax.Array, pad_to: int = 0) -> jax.Array:

@@ -108,6 +108,17 @@ class AutoDrafter(PolicyRules, Drafter):
 
     name = "auto"
 
+    def check_params(self, draft_params, config) -> str | None:
+        if self.longspec is None:
+            return None
+        if not isinstance(draft_params, dict) or "longspec" not in draft_params:
+            return (
+                "auto with a LongSpec draft needs {'longspec': the draft's params, 'costs': ...} as "
+                f"registry.build('auto', ...) returns it, got {type(draft_params).__name__}"
+            )
+        problem = self.longspec.check_params(draft_params["longspec"], config)
+        return None if problem is None else f"['longspec']: {problem}"
+
     def __post_init__(self):
         for field, vals in (("pld_tokens", self.pld_tokens), ("chains", self.chains)):
             if not isinstance(vals, tuple) or not all(isinstance(v, int) and v >= 1 for v in vals):

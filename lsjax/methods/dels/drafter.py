@@ -35,10 +35,10 @@ from lsjax.cache import RingCache
 from lsjax.config import BlockConfig, DraftConfig, LocalHeadConfig
 from lsjax.engine.types import DraftContext, Drafter, Verdict
 from lsjax.methods.dels import local_head as lh
-from lsjax.methods.dels.model import block_hidden
+from lsjax.methods.dels.model import block_hidden, param_specs
 from lsjax.methods.longspec.drafter import LongSpecDrafter
 from lsjax.methods.longspec.model import draft_logits
-from lsjax.models.draft_params import DraftParams
+from lsjax.models.draft_params import DraftParams, weights_problem
 from lsjax.sampling import processed_logprobs
 from lsjax.tree import Tree, TreeConfig, make_tree
 
@@ -114,6 +114,18 @@ class BlockDrafter(Drafter):
     @property
     def tree(self) -> TreeConfig:
         return TreeConfig((self.branches,) * self.block.block_size)
+
+    def check_params(self, draft_params, config) -> str | None:
+        if self.local is None:
+            return weights_problem(draft_params, param_specs(config), "block")
+        parts = ("block", "local", "table", "prior", "in_head", "alpha", "beta")
+        if not isinstance(draft_params, dict) or (missing := [p for p in parts if p not in draft_params]):
+            got = type(draft_params).__name__ if not isinstance(draft_params, dict) else f"no {missing[0]!r}"
+            return f"dels needs the params prepare_dels_params (or registry.build('dels', ...)) makes, got {got}"
+        if problem := weights_problem(draft_params["block"], param_specs(config), "dels"):
+            return f"['block']: {problem}"
+        problem = lh.check_params(draft_params["local"], self.local, config.hidden_size)
+        return None if problem is None else f"['local']: {problem}"
 
     def _block_params(self, ctx: DraftContext) -> DraftParams:
         return DraftParams.of(ctx.draft_params if self.local is None else ctx.draft_params["block"])

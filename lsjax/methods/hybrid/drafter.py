@@ -51,6 +51,9 @@ class HybridDrafter(Drafter):
 
     name = "hybrid"
 
+    def check_params(self, draft_params, config) -> str | None:
+        return self.longspec.check_params(draft_params, config)  # the chain is prompt lookup: no weights
+
     @property
     def tree(self) -> TreeConfig:
         return union_layout(self.pld.num_tokens, self.longspec.tree.widths)[0]

@@ -28,10 +28,10 @@ import jax
 import jax.numpy as jnp
 
 from lsjax.cache import RingCache, ring_write
-from lsjax.config import DraftConfig
+from lsjax.config import DraftConfig, ModelConfig
 from lsjax.engine.types import DraftContext, Drafter, Verdict
-from lsjax.methods.longspec.model import draft_logits, draft_self_kv, draft_step
-from lsjax.models.draft_params import DraftParams
+from lsjax.methods.longspec.model import draft_logits, draft_self_kv, draft_step, param_specs
+from lsjax.models.draft_params import DraftParams, weights_problem
 from lsjax.sampling import processed_logprobs, tree_penalty_mask
 from lsjax.tree import Tree, TreeConfig
 
@@ -48,6 +48,9 @@ class LongSpecDrafter(Drafter):
     draft: DraftConfig = DraftConfig()
 
     name = "longspec"
+
+    def check_params(self, draft_params, config: ModelConfig) -> str | None:
+        return weights_problem(draft_params, param_specs(config), "longspec")
 
     def init(self, ctx: DraftContext, state) -> RingCache:
         """Fill the ring with the draft K/V of the last W prompt tokens (positions [P - W, P))."""

@@ -34,6 +34,7 @@ from lsjax.config import ConfigError
 from lsjax.engine.types import DraftContext, Drafter, Verdict
 from lsjax.methods.streams import model as ss
 from lsjax.models import target
+from lsjax.models.layers import shape_problem
 from lsjax.tree import Tree, TreeConfig, make_tree
 
 STREAMS_AT = ("accepted", "nodes")
@@ -61,6 +62,12 @@ class StreamsDrafter(Drafter):
     streams_at: str = "accepted"
 
     name = "streams"
+
+    def check_params(self, draft_params, config) -> str | None:
+        if not isinstance(draft_params, dict):
+            got = type(draft_params).__name__
+            return f"streams needs its adapters' params (load_streams or registry.build), got {got}"
+        return shape_problem(draft_params, ss.param_specs(config, self.streams))
 
     def __post_init__(self):
         if self.streams_at not in STREAMS_AT:

@@ -50,6 +50,7 @@ from lsjax.methods.tokenswift.config import TokenSwiftConfig
 from lsjax.methods.tokenswift.partial_cache import PartialCache, partial_forward, write_committed
 from lsjax.methods.tokenswift.tree import build_tree, union_config
 from lsjax.models import target
+from lsjax.models.layers import shape_problem
 from lsjax.sampling import apply_penalty, processed_logprobs, window_presence
 from lsjax.tree import Tree, TreeConfig
 
@@ -69,6 +70,12 @@ class TokenSwiftDrafter(Drafter):
     heads: th.HeadsConfig = th.HeadsConfig()
 
     name = "tokenswift"
+
+    def check_params(self, draft_params, config) -> str | None:
+        if not isinstance(draft_params, dict):
+            got = type(draft_params).__name__
+            return f"tokenswift needs its heads' params (load_heads or registry.build), got {got}"
+        return shape_problem(draft_params, th.param_specs(config, self.heads))
 
     def __post_init__(self):
         sets = self.heads.num_heads + (1 if self.cfg.self_draft else 0)
