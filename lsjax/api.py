@@ -1,7 +1,7 @@
 """The jittable entry point for research code: one frozen config, arrays in, arrays out.
 
     cfg = lsjax.SpecConfig(model=model.config, drafter=lsjax.PLDDrafter(), gen=lsjax.GenerateConfig(64))
-    out = jax.jit(lsjax.generate, static_argnames="config")(params, (), prompt_ids, cfg, key)
+    out = jax.jit(lsjax.generate)(params, (), prompt_ids, cfg, key)  # cfg is static (no leaves)
     out.tokens[b, : out.num_tokens[b]]
 
 `generate` composes freely with the caller's own `jax.jit`, `vmap`-free batching

@@ -3,7 +3,7 @@
     mesh = lsjax.mesh.make("model=4")                       # or make(MeshShape(model=4, data=2))
     params, draft_params = lsjax.mesh.place(params, draft_params, config, mesh)
     spec = lsjax.SpecConfig(model=config, drafter=..., gen=..., mesh=mesh)
-    out = jax.jit(lsjax.generate, static_argnames="config")(params, draft_params, prompts, spec, key)
+    out = jax.jit(lsjax.generate)(params, draft_params, prompts, spec, key)
 
 The split is Megatron's: each device holds N/M query heads and K/M KV heads of every layer (their columns of
 the fused q/k/v projection and rows of the output projection), the same KV heads' slice of the K/V cache,
