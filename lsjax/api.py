@@ -52,7 +52,7 @@ def generate(
     generation would pass the context window stops there (`num_tokens` counts only the tokens inside it).
     """
     prompt_ids, prompt_lengths = _check_shapes(prompt_ids, prompt_lengths, config)
-    _check_params_and_key(target_params, draft_params, key, config)
+    engine.check_inputs(target_params, draft_params, key, config)
     B, P = prompt_ids.shape
     weights_dtype = jnp.asarray(target_params["embed"]).dtype if isinstance(target_params, dict) else None
     if weights_dtype is not None and weights_dtype != jnp.dtype(config.model.dtype):
@@ -106,24 +106,6 @@ def _check_shapes(prompt_ids, prompt_lengths, config: SpecConfig):
         if not jnp.issubdtype(prompt_lengths.dtype, jnp.integer):
             raise InputError(f"prompt_lengths: expected integers, got dtype {prompt_lengths.dtype}")
     return prompt_ids, prompt_lengths
-
-
-def _check_params_and_key(target_params, draft_params, key, config: SpecConfig) -> None:
-    """Trace-time checks of what would otherwise fail deep inside the step (a missing tensor as a KeyError, a
-    wrong shape as an einsum error, `()` for a draft as an AttributeError): shapes and types only."""
-    if problem := target.check_params(target_params, config.model):
-        raise InputError(f"target_params: {problem}")
-    if problem := config.drafter.check_params(draft_params, config.model):
-        raise InputError(f"draft_params: {problem}")
-    if not (hasattr(key, "shape") and hasattr(key, "dtype")):
-        raise InputError(f"key: expected a PRNG key (jax.random.key(seed)), got {type(key).__name__}")
-    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
-        if key.shape != ():
-            raise InputError(f"key: expected one PRNG key (shape ()), got a batch of shape {tuple(key.shape)}")
-    elif key.dtype != jnp.uint32 or key.ndim != 1:
-        raise InputError(
-            f"key: expected a PRNG key (jax.random.key(seed)), got a {key.dtype} array of shape {tuple(key.shape)}"
-        )
 
 
 def _check_values(prompt_ids, lengths, config: SpecConfig) -> None:

@@ -148,11 +148,9 @@ def test_a_bad_key_is_named(tiny, key, message):
 
 def test_a_raw_key_is_still_a_key(tiny):
     """The legacy uint32 form (jax.random.PRNGKey) passes the check as the typed one does (the draw takes both)."""
-    from lsjax.api import _check_params_and_key
-
     config, params = tiny
     for key in (jax.random.PRNGKey(5), jax.random.key(5)):
-        assert _check_params_and_key(params, (), key, cfg(config)) is None
+        assert lsjax.engine.check_inputs(params, (), key, cfg(config)) is None
 
 
 def test_a_prompt_width_off_the_chunk_is_named(tiny):

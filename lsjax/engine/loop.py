@@ -26,7 +26,7 @@ from lsjax.cache import KVCache, commit
 from lsjax.config import GenerateConfig, ModelConfig
 from lsjax.engine.step import ar_stretch, context, emit, spec_step, stop_ids
 from lsjax.engine.types import PREFILL_CHUNK, ARDrafter, DecodeState, Drafter, SpecConfig
-from lsjax.errors import LsjaxError
+from lsjax.errors import InputError, LsjaxError
 from lsjax.models import target
 from lsjax.sampling import sample
 
@@ -215,6 +215,26 @@ def check_capacity(capacity: int, prompt_len: int, gen: GenerateConfig, drafter:
         )
 
 
+def check_inputs(target_params, draft_params, key, spec: SpecConfig) -> None:
+    """Raises `InputError` naming what would otherwise fail deep inside the step (a missing tensor as a
+    KeyError, a wrong shape as an einsum error, `()` for a draft as an AttributeError): target params against
+    the model config, draft params against the drafter, the key. Shapes and types only, so free under jit;
+    `start`, `begin` and `lsjax.generate` call it."""
+    if problem := target.check_params(target_params, spec.model):
+        raise InputError(f"target_params: {problem}")
+    if problem := spec.drafter.check_params(draft_params, spec.model):
+        raise InputError(f"draft_params: {problem}")
+    if not (hasattr(key, "shape") and hasattr(key, "dtype")):
+        raise InputError(f"key: expected a PRNG key (jax.random.key(seed)), got {type(key).__name__}")
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        if key.shape != ():
+            raise InputError(f"key: expected one PRNG key (shape ()), got a batch of shape {tuple(key.shape)}")
+    elif key.dtype != jnp.uint32 or key.ndim != 1:
+        raise InputError(
+            f"key: expected a PRNG key (jax.random.key(seed)), got a {key.dtype} array of shape {tuple(key.shape)}"
+        )
+
+
 def start(
     target_params,
     draft_params,
@@ -236,6 +256,7 @@ def start(
     slots = dict(drafter=drafter, gen=gen, tokens=tokens, lengths=lengths, key=key)
     static = dict(capacity=capacity, chunk=chunk, backend=backend)
     spec, (tokens, lengths, key) = _spec(config, slots, ("tokens", "lengths", "key"), "start", **static)
+    check_inputs(target_params, draft_params, key, spec)
     capacity = spec.capacity or required_capacity(tokens.shape[1], spec.gen, spec.drafter)
     check_capacity(capacity, tokens.shape[1], spec.gen, spec.drafter)
     if spec.mesh is not None:
@@ -268,6 +289,7 @@ def begin(
     slots = dict(drafter=drafter, gen=gen, tokens=tokens, lengths=lengths, key=key, cache=cache, logits=logits)
     names = ("tokens", "lengths", "key", "cache", "logits")
     spec, (tokens, lengths, key, cache, logits) = _spec(config, slots, names, "begin", backend=backend)
+    check_inputs(target_params, draft_params, key, spec)
     gen = spec.gen
     with mesh_lib.scope(spec.mesh):
         state = init_state(spec.model, gen, cache, logits, key, gen.max_new_tokens)
