@@ -271,3 +271,16 @@ def test_plain_jit_keeps_the_config_static(tiny):
     static = jax.jit(lsjax.generate, static_argnames="config")
     ref = static(params, (), prompt, cfg(config, drafter=lsjax.PLDDrafter(2)), jax.random.key(0), lengths)
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+
+
+def test_the_engine_entry_points_check_too(tiny):
+    """`lsjax.engine.start` (the finer-grained API, and decode.py's host driver) runs the same check."""
+    config, params = tiny
+    spec = cfg(config, drafter=lsjax.LongSpecDrafter(tree=lsjax.TreeConfig((2, 1))))
+    tokens, lengths = jnp.ones((1, CHUNK), jnp.int32), jnp.array([9])
+    with pytest.raises(InputError) as e:
+        lsjax.engine.start(params, (), spec, tokens, lengths, jax.random.key(0))
+    assert one_line(e).startswith("draft_params: longspec needs its draft's params")
+    with pytest.raises(InputError) as e:
+        lsjax.engine.start(params, (), cfg(config), tokens, lengths, 7)
+    assert one_line(e) == "key: expected a PRNG key (jax.random.key(seed)), got int"
