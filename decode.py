@@ -264,6 +264,8 @@ def main(argv=None, *, as_program: bool = False) -> int:
             fail(f"--invariant-rows must be in [0, 1024] (0 = off) or auto, got {args.invariant_rows}")
     if args.invariant_rows and args.mesh:
         fail("--invariant-rows with --mesh: batch-invariant numerics run on one device only for now")
+    if args.mesh and registry.get(method).no_mesh:
+        fail(f"--method {method} with --mesh: it cannot decode on a mesh ({registry.get(method).no_mesh}); drop --mesh")
     # A warning (a kernel falling back to XLA, say) is one line on stderr, not a file:line and a source line.
     warnings.formatwarning = lambda message, category, *_a, **_k: f"decode.py: warning: {message}\n"
     # The engine's imports come after argument parsing, so `--help` and flag errors stay quick.
@@ -301,6 +303,14 @@ def main(argv=None, *, as_program: bool = False) -> int:
     text, chat = read_prompt(args)
     if not text.strip():
         fail("the prompt is empty")
+    mesh = None
+    if args.mesh:  # the mesh against the devices here before the model loads (its heads are checked after)
+        from lsjax import mesh as mesh_lib
+
+        try:
+            mesh = mesh_lib.make(args.mesh)
+        except mesh_lib.MeshError as e:
+            fail(str(e))
 
     try:
         t0 = time.perf_counter()
@@ -324,12 +334,13 @@ def main(argv=None, *, as_program: bool = False) -> int:
                 warnings.warn_explicit(note.message, note.category, note.filename, note.lineno)
         if args.invariant_rows:  # after the build, which reads no numerics setting, since auto sizes it
             rows = invariant_rows_for(drafter) if args.invariant_rows == "auto" else args.invariant_rows
+            if rows < drafter.num_nodes:
+                fail(
+                    f"--invariant-rows {rows}: --method {method} verifies trees of up to {drafter.num_nodes} nodes, "
+                    f"which {rows} rows do not fit; give >= {drafter.num_nodes}, or auto"
+                )
             model = model._replace(config=dataclasses.replace(model.config, invariant_rows=rows))
-        mesh = None
-        if args.mesh:
-            from lsjax import mesh as mesh_lib
-
-            mesh = mesh_lib.make(args.mesh)
+        if mesh is not None:
             mesh_lib.check(model.config, mesh, batch=1)
         generator = Generator(
             model.config, model.params, drafter, draft_params, backend=args.backend, mesh=mesh, program_cache=programs

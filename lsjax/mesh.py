@@ -83,6 +83,11 @@ def make(shape: MeshShape | str, devices=None) -> Mesh:
     shape = MeshShape.parse(shape) if isinstance(shape, str) else shape
     devices = list(jax.devices() if devices is None else devices)
     n = len(devices)
+    if shape.size > n:
+        raise MeshError(
+            f"mesh {shape}: needs {shape.size} devices, {n} {devices[0].platform} device{'s' * (n > 1)} here; "
+            f"model x data must be one of {_divisors(n)}"
+        )
     if n % shape.size:
         raise MeshError(
             f"mesh {shape}: {shape.size} devices do not divide the {n} {devices[0].platform} devices here; "

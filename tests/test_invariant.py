@@ -210,3 +210,15 @@ def test_bf16_speculative_sampling_keeps_the_target_law_under_invariant_numerics
     assert hist[1:].sum() >= 0.2 * N, f"accepted-depth histogram {hist.tolist()}"
     p = distribution_pvalue(samples, probs)
     assert p > 1e-4, f"invariant bf16 speculative samples deviate from the target distribution (p={p:.2e})"
+
+
+def test_a_spec_whose_tree_does_not_fit_the_rows_is_refused_before_tracing():
+    """`SpecConfig` names the rows and the method's largest tree, so nothing is traced or compiled first
+    (decode.py says the same of `--invariant-rows`, tests/test_decode_matrix.py)."""
+    config, _ = tiny_model()
+    rows8 = dataclasses.replace(config, invariant_rows=8)
+    with pytest.raises(
+        ConfigError, match=r"^SpecConfig.model.invariant_rows: 8 rows do not fit pld's largest tree of 9"
+    ):
+        loop.SpecConfig(rows8, GenerateConfig(8), PLDDrafter(num_tokens=8))
+    loop.SpecConfig(rows8, GenerateConfig(8), PLDDrafter(num_tokens=7))  # 8 nodes fit 8 rows

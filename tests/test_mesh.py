@@ -75,7 +75,7 @@ def test_mesh_shapes_and_their_errors():
             mesh_lib.MeshShape.parse(bad)
         assert "\n" not in str(e.value)
     n = jax.device_count()
-    with pytest.raises(mesh_lib.MeshError, match=rf"do not divide the {n} cpu devices.*one of \[1"):
+    with pytest.raises(mesh_lib.MeshError, match=rf"needs {n + 1} devices, {n} cpu devices? here.*one of \[1"):
         mesh_lib.make(f"model={n + 1}")
     config, _ = smol_shaped()
     mesh = mesh_lib.make("model=1")
@@ -181,3 +181,13 @@ def test_sampling_on_a_mesh_keeps_the_target_distribution(tmp_path):
     probs = exact_joint(params, config, PROMPT, SamplingConfig(temperature=1.0))
     p = distribution_pvalue(np.load(samples_path), probs)
     assert p > 1e-4, f"samples on the mesh deviate from the target distribution (p={p:.2e})"
+
+
+def test_a_method_that_cannot_decode_on_a_mesh_is_refused_by_its_spec():
+    from lsjax.methods.streams.drafter import StreamsDrafter
+
+    config, _ = tiny_model()
+    mesh = mesh_lib.make("model=1")
+    with pytest.raises(ConfigError, match=r"^SpecConfig.mesh: streams cannot decode on a mesh \(its streams run"):
+        SpecConfig(config, GenerateConfig(8), StreamsDrafter(), mesh=mesh)
+    SpecConfig(config, GenerateConfig(8), StreamsDrafter())  # on one device it is a valid spec

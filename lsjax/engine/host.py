@@ -162,7 +162,14 @@ class Generator:
             return jax.eval_shape(start_fn, *args, **kwargs)
 
         def lower_decode():
-            return loop.decode_jit.lower(*args, spec, state_shape(), jnp.int32(0))
+            if self.mesh is None:
+                return loop.decode_jit.lower(*args, spec, state_shape(), jnp.int32(0))
+            # On a mesh: for the state as `start` lays it out over the devices (`loop.decode_pinned`).
+            shardings = start.output_shardings
+            placed = jax.tree.map(
+                lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), state_shape(), shardings
+            )
+            return loop.decode_pinned(shardings).lower(*args, spec, placed, jnp.int32(0))
 
         def lower_bridge():
             return loop.bridge_jit.lower(*args, spec, state_shape(), jnp.int32(0))
@@ -393,4 +400,5 @@ class Generator:
             state,
             decode,
             self.config.signature(),
+            str(mesh_lib.shape_of(self.mesh)) if self.mesh is not None else "",
         )

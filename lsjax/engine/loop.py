@@ -168,12 +168,22 @@ def _spec(config, slots: dict, arrays: tuple[str, ...], where: str, **static):
     return config, tuple(out[n] for n in arrays)
 
 
-@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
-def decode_jit(target_params, draft_params, spec: SpecConfig, state, step_limit):
-    """`decode` compiled: spec static, the state donated."""
+def _decode(target_params, draft_params, spec: SpecConfig, state, step_limit):
     with mesh_lib.scope(spec.mesh):
         ctx = context(target_params, draft_params, spec.model, spec.gen, state.cache.capacity, spec.backend)
         return decode_loop(functools.partial(spec_step, ctx, spec.drafter, spec.gen), state, step_limit)
+
+
+decode_jit = jax.jit(_decode, static_argnames=("spec",), donate_argnames=("state",))
+decode_jit.__doc__ = """`decode` compiled: spec static, the state donated."""
+
+
+def decode_pinned(state_shardings):
+    """`decode_jit` whose returned state keeps `state_shardings` (the state's pytree of shardings). On a mesh
+    the host lowers the decode loop for the state `start` returns, with its shardings (not shapes alone, which
+    leave XLA free to pick another layout for the draft's own cache than the one `start` gives it), and pins
+    the output to the same, so the state goes from call to call (streaming, auto's profile) unchanged."""
+    return jax.jit(_decode, static_argnames=("spec",), donate_argnames=("state",), out_shardings=state_shardings)
 
 
 @functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))

@@ -113,6 +113,7 @@ class Drafter:
     tree: TreeConfig  # the shape of the tree verification walks
     extra_hidden_layer: int | None = None
     stretch_limit = 0  # the longest `ar_stretch` (static: its catch-up chain has this many tokens + 1)
+    no_mesh = ""  # why this drafter cannot decode on a mesh (`SpecConfig.mesh` refuses it); "": it can
 
     @property
     def max_depth(self) -> int:
@@ -255,6 +256,17 @@ class SpecConfig:
             if not isinstance(self.mesh, jax.sharding.Mesh):
                 raise ConfigError(f"SpecConfig.mesh: expected a jax Mesh (lsjax.mesh.make), got {self.mesh!r}")
             mesh_lib.check(self.model, self.mesh)
+            if self.drafter.no_mesh:
+                raise ConfigError(
+                    f"SpecConfig.mesh: {self.drafter.name} cannot decode on a mesh ({self.drafter.no_mesh}); "
+                    "decode it on one device (mesh=None)"
+                )
+        rows = self.model.invariant_rows
+        if rows and rows < self.drafter.num_nodes:
+            raise ConfigError(
+                f"SpecConfig.model.invariant_rows: {rows} rows do not fit {self.drafter.name}'s largest tree of "
+                f"{self.drafter.num_nodes} nodes; give >= {self.drafter.num_nodes} (invariant_rows_for(drafter))"
+            )
         if self.gen.max_new_tokens >= self.model.max_position:
             raise ConfigError(
                 f"SpecConfig.gen.max_new_tokens: {self.gen.max_new_tokens} does not fit the model's context window "
@@ -293,6 +305,7 @@ class HostRun:
     state: DecodeState
     decode: Any
     model_sig: str = ""  # the model configuration's signature (shapes, dtype): what a step's cost depends on
+    mesh: str = ""  # the mesh's shape ("model=2,data=1") when the run is split over devices, else ""
 
 
 @runtime_checkable

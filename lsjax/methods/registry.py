@@ -74,6 +74,7 @@ class Method:
     help: str = ""
     uses_draft: bool = False  # reads a trained draft checkpoint (--draft, --tree)
     speculative: bool = True  # proposes tokens; False only for plain AR
+    no_mesh: str = ""  # why it cannot decode on a mesh, for decode.py to say before the model loads; "": it can
 
     def options(self) -> frozenset[str]:
         """The names of the options this method reads (its options' fields, and the names its `from_values`
@@ -126,10 +127,18 @@ _discovered = False
 
 
 def register(
-    name: str, options: type = NoOptions, *, help: str = "", uses_draft=False, speculative=True, replace=False
+    name: str,
+    options: type = NoOptions,
+    *,
+    help: str = "",
+    uses_draft=False,
+    speculative=True,
+    no_mesh: str = "",
+    replace=False,
 ):
     """A decorator registering `build(model, opts, cache)` under `name` with its options dataclass.
-    Re-registering a name raises unless `replace` (a reloaded module re-registering its own builder is fine)."""
+    Re-registering a name raises unless `replace` (a reloaded module re-registering its own builder is fine).
+    `no_mesh`: why the method cannot decode on a mesh (its drafter's `no_mesh` says the same to the API)."""
     if not (dataclasses.is_dataclass(options) and options.__dataclass_params__.frozen):
         raise ConfigError(f"method {name!r}: options must be a frozen dataclass, got {options!r}")
 
@@ -137,7 +146,7 @@ def register(
         old = _METHODS.get(name)
         if old is not None and not replace and old.build.__qualname__ != fn.__qualname__:
             raise ConfigError(f"method: {name!r} is already registered (by {old.build.__module__})")
-        _METHODS[name] = Method(name, fn, options, help, uses_draft, speculative)
+        _METHODS[name] = Method(name, fn, options, help, uses_draft, speculative, no_mesh)
         return fn
 
     return add

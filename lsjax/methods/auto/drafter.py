@@ -222,6 +222,7 @@ class AutoDrafter(PolicyRules, Drafter):
             run.decode,
             self.cost_profile,
             run.model_sig,
+            run.mesh,
         )
         return {**run.draft_params, "costs": jnp.asarray(costs, jnp.float32)}
 

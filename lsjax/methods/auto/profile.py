@@ -279,19 +279,22 @@ def profile_costs(
     decode,
     mode: str = "cached",
     model_sig: str = "",
+    mesh: str = "",
 ) -> np.ndarray:
     """[C] costs of `drafter`'s candidates at this prompt bucket and sampling, for the compiled loop
     `decode(params, draft_params, state, step_limit)` (None: not ready; the cached entry unchecked, else the
     prior) and a prefilled `state`: `mode` "prior" (never measure),
     "cached" (the cached profile, measured once when missing or when it no longer holds: module doc) or
-    "measure" (measure again). `model_sig`: `ModelConfig.signature()`."""
+    "measure" (measure again). `model_sig`: `ModelConfig.signature()`. `mesh`: the mesh's shape when the run is
+    split over devices: part of the device's name, so a profile measured on one device is never read for a
+    mesh (whose steps add all-reduces) or the other way round, and one found only for the other says so."""
     import jax
 
     prior = prior_costs(drafter)
     if mode == "prior":
         return prior
     names = drafter.cost_names
-    device = device_name(jax.devices()[0])
+    device = device_name(jax.devices()[0]) + (f" mesh {mesh}" if mesh else "")
     path = profile_path(device, model_name, backend, names, model_sig)
     key = entry_key(bucket, gen.sampling.greedy or not gen.sampling.sample_drafts)
     if decode is not None and mode == "cached" and not path.exists() and (others := measured_elsewhere(path)):

@@ -1,13 +1,14 @@
 """streams: Speculative Streaming (lossless mode): the verify forward's speculative streams draft the next tree."""
 
 from lsjax.methods.registry import cached, register, register_kind
-from lsjax.methods.streams.config import StreamsOptions
+from lsjax.methods.streams.config import NO_MESH, StreamsOptions
 
 
 @register(
     "streams",
     StreamsOptions,
     help="Speculative Streaming: the verify forward's speculative streams draft the next tree",
+    no_mesh=NO_MESH,
 )
 def build(model, opts: StreamsOptions, cache):
     from lsjax.methods.streams.checkpoint import load_streams_drafter

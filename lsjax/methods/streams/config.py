@@ -7,6 +7,10 @@ import dataclasses
 from lsjax.config import ConfigError
 from lsjax.methods.registry import option
 
+# The streams run the target's own top layers on the one-device weight layout; a mesh holds the grouped,
+# split one (`lsjax.mesh.place`), which they do not read.
+NO_MESH = "its streams run the target's top layers in the one-device weight layout, not the mesh's split one"
+
 
 @dataclasses.dataclass(frozen=True)
 class StreamsOptions:

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from lsjax.config import ConfigError
 from lsjax.engine.types import DraftContext, Drafter, Verdict
 from lsjax.methods.streams import model as ss
+from lsjax.methods.streams.config import NO_MESH
 from lsjax.models import target
 from lsjax.models.layers import shape_problem
 from lsjax.tree import Tree, TreeConfig, make_tree
@@ -62,6 +63,7 @@ class StreamsDrafter(Drafter):
     streams_at: str = "accepted"
 
     name = "streams"
+    no_mesh = NO_MESH
 
     def check_params(self, draft_params, config) -> str | None:
         if not isinstance(draft_params, dict):
