@@ -3,6 +3,7 @@
 The public API — pure functions under `jax.jit`, frozen configs static:
 
     generate, SpecConfig, GenerateOutput          one call: prompts in, tokens out (api.py)
+    pad_prompts                                   id lists -> ids padded to decode.py's widths, lengths
     prefill, spec_step, draft_phase, verify_phase, commit_phase, decode
     ModelConfig, GenerateConfig, SamplingConfig, DraftConfig, TreeConfig
     ARDrafter, PLDDrafter, LongSpecDrafter,       proposers on one verify engine
@@ -12,7 +13,7 @@ The public API — pure functions under `jax.jit`, frozen configs static:
     invariant_rows_for                            the rows batch-invariant numerics need for a drafter
 """
 
-from lsjax.api import GenerateOutput, SpecConfig, generate
+from lsjax.api import GenerateOutput, SpecConfig, generate, pad_prompts
 from lsjax.config import DraftConfig, GenerateConfig, ModelConfig, SamplingConfig
 from lsjax.engine import DecodeState, commit_phase, decode, draft_phase, prefill, spec_step, verify_phase
 from lsjax.engine.types import ARDrafter, Drafter, invariant_rows_for
@@ -45,6 +46,7 @@ __all__ = [
     "generate",
     "invariant_rows_for",
     "load_model",
+    "pad_prompts",
     "prefill",
     "spec_step",
     "verify_phase",

@@ -41,8 +41,12 @@ def generate(
     config: SpecConfig,
     key: jax.Array,
     prompt_lengths: jax.Array | None = None,
+    max_new_tokens: jax.Array | None = None,
 ) -> GenerateOutput:
-    """prompt_ids [B, P] int (right-padded; P a multiple of config.chunk), prompt_lengths [B] int (default P).
+    """prompt_ids [B, P] int (right-padded; P a multiple of config.chunk: `pad_prompts`), prompt_lengths [B] int
+    (default P), max_new_tokens [B] or [] int (default and at most `config.gen.max_new_tokens`, the width of
+    `tokens`): new tokens per row as data, so one compiled program serves every count up to that width, as it
+    serves every prompt of its width.
 
     Checked, raising `lsjax.errors.InputError` (or `ConfigError` for the config): shapes and dtypes always (at
     trace time); values (each length in [1, P], every prompt id in [0, vocab), length + max_new_tokens within
@@ -52,6 +56,7 @@ def generate(
     generation would pass the context window stops there (`num_tokens` counts only the tokens inside it).
     """
     prompt_ids, prompt_lengths = _check_shapes(prompt_ids, prompt_lengths, config)
+    max_new_tokens = _check_max_new(max_new_tokens, prompt_ids.shape[0], config)
     engine.check_inputs(target_params, draft_params, key, config)
     B, P = prompt_ids.shape
     weights_dtype = jnp.asarray(target_params["embed"]).dtype if isinstance(target_params, dict) else None
@@ -65,7 +70,7 @@ def generate(
     if P % config.chunk:
         raise InputError(f"prompt_ids: width {P} must be a multiple of SpecConfig.chunk={config.chunk}; pad it")
     lengths = jnp.full((B,), P, jnp.int32) if prompt_lengths is None else prompt_lengths.astype(jnp.int32)
-    _check_values(prompt_ids, lengths, config)
+    _check_values(prompt_ids, lengths, config, max_new_tokens)
     V = config.model.vocab_size
     in_range = (lengths >= 1) & (lengths <= P)
     pos = jnp.arange(P)[None, :]
@@ -79,7 +84,7 @@ def generate(
     # projections are grouped per shard (a no-op for params `lsjax.mesh.place` already grouped).
     shards = 1 if config.mesh is None else int(config.mesh.shape["model"])
     params = target.group_for_shards(target_params, config.model, shards)
-    state = engine.run(params, draft_params, config, prompt_ids, lengths, key)
+    state = engine.run(params, draft_params, config, prompt_ids, lengths, key, max_new=max_new_tokens)
     room = jnp.maximum(config.model.max_position - lengths, 0)
     num = jnp.where(valid, jnp.minimum(state.num_out, room), 0).astype(jnp.int32)
     return GenerateOutput(state.out, num, state.steps + 1, state.mean_accepted.astype(jnp.float32))
@@ -108,11 +113,55 @@ def _check_shapes(prompt_ids, prompt_lengths, config: SpecConfig):
     return prompt_ids, prompt_lengths
 
 
-def _check_values(prompt_ids, lengths, config: SpecConfig) -> None:
+def _check_max_new(max_new, B: int, config: SpecConfig):
+    """Trace-time checks of `max_new_tokens` (and its values where concrete): [B] or [] integers in
+    [1, config.gen.max_new_tokens]."""
+    if max_new is None:
+        return None
+    if not hasattr(max_new, "shape"):
+        max_new = jnp.asarray(max_new)
+    if tuple(max_new.shape) not in ((), (B,)):
+        raise InputError(f"max_new_tokens: expected shape () or ({B},), got {tuple(max_new.shape)}")
+    if not jnp.issubdtype(max_new.dtype, jnp.integer):
+        raise InputError(f"max_new_tokens: expected integers, got dtype {max_new.dtype}")
+    width = config.gen.max_new_tokens
+    if not isinstance(max_new, jax.core.Tracer):
+        values = np.asarray(max_new).reshape(-1)
+        if values.size and not (values.min() >= 1 and values.max() <= width):
+            raise InputError(
+                f"max_new_tokens: {values.tolist()} must lie in [1, {width}] (config.gen.max_new_tokens, the "
+                "output's width: compile a wider one for more)"
+            )
+    return max_new
+
+
+def pad_prompts(prompts, chunk: int | None = None, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt_ids [B, W] int32, prompt_lengths [B] int32) for `generate`: the prompts (lists of ids) right-padded
+    to the width `decode.py` uses for the longest, the next of 256, 512, 1024, ... (`engine.loop.PROMPT_BUCKETS`,
+    a multiple of `chunk`, default `SpecConfig.chunk`'s), so a jitted `generate` compiles once per width and
+    every prompt up to it reuses the program."""
+    from lsjax.engine.loop import prompt_bucket
+    from lsjax.engine.types import PREFILL_CHUNK
+
+    rows = [list(map(int, p)) for p in prompts]
+    if not rows or any(not r for r in rows):
+        raise InputError("prompts: expected one or more non-empty lists of token ids")
+    width = prompt_bucket(max(map(len, rows)), chunk or PREFILL_CHUNK)
+    ids = np.full((len(rows), width), pad_id, np.int32)
+    for b, r in enumerate(rows):
+        ids[b, : len(r)] = r
+    return ids, np.asarray([len(r) for r in rows], np.int32)
+
+
+def _check_values(prompt_ids, lengths, config: SpecConfig, max_new=None) -> None:
     """Value checks where the arrays are concrete (not traced by the caller's jit)."""
     if isinstance(prompt_ids, jax.core.Tracer) or isinstance(lengths, jax.core.Tracer):
         return
     ids, lens = np.asarray(prompt_ids), np.asarray(lengths)
+    news = np.broadcast_to(
+        np.asarray(config.gen.max_new_tokens if max_new is None or isinstance(max_new, jax.core.Tracer) else max_new),
+        lens.shape,
+    )
     P, V = ids.shape[1], config.model.vocab_size
     for b, n in enumerate(lens.tolist()):
         if not 1 <= n <= P:
@@ -121,8 +170,8 @@ def _check_values(prompt_ids, lengths, config: SpecConfig) -> None:
         bad = row[(row < 0) | (row >= V)]
         if bad.size:
             raise InputError(f"prompt_ids[{b}]: token id {int(bad[0])} is outside the vocabulary [0, {V})")
-        if n + config.gen.max_new_tokens > config.model.max_position:
+        if n + int(news[b]) > config.model.max_position:
             raise InputError(
-                f"prompt_lengths[{b}]: {n} prompt tokens + max_new_tokens {config.gen.max_new_tokens} exceed the "
+                f"prompt_lengths[{b}]: {n} prompt tokens + max_new_tokens {int(news[b])} exceed the "
                 f"context window of {config.model.max_position}"
             )

@@ -85,6 +85,17 @@ def check_prompt(config: ModelConfig, prompt_ids: list[int], max_new_tokens: int
     return min(max_new_tokens, config.max_position - len(prompt_ids))
 
 
+def start_args(buf, P: int, key, gen: GenerateConfig) -> dict:
+    """The arrays a `Generator`'s compiled start program takes for one prompt: its padded ids, length, key and
+    the run's new-token count."""
+    return {
+        "tokens": jnp.asarray(buf),
+        "lengths": jnp.array([P], jnp.int32),
+        "key": key,
+        "max_new": jnp.array([gen.max_new_tokens], jnp.int32),
+    }
+
+
 def exact_on(config: ModelConfig) -> bool:
     """Whether every method's greedy output equals AR's token for token on this backend, whatever the steps'
     shapes: fp32 on a CPU (the lossless tests' setting) or batch-invariant numerics (`invariant_rows`)."""
@@ -152,7 +163,8 @@ class Generator:
         spec = SpecConfig(self.config, gen, drafter, capacity=capacity, backend=self.backend, mesh=self.mesh)
         start_fn = functools.partial(loop.start, config=spec)
         args = (self.params, self.draft_params)
-        kwargs = {"tokens": tokens, "lengths": lengths, "key": key}
+        max_new = jax.ShapeDtypeStruct((1,), jnp.int32)
+        kwargs = {"tokens": tokens, "lengths": lengths, "key": key, "max_new": max_new}
 
         def lower_start():
             return jax.jit(start_fn).lower(*args, **kwargs)
@@ -259,7 +271,8 @@ class Generator:
 
     def _prepare(self, prompt_ids: list[int], gen: GenerateConfig, seed: int, wait=True, background=False):
         """Validates the prompt, caps max_new_tokens to the context, pads the prompt into its bucket and
-        compiles (once per bucket). Returns (gen, P, buf [1, bucket], key, sig, compile_s), the programs in
+        compiles (once per prompt bucket and output width: `loop.new_tokens_bucket`; the count itself is data,
+        `start`'s `max_new`). Returns (gen, P, buf [1, bucket], key, sig, compile_s), the programs in
         `self._compiled[sig]`; `wait=False` leaves a decode program compiling in the background as it is, and
         `background=True` compiles a new one there."""
         max_new = check_prompt(self.config, prompt_ids, gen.max_new_tokens)
@@ -267,9 +280,10 @@ class Generator:
             gen = dataclasses.replace(gen, max_new_tokens=max_new)
         P = len(prompt_ids)
         bucket = loop.prompt_bucket(P)
-        capacity = loop.required_capacity(bucket, gen, self.drafter)
+        width = dataclasses.replace(gen, max_new_tokens=loop.new_tokens_bucket(max_new, self.config.max_position))
+        capacity = loop.required_capacity(bucket, width, self.drafter)
         key = jax.random.key(seed)
-        sig, compile_s = self._compile(bucket, capacity, gen, key, background)
+        sig, compile_s = self._compile(bucket, capacity, width, key, background)
         if wait:
             compile_s += self._ready(sig)
         buf = np.zeros((1, bucket), np.int32)
@@ -305,9 +319,7 @@ class Generator:
         gen, P, buf, key, sig, compile_s = self._prepare(prompt_ids, gen, seed, wait=False)
         start = self._compiled[sig][0]
         t0 = time.perf_counter()
-        state = start(
-            self.params, self.draft_params, tokens=jnp.asarray(buf), lengths=jnp.array([P], jnp.int32), key=key
-        )
+        state = start(self.params, self.draft_params, **start_args(buf, P, key, gen))
         jax.block_until_ready(state.num_out)
         prefill_s = time.perf_counter() - t0
         pending = self._compiled[sig][1]

@@ -41,6 +41,18 @@ def prompt_bucket(length: int, chunk: int = PREFILL_CHUNK) -> int:
     return -(-length // chunk) * chunk
 
 
+NEW_TOKENS_MIN = 256  # the smallest output width a host-driven run compiles for
+
+
+def new_tokens_bucket(max_new_tokens: int, max_position: int) -> int:
+    """The output width (`GenerateConfig.max_new_tokens`, static) a run of `max_new_tokens` new tokens compiles
+    for: the next power of 2 >= max(it, 256), below the context window. The run's own count is data (`start`'s
+    `max_new`), so every length up to the width shares one program, and the cache (prompt bucket + width) takes
+    few sizes: 256, 512, 1024, ..."""
+    width = max(NEW_TOKENS_MIN, 1 << (max(max_new_tokens, 1) - 1).bit_length())
+    return max(max_new_tokens, min(width, max_position - 1))
+
+
 def cache_capacity(prompt_bucket_len: int, max_new_tokens: int, slack: int = PREFILL_CHUNK) -> int:
     """Static cache size: prompt bucket + generation + room for one chunk/tree written past the length."""
     need = prompt_bucket_len + max_new_tokens + slack
@@ -89,10 +101,20 @@ def prefill(
 
 
 def init_state(
-    config: ModelConfig, gen: GenerateConfig, cache: KVCache, last_logits: jax.Array, key: jax.Array, out_len: int
+    config: ModelConfig,
+    gen: GenerateConfig,
+    cache: KVCache,
+    last_logits: jax.Array,
+    key: jax.Array,
+    out_len: int,
+    max_new: jax.Array | None = None,
 ) -> DecodeState:
-    """Samples the first token from the prefill logits and emits it."""
+    """Samples the first token from the prefill logits and emits it. `max_new` ([B] or [] int): the new tokens
+    each row may emit, capped at `out_len` (default `out_len`)."""
     B = last_logits.shape[0]
+    limit = jnp.full((B,), out_len, jnp.int32)
+    if max_new is not None:
+        limit = jnp.clip(jnp.broadcast_to(jnp.asarray(max_new, jnp.int32), (B,)), 1, out_len)
     key, sub = jax.random.split(key)
     # The first generated token has no generated tokens before it: an empty penalty window.
     first = sample(sub, last_logits, gen.sampling, jnp.zeros(last_logits.shape, bool))
@@ -103,7 +125,7 @@ def init_state(
         jnp.zeros((B,), bool),
         first[:, None],
         jnp.ones((B,), jnp.int32),
-        gen,
+        limit,
         stop_ids(config, gen),
     )
     return DecodeState(
@@ -117,6 +139,7 @@ def init_state(
         steps=jnp.zeros((), jnp.int32),
         accepted=jnp.zeros((), jnp.int32),
         active_steps=jnp.zeros((), jnp.int32),
+        limit=limit,
     )
 
 
@@ -258,11 +281,14 @@ def start(
     capacity=None,
     chunk=PREFILL_CHUNK,
     backend="auto",
+    max_new=None,
 ) -> DecodeState:
     """start(target_params, draft_params, spec, tokens, lengths, key): prefill prompts tokens [B, P] (lengths
     [B]), emit the first token, initialise the drafter. Capacity: `spec.capacity`, else what the prompt
-    buffer, the generation and one step need (`required_capacity`). Loose form: start(..., config, drafter,
-    gen, tokens, lengths, key, capacity=, chunk=, backend=)."""
+    buffer, the generation and one step need (`required_capacity`). `max_new` ([B] or [] int array, default
+    `spec.gen.max_new_tokens`): new tokens per row, at most `spec.gen.max_new_tokens`, as data: one compiled
+    program serves every length up to it. Loose form: start(..., config, drafter, gen, tokens, lengths, key,
+    capacity=, chunk=, backend=)."""
     slots = dict(drafter=drafter, gen=gen, tokens=tokens, lengths=lengths, key=key)
     static = dict(capacity=capacity, chunk=chunk, backend=backend)
     spec, (tokens, lengths, key) = _spec(config, slots, ("tokens", "lengths", "key"), "start", **static)
@@ -276,7 +302,7 @@ def start(
         logits, cache = prefill(
             target_params, spec.model, tokens, lengths, cache, chunk=spec.chunk, backend=spec.backend
         )
-        return begin(target_params, draft_params, spec, tokens, lengths, key, cache, logits)
+        return begin(target_params, draft_params, spec, tokens, lengths, key, cache, logits, max_new=max_new)
 
 
 def begin(
@@ -292,17 +318,18 @@ def begin(
     logits=None,
     *,
     backend="auto",
+    max_new=None,
 ) -> DecodeState:
     """begin(target_params, draft_params, spec, tokens, lengths, key, cache, logits): `start` after its
     prefill: emit the first token from the prompts' last logits [B, V] and initialise the drafter. A bench
-    running several methods on one prompt prefills once and begins each from a copy."""
+    running several methods on one prompt prefills once and begins each from a copy. `max_new`: as `start`."""
     slots = dict(drafter=drafter, gen=gen, tokens=tokens, lengths=lengths, key=key, cache=cache, logits=logits)
     names = ("tokens", "lengths", "key", "cache", "logits")
     spec, (tokens, lengths, key, cache, logits) = _spec(config, slots, names, "begin", backend=backend)
     check_inputs(target_params, draft_params, key, spec)
     gen = spec.gen
     with mesh_lib.scope(spec.mesh):
-        state = init_state(spec.model, gen, cache, logits, key, gen.max_new_tokens)
+        state = init_state(spec.model, gen, cache, logits, key, gen.max_new_tokens, max_new)
         ctx = dataclasses.replace(
             context(target_params, draft_params, spec.model, gen, cache.capacity, spec.backend),
             prompt_tokens=tokens,
@@ -329,10 +356,11 @@ def run(
     capacity=None,
     chunk=PREFILL_CHUNK,
     backend="auto",
+    max_new=None,
 ) -> DecodeState:
     """run(target_params, draft_params, spec, tokens, lengths, key): prompts [B, P] -> final DecodeState
-    (`out[:, :num_out]` are the new tokens). Jittable end to end with spec static. Loose form: run(...,
-    config, tokens, lengths, gen, key, drafter, capacity=, chunk=, backend=)."""
+    (`out[:, :num_out]` are the new tokens). Jittable end to end with spec static; `max_new` as `start`.
+    Loose form: run(..., config, tokens, lengths, gen, key, drafter, capacity=, chunk=, backend=)."""
     if isinstance(config, SpecConfig):
         if drafter != ARDrafter():
             raise TypeError("run: the drafter belongs in the SpecConfig, not beside it")
@@ -342,7 +370,7 @@ def run(
         spec = SpecConfig(config, gen, drafter, capacity=capacity, chunk=chunk, backend=backend)
     capacity = spec.capacity or required_capacity(tokens.shape[1], spec.gen, spec.drafter)
     spec = dataclasses.replace(spec, capacity=capacity)
-    state = start(target_params, draft_params, spec, tokens, lengths, key)
+    state = start(target_params, draft_params, spec, tokens, lengths, key, max_new=max_new)
     with mesh_lib.scope(spec.mesh):
         ctx = context(target_params, draft_params, spec.model, spec.gen, capacity, spec.backend)
         step = functools.partial(spec_step, ctx, spec.drafter, spec.gen)

@@ -12,12 +12,11 @@ import time
 import weakref
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from lsjax.config import GenerateConfig
-from lsjax.engine import loop, step
-from lsjax.engine.host import Generator
+from lsjax.engine import step
+from lsjax.engine.host import Generator, start_args
 from lsjax.engine.types import Drafter, SwitchProfiled
 
 # Per generator and shape signature, like its fused programs: profiling many prompts compiles once per bucket.
@@ -48,9 +47,7 @@ def prefilled(generator: Generator, prompt_ids: list[int], gen: GenerateConfig, 
     """(gen capped to the context, the prompt bucket, the state after prefill, (start, decode, drafter)): a
     prompt prefilled by the generator's compiled programs, for callers that step the decode themselves."""
     gen, P, buf, key, compiled, _ = generator.programs_for(prompt_ids, gen, seed)
-    state = compiled[0](
-        generator.params, generator.draft_params, tokens=jnp.asarray(buf), lengths=jnp.array([P], jnp.int32), key=key
-    )
+    state = compiled[0](generator.params, generator.draft_params, **start_args(buf, P, key, gen))
     return gen, buf.shape[1], state, compiled
 
 
@@ -68,9 +65,7 @@ def time_split(
             return generator.drafter.switch_split(generator, prompt_ids, gen, seed)
         return {}
     gen, bucket, state, (_, _, drafter) = prefilled(generator, prompt_ids, gen, seed)
-    draft, verify, commit = _phases(
-        generator, bucket, loop.required_capacity(bucket, gen, generator.drafter), gen, drafter
-    )
+    draft, verify, commit = _phases(generator, bucket, state.cache.capacity, gen, drafter)
     totals = np.zeros(3)
     counted = 0
     for i in range(steps + 1):  # step 0 compiles and is not counted

@@ -54,8 +54,9 @@ def stop_ids(config: ModelConfig, gen: GenerateConfig) -> tuple[int, ...]:
     return tuple(gen.stop_token_ids) + (() if gen.ignore_eos else tuple(config.eos_token_ids))
 
 
-def emit(state_out, num_out, done, tokens, count, gen: GenerateConfig, stops):
-    """Appends tokens [B, A] (the first count[b] valid) to the output buffer, stopping rows at a stop token.
+def emit(state_out, num_out, done, tokens, count, limit, stops):
+    """Appends tokens [B, A] (the first count[b] valid) to the output buffer, stopping rows at a stop token or
+    at `limit` [B] new tokens.
 
     Returns (out, num_out, done, emitted [B]).
     """
@@ -64,15 +65,15 @@ def emit(state_out, num_out, done, tokens, count, gen: GenerateConfig, stops):
     idx = jnp.arange(A)[None, :]
     valid = (idx < count[:, None]) & ~done[:, None]
     is_stop = jnp.isin(tokens, jnp.asarray(stops, jnp.int32)) if stops else jnp.zeros_like(tokens, bool)
-    # A row stops after its first stop token or at max_new_tokens.
+    # A row stops after its first stop token or at its limit.
     stop_before = jnp.cumsum(is_stop & valid, axis=1) - (is_stop & valid)
-    valid = valid & (stop_before == 0) & (num_out[:, None] + idx < gen.max_new_tokens)
+    valid = valid & (stop_before == 0) & (num_out[:, None] + idx < limit[:, None])
     n = jnp.sum(valid, axis=1).astype(jnp.int32)
     pos = jnp.where(valid, num_out[:, None] + idx, M)  # out-of-range writes are dropped
     out = state_out.at[jnp.arange(B)[:, None], pos].set(tokens, mode="drop")
     hit_stop = jnp.any(is_stop & valid, axis=1)
     num_out = num_out + n
-    done = done | hit_stop | (num_out >= gen.max_new_tokens)
+    done = done | hit_stop | (num_out >= limit)
     return out, num_out, done, n
 
 
@@ -85,7 +86,7 @@ def commit_phase(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state
         state.done,
         verdict.emitted(),
         verdict.count,
-        gen,
+        state.limit,
         stop_ids(ctx.config, gen),
     )
     new_state = DecodeState(
@@ -99,6 +100,7 @@ def commit_phase(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state
         accepted=state.accepted + jnp.sum(n),
         active_steps=state.active_steps + jnp.sum(~state.done).astype(jnp.int32),
         draft=state.draft,
+        limit=state.limit,
     )
     draft = drafter.update(ctx, new_state, state.draft, verdict)
     return dataclasses.replace(new_state, draft=draft)
@@ -206,7 +208,7 @@ def ar_stretch(
     def more(s):
         # The last token is left to the step after the stretch, which runs anyway: ending the run inside the
         # stretch would make that step a forward over finished rows.
-        last = jnp.any(~s.done & (s.num_out >= gen.max_new_tokens - 1))
+        last = jnp.any(~s.done & (s.num_out >= s.limit - 1))
         stop = jnp.asarray(drafter.stretch_stop(ctx, start, plan, s) if stoppable else False, bool)
         return (s.steps - steps0 < n) & ~jnp.all(s.done) & ~last & ~stop
 

@@ -211,6 +211,9 @@ class DecodeState:
     # rides along in the remaining forwards but neither commits nor counts).
     active_steps: jax.Array
     draft: Any = ()  # the drafter's state (a pytree; () for AR)
+    # [B] int32: the new tokens each row may emit, at most `out`'s width (`GenerateConfig.max_new_tokens`, static):
+    # a run-time bound, so one program serves every length up to the width (`init_state` sets it).
+    limit: Any = None
 
     @property
     def mean_accepted(self) -> jax.Array:
