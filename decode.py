@@ -30,6 +30,7 @@ import warnings
 from pathlib import Path
 
 DEFAULT_PROMPT = Path(__file__).resolve().parent / "lsjax" / "assets" / "default_prompt.txt"
+LAUNCHED = time.perf_counter()  # before any heavy import: what "seconds since launch" counts from
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, tuple[str, ...]]:
@@ -105,6 +106,16 @@ def build_parser() -> tuple[argparse.ArgumentParser, tuple[str, ...]]:
         "method fits (a power of 2 >= 16: fewer rows, less work per step); default 0 = off",
     )
     p.add_argument("--json", action="store_true", help="no streaming; print one JSON object with the text and timings")
+    p.add_argument(
+        "--precompile",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="WIDTHS",
+        help="generate nothing: make the method's programs for these prompt widths (comma-separated, e.g. "
+        "1024,4096; default every width up to the context window: 256, 512, 1024, ...) and --max-new-tokens, "
+        "and auto's cost profile for each, ready in the compile cache, so later runs start without compiling",
+    )
     p.add_argument(
         "--compile-cache",
         default=None,
@@ -233,6 +244,7 @@ def main(argv=None, *, as_program: bool = False) -> int:
     """decode.py's command line. `as_program`: decode.py is the process (`python decode.py`), so it may set
     process-wide state: JAX's persistent compilation cache. Called from another program (a test), it leaves
     the caller's JAX configuration alone."""
+    launched = LAUNCHED if as_program else time.perf_counter()
     args = parse_args(argv)
     method = args.method or "auto"
     if args.tree is not None and not args.tree.strip():
@@ -351,6 +363,8 @@ def main(argv=None, *, as_program: bool = False) -> int:
             file=sys.stderr,
             flush=True,
         )
+        if args.precompile is not None:
+            return precompile(generator, ids, gen, args, method)
         stream = tok.stream_decoder(skip_special_tokens=True)
         on_tokens = None if args.json else (lambda new: print(stream.push(new), end="", flush=True))
         with Ticker(compiling_label(drafter)) as ticker:
@@ -361,6 +375,7 @@ def main(argv=None, *, as_program: bool = False) -> int:
             else:
                 ticker.restart(f"prefilling {len(ids)} prompt tokens")
             result = generator.run(ids, gen, seed=args.seed, on_tokens=on_tokens, on_ready=ticker.stop)
+        done_at = time.perf_counter()
         result.compile_s += compile_s  # the prefill program's; run added the decode program's
         if not args.json:
             print(stream.flush())
@@ -397,6 +412,14 @@ def main(argv=None, *, as_program: bool = False) -> int:
         "prefill_s": round(result.prefill_s, 3),
         "prefill_alongside_compile": result.prefill_alongside_compile,
         "bridged_steps": result.bridged_steps,
+        # How each program this run used was made ready, and when the method's own decode program took over.
+        "programs": [{"name": p.name, "how": p.how, "s": round(p.seconds, 3)} for p in generator.program_log],
+        "programs_compiled": sum(p.how == "compiled" for p in generator.program_log),
+        "programs_loaded": sum(p.how != "compiled" for p in generator.program_log),
+        # Seconds since launch (the process's start for `python decode.py`): what a user waits.
+        "first_token_s": round(result.first_token_at - launched, 3),
+        "decode_program_in_use_s": round(result.decode_program_at - launched, 3),
+        "last_token_s": round(done_at - launched, 3),
         "decode_s": round(result.decode_s, 3),
         "tokens_per_s": round(result.tokens_per_s, 2),
         "target_forwards": result.target_forwards,
@@ -455,13 +478,73 @@ def main(argv=None, *, as_program: bool = False) -> int:
             f"{prefill_rate}, decode {result.tokens_per_s:.1f} tok/s, "
             f"{result.target_forwards} target forwards (tau {result.mean_accepted:.2f}), "
             f"compile {result.compile_s:.1f}s"
-            + (f" ({result.bridged_steps} AR steps while it loaded)" if result.bridged_steps else ""),
+            + (f" ({result.bridged_steps} AR steps while it loaded)" if result.bridged_steps else "")
+            + f"; programs: {programs_said(generator.program_log)}",
             file=sys.stderr,
         )
     if generator.for_next_start:
         print("[lsjax] compiling the small program the next start decodes with while it loads...", file=sys.stderr)
         generator.store_for_next_start()
     return 0
+
+
+def precompile_widths(text: str, max_position: int) -> list[int]:
+    """The prompt widths `--precompile` makes programs for: the ones given, else every width a prompt that fits
+    the context window can have."""
+    from lsjax.engine.loop import PROMPT_BUCKETS
+
+    if text == "auto":
+        return [b for b in PROMPT_BUCKETS if b < max_position] or [PROMPT_BUCKETS[0]]
+    try:
+        widths = [int(w) for w in text.split(",")]
+    except ValueError:
+        fail(f"--precompile: expected prompt widths like 1024,4096, got {text!r}")
+    bad = [w for w in widths if w not in PROMPT_BUCKETS or w >= max_position]
+    if bad:
+        fits = [b for b in PROMPT_BUCKETS if b < max_position]
+        fail(f"--precompile: {bad[0]} is not a prompt width below the context window; choose from {fits}")
+    return widths
+
+
+def precompile(generator, ids: list[int], gen, args, method: str) -> int:
+    """`--precompile`: for each prompt width, a prompt of that width (the given one's tokens repeated) prefilled
+    and decoded for a few tokens with the programs `--max-new-tokens` compiles: every program is compiled (or
+    found) and stored in the compile cache, and auto measures its cost profile for the width."""
+    import dataclasses
+
+    from lsjax.engine.loop import PROMPT_BUCKETS
+
+    widths = precompile_widths(args.precompile, generator.config.max_position)
+    rows = []
+    t0 = time.perf_counter()
+    generator.warming_up = True  # auto measures each width's own cost profile
+    for i, width in enumerate(widths):
+        lower = max([b for b in PROMPT_BUCKETS if b < width], default=0)
+        n = min(width - 8, generator.config.max_position - 2)
+        prompt = (ids * (n // len(ids) + 1))[: max(n, lower + 1)]
+        fit = dataclasses.replace(gen, max_new_tokens=min(gen.max_new_tokens, generator.config.max_position - n - 1))
+        before = len(generator.program_log)
+        with Ticker(f"precompiling {i + 1}/{len(widths)}: prompt width {width}"):
+            generator.run(prompt, fit, seed=args.seed, max_new=64)
+        made = generator.program_log[before:]
+        generator.store_for_next_start()
+        made += generator.program_log[before + len(made) :]
+        print(f"[lsjax] width {width}: {programs_said(made) or 'already in this process'}", file=sys.stderr)
+        rows.append(
+            {"width": width, "programs": [{"name": p.name, "how": p.how, "s": round(p.seconds, 3)} for p in made]}
+        )
+    summary = {"method": method, "precompiled": rows, "seconds": round(time.perf_counter() - t0, 1)}
+    print(
+        json.dumps(summary)
+        if args.json
+        else f"[lsjax] precompiled {len(widths)} prompt widths in {summary['seconds']:.0f}s"
+    )
+    return 0
+
+
+def programs_said(log) -> str:
+    """'start loaded, decode compiled (46.8s)': how each program was made ready, seconds where they count."""
+    return ", ".join(f"{p.name} {p.how}" + (f" ({p.seconds:.1f}s)" if p.seconds >= 1 else "") for p in log)
 
 
 def compiling_label(drafter) -> str:

@@ -706,3 +706,18 @@ def test_hybrid_and_auto_keep_their_tree_on_a_cpu(tmp_path):
     assert registry.build("hybrid", model, draft="random")[0].longspec.tree.widths == (2, 1, 1)
     assert registry.build("auto", model, draft="random")[0].longspec.tree.widths == (2, 1, 1)
     assert registry.build("hybrid", model, draft="random", tree="1,1")[0].longspec.tree.widths == (1, 1)
+
+
+def test_a_new_prompt_width_borrows_its_nearest_neighbours_profile(tmp_path):
+    """Only ratios steer the policy: a width without an entry takes the nearest width's (same sampling mode)
+    rather than measuring before its first speculative step; its own entry, another mode's or none: no."""
+    path = tmp_path / "p.json"
+    assert auto_profile.borrowed_costs(path, NAMES, 2048, True) is None  # no file
+    entries = {"1024/greedy": [0.1, 0.2, 0.3], "8192/greedy": [0.4, 0.5, 0.6], "2048/sampled": [1.0, 1.0, 1.0]}
+    auto_profile.write_profile(path, NAMES, entries, {})
+    costs, width = auto_profile.borrowed_costs(path, NAMES, 2048, True)
+    assert width == 1024 and np.allclose(costs, [0.1, 0.2, 0.3])
+    assert auto_profile.borrowed_costs(path, NAMES, 4096, True)[1] == 8192  # 2x from 8192, 4x from 1024
+    assert auto_profile.borrowed_costs(path, NAMES, 1024, True) is None  # its own entry is read as it is
+    assert auto_profile.borrowed_costs(path, NAMES, 4096, False)[1] == 2048  # the same sampling mode only
+    assert auto_profile.borrowed_costs(path, NAMES[:2], 2048, True) is None  # other candidates: not this file's

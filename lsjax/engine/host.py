@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import threading
 import time
+import typing
 from collections.abc import Callable
 
 import jax
@@ -57,6 +58,10 @@ class GenerationResult:
     # Plain AR steps the bridge program ran while the drafter's decode program was still loading (`Generator`);
     # they are part of decode_s and target_forwards.
     bridged_steps: int = 0
+    # `time.perf_counter()` when the drafter's own decode program took over (after any bridged steps and its
+    # host tuning): a launcher's "seconds until the speculative program is in use" (`decode.py --json`).
+    decode_program_at: float = 0.0
+    first_token_at: float = 0.0  # `time.perf_counter()` when the first new token was ready (after the prefill)
 
     @property
     def new_tokens(self) -> int:
@@ -107,6 +112,16 @@ def compiler_beside_device() -> bool:
     return jax.default_backend() != "cpu"
 
 
+class ProgramReady(typing.NamedTuple):
+    """A program a `Generator` made ready: its name (start, decode, bridge), how ("loaded" from the program
+    cache, "jax-cache": traced and lowered with XLA's compile read from JAX's persistent cache, "compiled")
+    and the seconds it took."""
+
+    name: str
+    how: str
+    seconds: float
+
+
 class Generator:
     """Compiles prefill + decode for one model and one drafter (AR by default) and runs prompts through them."""
 
@@ -137,6 +152,8 @@ class Generator:
         self._compiled: dict = {}
         self._bridges: dict = {}  # sig -> the bridge program (`bridges`), where there is one
         self._for_next_start: list = []  # (`store_for_next_start`)
+        self.program_log: list[ProgramReady] = []  # every program this generator made ready, in order
+        self.warming_up = False  # `HostRun.warmup`: set by a warm-up (`decode.py --precompile`)
 
     def bridges(self, gen: GenerateConfig) -> bool:
         """Whether plain AR steps (`loop.bridge_jit`, a small program) decode while the drafter's decode program
@@ -187,11 +204,15 @@ class Generator:
             return loop.bridge_jit.lower(*args, spec, state_shape(), jnp.int32(0))
 
         def build(name, lower):
+            t = time.perf_counter()
             if self.programs is None:
-                return lower().compile()
-            # Every program is determined by the spec and the start arguments (the state the decode program and
-            # the bridge take is start's output).
-            return self.programs.get(name, spec, (args, kwargs), lower)
+                program, how = lower().compile(), "compiled"
+            else:
+                # Every program is determined by the spec and the start arguments (the state the decode program
+                # and the bridge take is start's output).
+                program, how = self.programs.fetch(name, spec, (args, kwargs), lower)
+            self.program_log.append(ProgramReady(name, how, time.perf_counter() - t))
+            return program
 
         def timed_decode():
             t = time.perf_counter()
@@ -313,15 +334,21 @@ class Generator:
         on_tokens: Callable[[list[int]], None] | None = None,
         stream_every: int = 8,
         on_ready: Callable[[], None] | None = None,
+        max_new: int | None = None,
     ) -> GenerationResult:
         """Prefills and decodes `prompt_ids`; `on_tokens` gets the new tokens every `stream_every` steps (else
-        the decode runs in one call), `on_ready` is called once the programs are compiled and decoding starts."""
+        the decode runs in one call), `on_ready` is called once the programs are compiled and decoding starts.
+        `max_new`: stop after this many new tokens, running the programs `gen`'s length compiles (a warm-up
+        that makes them, and a `HostTuned` drafter's params, ready for later runs of `gen`)."""
         gen, P, buf, key, sig, compile_s = self._prepare(prompt_ids, gen, seed, wait=False)
+        if max_new is not None and max_new < gen.max_new_tokens:
+            gen = dataclasses.replace(gen, max_new_tokens=max(max_new, 1))
         start = self._compiled[sig][0]
         t0 = time.perf_counter()
         state = start(self.params, self.draft_params, **start_args(buf, P, key, gen))
         jax.block_until_ready(state.num_out)
-        prefill_s = time.perf_counter() - t0
+        first_token_at = time.perf_counter()  # the prefill emits the first token
+        prefill_s = first_token_at - t0
         pending = self._compiled[sig][1]
         alongside = isinstance(pending, concurrent.futures.Future)
         bridge = self._bridges.get(sig) if alongside else None
@@ -357,6 +384,7 @@ class Generator:
             on_ready()
         draft_params = self._draft_params(gen, buf.shape[1], state, decode)
         aside += time.perf_counter() - t_aside
+        decode_at = time.perf_counter()
 
         if on_tokens is None:
             state = decode(self.params, draft_params, state, jnp.int32(gen.max_new_tokens))
@@ -381,6 +409,8 @@ class Generator:
             prefill_s=prefill_s,
             prefill_alongside_compile=alongside,
             bridged_steps=bridged,
+            decode_program_at=decode_at,
+            first_token_at=first_token_at,
             decode_s=decode_s,
             target_forwards=1 + int(state.steps),
             stop_reason="eos" if tokens and tokens[-1] in stops else "max_new_tokens",
@@ -413,4 +443,5 @@ class Generator:
             decode,
             self.config.signature(),
             str(mesh_lib.shape_of(self.mesh)) if self.mesh is not None else "",
+            self.warming_up,
         )

@@ -209,18 +209,24 @@ class ProgramCache:
 
     def get(self, name: str, static, args, lower: Callable[[], jax.stages.Lowered]) -> jax.stages.Compiled:
         """Program `name` for `args`: loaded when this cache holds it, else `lower().compile()`, stored."""
+        return self.fetch(name, static, args, lower)[0]
+
+    def fetch(self, name: str, static, args, lower: Callable[[], jax.stages.Lowered]):
+        """(`get`'s program, how it was had: "loaded" from this cache, "jax-cache" (traced and lowered, XLA's
+        compile read from JAX's persistent cache) or "compiled")."""
         key = program_key(name, static, args)
         if key is None:
-            return lower().compile()
+            made = _compile(lower)
+            return made.program, "jax-cache" if made.from_jax_cache else "compiled"
         path = self.root / f"{name}-{key}{SUFFIX}"
         compiled = self._load(path)
         if compiled is not None:
             self.hits += 1
-            return compiled
+            return compiled, "loaded"
         made = _compile(lower)
         if not made.from_jax_cache or made.jax_bytes is not None:
             self._store(path, made.program, made.jax_bytes)
-        return made.program
+        return made.program, "jax-cache" if made.from_jax_cache else "compiled"
 
     def clear(self) -> None:
         """Removes every program this cache holds."""

@@ -309,6 +309,9 @@ class HostRun:
     decode: Any
     model_sig: str = ""  # the model configuration's signature (shapes, dtype): what a step's cost depends on
     mesh: str = ""  # the mesh's shape ("model=2,data=1") when the run is split over devices, else ""
+    # A warm-up (`decode.py --precompile`): params for exactly this bucket, measured if need be, never borrowed
+    # from a neighbouring bucket's.
+    warmup: bool = False
 
 
 @runtime_checkable

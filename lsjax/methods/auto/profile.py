@@ -151,6 +151,29 @@ def load_profile(path: Path, candidates: tuple[str, ...], version: str | None = 
         return {}, "is unreadable"
 
 
+def borrowed_costs(
+    path: Path, candidates: tuple[str, ...], bucket: int, greedy: bool, version: str | None = None
+) -> tuple[np.ndarray, int] | None:
+    """(costs, the bucket they were measured at): the entry of the nearest prompt bucket (on a log scale; the
+    smaller of two as near) with the same sampling mode, when `bucket` has none; None when the file has no
+    such entry. Only ratios steer the policy, and a neighbour's ratios hold nearly: a new prompt width starts
+    at once with them instead of measuring (~25 s for SmolLM2 on a 2-core CPU) before its first speculative
+    step (`decode.py --precompile WIDTH` measures its own)."""
+    entries, why = load_profile(path, candidates, version)
+    if why or entry_key(bucket, greedy) in entries:
+        return None
+    mode = entry_key(0, greedy).split("/", 1)[1]
+    near = [
+        (abs(np.log2(int(k.split("/")[0]) / bucket)), int(k.split("/")[0]))
+        for k in entries
+        if k.endswith(f"/{mode}") and k.split("/")[0].isdigit() and int(k.split("/")[0]) > 0
+    ]
+    if not near:
+        return None
+    b = min(near)[1]
+    return np.asarray(entries[entry_key(b, greedy)], np.float32), b
+
+
 def write_profile(path: Path, candidates: tuple[str, ...], entries: dict, meta: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -280,6 +303,7 @@ def profile_costs(
     mode: str = "cached",
     model_sig: str = "",
     mesh: str = "",
+    borrow: bool = True,
 ) -> np.ndarray:
     """[C] costs of `drafter`'s candidates at this prompt bucket and sampling, for the compiled loop
     `decode(params, draft_params, state, step_limit)` (None: not ready; the cached entry unchecked, else the
@@ -287,7 +311,9 @@ def profile_costs(
     "cached" (the cached profile, measured once when missing or when it no longer holds: module doc) or
     "measure" (measure again). `model_sig`: `ModelConfig.signature()`. `mesh`: the mesh's shape when the run is
     split over devices: part of the device's name, so a profile measured on one device is never read for a
-    mesh (whose steps add all-reduces) or the other way round, and one found only for the other says so."""
+    mesh (whose steps add all-reduces) or the other way round, and one found only for the other says so.
+    `borrow`: a bucket without its own entry takes its nearest neighbour's, with one line (`borrowed_costs`),
+    instead of measuring first."""
     import jax
 
     prior = prior_costs(drafter)
@@ -303,9 +329,18 @@ def profile_costs(
             f" ({device}): measuring it here",
             file=sys.stderr,
         )
+    greedy = gen.sampling.greedy or not gen.sampling.sample_drafts
+    borrowed = borrowed_costs(path, names, bucket, greedy, lsjax_version()) if borrow and mode == "cached" else None
     if decode is None:  # nothing to check or measure with yet: the cached entry as it stands, else the prior
         entries, _ = load_profile(path, names, lsjax_version())
-        return np.asarray(entries.get(key, prior), np.float32)
+        return np.asarray(entries.get(key, prior if borrowed is None else borrowed[0]), np.float32)
+    if borrowed is not None:
+        print(
+            f"[lsjax] auto's cost profile has no entry for prompt width {bucket} yet: using width "
+            f"{borrowed[1]}'s (decode.py --precompile {bucket} measures its own)",
+            file=sys.stderr,
+        )
+        return borrowed[0]
 
     def measure():
         return measure_costs(decode, params, draft_params, state, prior, names=names)

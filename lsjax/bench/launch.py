@@ -1,0 +1,139 @@
+"""What a user waits for: `python decode.py` as typed, the default method against `--method ar`, launch to last
+token, compilation and loading included, cold and warm, interleaved.
+
+    python -m lsjax.bench.launch --suite dev --buckets 1K-2K 2K-4K --max-new-tokens 200
+    python -m lsjax.bench.launch --prompt-file a.txt --prompt-file b.txt --rounds 2 --json out.json
+
+For every prompt and round, each method (the default, then AR; the order alternates by round) runs:
+- cold: a fresh compile cache and a fresh cost-profile directory (`--compile-cache DIR`, `$LSJAX_PROFILE_DIR`):
+  a first start on a new machine;
+- warm: the method's own cache after a run on another prompt (the suite's previous prompt, of another length
+  and another `--max-new-tokens`), so the programs of its bucket were made by another run: a start as a
+  returning user has it.
+Each run is a `decode.py --json` process: seconds from launch to the first token, until the method's own decode
+program is in use, and to the last token (`first_token_s`, `decode_program_in_use_s`, `last_token_s`), how many
+programs it compiled or loaded, AR steps bridged while it loaded, tau. One row per run; a summary per cell
+(median over rounds) with the default's wall time over AR's. `--no-cold` skips the cold runs (~2 min each for
+auto on a 2-core CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FIELDS = (
+    "first_token_s",
+    "decode_program_in_use_s",
+    "last_token_s",
+    "programs_compiled",
+    "programs_loaded",
+    "bridged_steps",
+    "new_tokens",
+    "mean_accepted",
+)
+
+
+def decode_py(prompt_file: Path, method: str | None, new: int, cache: Path, profiles: Path, extra=()) -> dict:
+    """One `decode.py --json` process: its JSON summary, plus the process's own wall seconds."""
+    import time
+
+    cmd = [sys.executable, str(ROOT / "decode.py"), "--prompt-file", str(prompt_file), "--json"]
+    cmd += ["--max-new-tokens", str(new), "--compile-cache", str(cache), *extra]
+    cmd += ["--method", method] if method else []
+    env = {**os.environ, "LSJAX_PROFILE_DIR": str(profiles)}
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"decode.py {' '.join(cmd[2:])} failed: {proc.stderr.strip().splitlines()[-1:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"process_s": round(wall, 3), **{k: out.get(k) for k in FIELDS}, "text": out["text"]}
+
+
+def main(argv=None) -> int:
+    from lsjax.prompts import BUCKETS
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suite", choices=("dev", "heldout"), default="dev")
+    p.add_argument("--buckets", nargs="+", choices=list(BUCKETS), default=["1K-2K", "2K-4K"])
+    p.add_argument("--per-cell", type=int, default=1, help="prompts per (task, bucket) of the suite")
+    p.add_argument("--tasks", nargs="+", default=["code"], help="the suite's tasks (default code)")
+    p.add_argument("--prompt-file", action="append", default=[], help="a prompt file instead of the suite")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--method", default=None, help="the method compared with AR (default: decode.py's default)")
+    p.add_argument("--no-cold", action="store_true", help="warm runs only")
+    p.add_argument("--json", default=None, help="write the rows and summary here")
+    args = p.parse_args(argv)
+    if args.max_new_tokens < 2 or args.rounds < 1:
+        p.error("--max-new-tokens must be >= 2 and --rounds >= 1")
+
+    with tempfile.TemporaryDirectory(prefix="lsjax-launch-") as tmp:
+        work = Path(tmp)
+        files = [Path(f) for f in args.prompt_file]
+        if not files:
+            from lsjax.bench.suites import load_suite
+            from lsjax.loading import load_model
+
+            tok = load_model().tokenizer
+            for i, pr in enumerate(load_suite(tok, args.suite, None, args.per_cell, args.tasks, args.buckets)):
+                files.append(work / f"prompt{i}.txt")
+                files[-1].write_text(pr.text)
+        if len(files) < 2:
+            p.error("give at least two prompts (a warm run follows a run on another prompt)")
+        methods = [args.method, "ar"]
+        rows = []
+        for r in range(args.rounds):
+            order = methods if r % 2 == 0 else methods[::-1]
+            for i, f in enumerate(files):
+                other = files[i - 1]  # another prompt, run first with another length
+                for m in order:
+                    name = m or "default"
+                    if not args.no_cold:
+                        cold = work / f"cold-{r}-{i}-{name}"
+                        row = decode_py(f, m, args.max_new_tokens, cold / "cache", cold / "profiles")
+                        rows.append({"round": r, "prompt": f.name, "method": name, "start": "cold", **row})
+                        print(json.dumps({k: v for k, v in rows[-1].items() if k != "text"}), flush=True)
+                    warm = work / f"warm-{r}-{i}-{name}"
+                    decode_py(other, m, args.max_new_tokens // 2 + 7, warm / "cache", warm / "profiles")
+                    row = decode_py(f, m, args.max_new_tokens, warm / "cache", warm / "profiles")
+                    rows.append({"round": r, "prompt": f.name, "method": name, "start": "warm", **row})
+                    print(json.dumps({k: v for k, v in rows[-1].items() if k != "text"}), flush=True)
+    summary = summarize(rows, args.method or "default")
+    for line in summary:
+        print(json.dumps(line))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows, "summary": summary}, indent=1))
+    return 0
+
+
+def summarize(rows: list[dict], method: str) -> list[dict]:
+    """Per (prompt, start): medians over rounds of each method's seconds, and the method's wall time over AR's
+    (< 1: faster end to end), whether its text equals AR's."""
+    out = []
+    for prompt in dict.fromkeys(r["prompt"] for r in rows):
+        for start in ("cold", "warm"):
+            cell = {m: [r for r in rows if (r["prompt"], r["start"], r["method"]) == (prompt, start, m)]
+                    for m in (method, "ar")}  # fmt: skip
+            if not cell[method] or not cell["ar"]:
+                continue
+            line = {"prompt": prompt, "start": start}
+            for m, rs in cell.items():
+                for k in ("first_token_s", "decode_program_in_use_s", "last_token_s", "programs_compiled"):
+                    line[f"{m}_{k}"] = statistics.median(r[k] for r in rs)
+            line["wall_vs_ar"] = round(line[f"{method}_last_token_s"] / line["ar_last_token_s"], 3)
+            line["identical_to_ar"] = all(a["text"] == b["text"] for a, b in zip(cell[method], cell["ar"]))
+            out.append(line)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

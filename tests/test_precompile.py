@@ -1,0 +1,66 @@
+"""decode.py's warm start: `--precompile` makes a method's programs ready in the compile cache; a later run on
+another prompt of the width and another --max-new-tokens compiles nothing, and says what it loaded
+(`programs_compiled`, `programs_loaded`, the status line). In a fresh process: decode.py as a program sets JAX's
+persistent cache process-wide."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SCRIPT = """
+import contextlib, io, json, sys
+sys.path.insert(0, {root!r})
+import decode, lsjax.loading
+from lsjax.loading import LoadedModel
+from tests.decode_matrix import IdTokenizer
+from tests.tiny import tiny_model
+config, params = tiny_model()
+model = LoadedModel(config, params, IdTokenizer(), __import__("pathlib").Path({work!r}) / "tiny.gguf")
+lsjax.loading.load_model = lambda path=None, dtype="auto": model
+def main(*argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = decode.main(["--compile-cache", {cache!r}, "--method", {method!r}, *argv], as_program=True)
+    return code, out.getvalue(), err.getvalue()
+code, out, err = main("--prompt", "abc abc abc", "--precompile", "256", "--max-new-tokens", "40", "--json")
+print(json.dumps({{"code": code, "out": out, "err": err}}))
+code, out, err = main("--prompt", "another prompt of another length", "--max-new-tokens", "9", "--json")
+print(json.dumps({{"code": code, "out": out, "err": err}}))
+code, out, err = main("--prompt", "a third one", "--max-new-tokens", "5")
+print(json.dumps({{"code": code, "out": out, "err": err}}))
+"""
+
+
+@pytest.mark.parametrize("method", ["pld"])
+def test_precompile_then_a_new_prompt_and_length_compile_nothing(tmp_path, method):
+    script = SCRIPT.format(root=str(ROOT), work=str(tmp_path), cache=str(tmp_path / "cache"), method=method)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warm, later, plain = (json.loads(line) for line in proc.stdout.strip().splitlines()[-3:])
+    assert warm["code"] == 0 and later["code"] == 0 and plain["code"] == 0, (warm["err"], later["err"])
+    made = json.loads(warm["out"])["precompiled"]
+    assert [r["width"] for r in made] == [256]
+    assert {p["name"]: p["how"] for p in made[0]["programs"]} == {"start": "compiled", "decode": "compiled"}
+    summary = json.loads(later["out"])
+    assert summary["programs_compiled"] == 0 and summary["programs_loaded"] == 2 and summary["new_tokens"] == 9
+    assert summary["first_token_s"] <= summary["decode_program_in_use_s"] <= summary["last_token_s"]
+    assert "programs: start loaded, decode loaded" in plain["err"]
+
+
+def test_precompile_names_a_bad_width(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "decode.py"), "--method", "ar", "--precompile", "300", "--prompt", "x"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--precompile: 300 is not a prompt width below the context window; choose from [256, 512" in proc.stderr
