@@ -5,11 +5,12 @@ token, compilation and loading included, cold and warm, interleaved.
     python -m lsjax.bench.launch --prompt-file a.txt --prompt-file b.txt --rounds 2 --json out.json
 
 For every prompt and round, each method (the default, then AR; the order alternates by round) runs:
-- cold: a fresh compile cache and a fresh cost-profile directory (`--compile-cache DIR`, `$LSJAX_PROFILE_DIR`):
-  a first start on a new machine;
-- warm: the method's own cache after a run on another prompt (the suite's previous prompt, of another length
-  and another `--max-new-tokens`), so the programs of its bucket were made by another run: a start as a
-  returning user has it.
+- cold (unless `--no-cold`): a fresh compile cache and a fresh cost-profile directory (`--compile-cache DIR`,
+  `$LSJAX_PROFILE_DIR`): a first start on a new machine;
+- new-width: in the method's own cache and profile directory, kept across the prompts of a round (a returning
+  user's), a sibling of the prompt (its text less its first twentieth: another prompt, of the same padded
+  width but another length) with another `--max-new-tokens`: the first start at this width;
+- warm: the prompt itself, right after: another prompt and length whose width has run.
 Each run is a `decode.py --json` process: seconds from launch to the first token, until the method's own decode
 program is in use, and to the last token (`first_token_s`, `decode_program_in_use_s`, `last_token_s`), how many
 programs it compiled or loaded, AR steps bridged while it loaded, tau. One row per run; a summary per cell
@@ -30,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = (
+    "prompt_tokens",
     "first_token_s",
     "decode_program_in_use_s",
     "last_token_s",
@@ -91,22 +93,26 @@ def main(argv=None) -> int:
             p.error("give at least two prompts (a warm run follows a run on another prompt)")
         methods = [args.method, "ar"]
         rows = []
+
+        def record(r, f, name, start, row):
+            rows.append({"round": r, "prompt": f.name, "method": name, "start": start, **row})
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "text"}), flush=True)
+
         for r in range(args.rounds):
             order = methods if r % 2 == 0 else methods[::-1]
             for i, f in enumerate(files):
-                other = files[i - 1]  # another prompt, run first with another length
+                sibling = work / f"sibling{i}.txt"
+                text = f.read_text()
+                sibling.write_text(text[len(text) // 20 :])
                 for m in order:
                     name = m or "default"
                     if not args.no_cold:
                         cold = work / f"cold-{r}-{i}-{name}"
-                        row = decode_py(f, m, args.max_new_tokens, cold / "cache", cold / "profiles")
-                        rows.append({"round": r, "prompt": f.name, "method": name, "start": "cold", **row})
-                        print(json.dumps({k: v for k, v in rows[-1].items() if k != "text"}), flush=True)
-                    warm = work / f"warm-{r}-{i}-{name}"
-                    decode_py(other, m, args.max_new_tokens // 2 + 7, warm / "cache", warm / "profiles")
-                    row = decode_py(f, m, args.max_new_tokens, warm / "cache", warm / "profiles")
-                    rows.append({"round": r, "prompt": f.name, "method": name, "start": "warm", **row})
-                    print(json.dumps({k: v for k, v in rows[-1].items() if k != "text"}), flush=True)
+                        record(r, f, name, "cold", decode_py(f, m, args.max_new_tokens, cold / "c", cold / "p"))
+                    own = work / f"own-{r}-{name}"
+                    new = max(2, args.max_new_tokens * 3 // 4)
+                    record(r, f, name, "new-width", decode_py(sibling, m, new, own / "c", own / "p"))
+                    record(r, f, name, "warm", decode_py(f, m, args.max_new_tokens, own / "c", own / "p"))
     summary = summarize(rows, args.method or "default")
     for line in summary:
         print(json.dumps(line))
@@ -120,7 +126,7 @@ def summarize(rows: list[dict], method: str) -> list[dict]:
     (< 1: faster end to end), whether its text equals AR's."""
     out = []
     for prompt in dict.fromkeys(r["prompt"] for r in rows):
-        for start in ("cold", "warm"):
+        for start in ("cold", "new-width", "warm"):
             cell = {m: [r for r in rows if (r["prompt"], r["start"], r["method"]) == (prompt, start, m)]
                     for m in (method, "ar")}  # fmt: skip
             if not cell[method] or not cell["ar"]:
@@ -131,6 +137,7 @@ def summarize(rows: list[dict], method: str) -> list[dict]:
                     line[f"{m}_{k}"] = statistics.median(r[k] for r in rs)
             line["wall_vs_ar"] = round(line[f"{method}_last_token_s"] / line["ar_last_token_s"], 3)
             line["identical_to_ar"] = all(a["text"] == b["text"] for a, b in zip(cell[method], cell["ar"]))
+            line[f"{method}_prompt_tokens"] = cell[method][0].get("prompt_tokens")
             out.append(line)
     return out
 
