@@ -42,26 +42,15 @@ MODES = {
 GREEDY = ("one", "mesh", "invariant", "compare", "profile", "mesh-profile")
 
 
-class IdTokenizer:
+def id_tokenizer():
     """decode.py's tokenizer interface with one character per id, so equal text means equal tokens."""
+    from tests.test_registry import ByteTokenizer
 
-    def encode(self, text, add_special_tokens=True):
-        return [3 + b % 90 for b in text.encode()]
+    class IdTokenizer(ByteTokenizer):
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(chr(0x4E00 + int(i)) for i in ids)
 
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(0x4E00 + int(i)) for i in ids)
-
-    def stream_decoder(self, skip_special_tokens=True):
-        tok = self
-
-        class Stream:
-            def push(self, ids):
-                return tok.decode(ids)
-
-            def flush(self):
-                return ""
-
-        return Stream()
+    return IdTokenizer()
 
 
 def drafts(model, work: Path) -> dict[str, list[str]]:
@@ -140,7 +129,7 @@ def main(devices: int, work: Path, selection: str) -> None:
     from tests.tiny import tiny_model
 
     config, params = tiny_model()
-    model = LoadedModel(config, params, IdTokenizer(), work / "tiny.gguf")
+    model = LoadedModel(config, params, id_tokenizer(), work / "tiny.gguf")
     lsjax.loading.load_model = lambda path=None, dtype="auto": model
     extra = drafts(model, work)
     base = ["--prompt", PROMPT, "--max-new-tokens", str(NEW), "--ignore-eos", "--json"]

@@ -19,10 +19,10 @@ import contextlib, io, json, sys
 sys.path.insert(0, {root!r})
 import decode, lsjax.loading
 from lsjax.loading import LoadedModel
-from tests.decode_matrix import IdTokenizer
+from tests.decode_matrix import id_tokenizer
 from tests.tiny import tiny_model
 config, params = tiny_model()
-model = LoadedModel(config, params, IdTokenizer(), __import__("pathlib").Path({work!r}) / "tiny.gguf")
+model = LoadedModel(config, params, id_tokenizer(), __import__("pathlib").Path({work!r}) / "tiny.gguf")
 lsjax.loading.load_model = lambda path=None, dtype="auto": model
 def main(*argv):
     out, err = io.StringIO(), io.StringIO()
