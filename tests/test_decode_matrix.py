@@ -5,7 +5,7 @@ and at T = 0 writes AR's tokens, or is refused before anything compiles with one
 
 The default suite runs the mesh column for every method and the default method (auto) at T = 1, with --compare
 ar and with its profile (one device and mesh), ~3 min;
-the whole matrix (~6 min) is `slow`: pytest -m slow tests/test_decode_matrix.py."""
+the whole matrix (~7 min) is `slow`: pytest -m slow tests/test_decode_matrix.py."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def test_every_method_on_a_mesh_and_the_default_in_every_mode(tmp_path):
     assert on_mesh[0].split("--", 1)[1] == next(p for p in profiles if p not in on_mesh).split("--", 1)[1]
 
 
-@pytest.mark.slow  # ~6 min: every method in every mode
+@pytest.mark.slow  # ~7 min: every method in every mode
 def test_the_whole_matrix(tmp_path):
     cells = check(tmp_path, "*:*")
     assert len(cells) >= len(registry.names()) * 5
