@@ -53,12 +53,16 @@ def main(argv=None) -> int:
     from lsjax.engine.host import Generator
     from lsjax.engine.loop import PROMPT_BUCKETS
     from lsjax.engine.programs import SUFFIX, ProgramCache
+    from lsjax.errors import LsjaxError
     from lsjax.loading import load_model
     from lsjax.methods import registry
 
     if args.width not in PROMPT_BUCKETS:
         p.error(f"--width must be one of {list(PROMPT_BUCKETS)}")
-    variants = [parse_variant(v if "=" in v else f"{v}={v}") for v in args.variant or ("ar", "pld", "longspec", "auto")]
+    try:
+        variants = [parse_variant(v if "=" in v else f"{v}={v}") for v in args.variant or ("ar", "pld", "longspec", "auto")]
+    except ValueError as e:
+        p.error(f"--variant: {e}")
     model = load_model()
     ids = (model.tokenizer.encode("The quick brown fox jumps over the lazy dog. ") * args.width)[: args.width - 8]
     gen = GenerateConfig(max_new_tokens=args.max_new_tokens)
@@ -66,7 +70,10 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="lsjax-programs-") as tmp:
         for name, (method, opts) in variants:
             opts = {**opts, "cost_profile": "prior"} if "cost_profile" in registry.get(method).options() else opts
-            drafter, draft_params = registry.build(method, model, **opts)
+            try:
+                drafter, draft_params = registry.build(method, model, **opts)
+            except (LsjaxError, ValueError) as e:
+                sys.exit(f"lsjax.bench.programs: variant {name}: {e}")
             cache = ProgramCache(Path(tmp) / name)
             generator = Generator(model.config, model.params, drafter, draft_params, program_cache=cache)
             generator.compile(ids, gen)
