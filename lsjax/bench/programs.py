@@ -60,7 +60,8 @@ def main(argv=None) -> int:
     if args.width not in PROMPT_BUCKETS:
         p.error(f"--width must be one of {list(PROMPT_BUCKETS)}")
     try:
-        variants = [parse_variant(v if "=" in v else f"{v}={v}") for v in args.variant or ("ar", "pld", "longspec", "auto")]
+        given = args.variant or ["ar", "pld", "longspec", "auto"]
+        variants = [parse_variant(v if "=" in v else f"{v}={v}") for v in given]
     except ValueError as e:
         p.error(f"--variant: {e}")
     model = load_model()
