@@ -276,6 +276,9 @@ def main(argv=None, *, as_program: bool = False) -> int:
             fail(f"--invariant-rows must be in [0, 1024] (0 = off) or auto, got {args.invariant_rows}")
     if args.invariant_rows and args.mesh:
         fail("--invariant-rows with --mesh: batch-invariant numerics run on one device only for now")
+    if args.precompile is not None and (args.mesh or (args.compile_cache or "").strip() == "off"):
+        why = "--mesh: programs over a mesh are not kept" if args.mesh else "--compile-cache off: nothing is kept"
+        fail(f"--precompile with {why}; precompile on one device with a compile cache")
     if args.mesh and registry.get(method).no_mesh:
         fail(f"--method {method} with --mesh: it cannot decode on a mesh ({registry.get(method).no_mesh}); drop --mesh")
     # A warning (a kernel falling back to XLA, say) is one line on stderr, not a file:line and a source line.

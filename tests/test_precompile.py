@@ -54,13 +54,17 @@ def test_precompile_then_a_new_prompt_and_length_compile_nothing(tmp_path, metho
     assert "programs: start loaded, decode loaded" in plain["err"]
 
 
-def test_precompile_names_a_bad_width(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "decode.py"), "--method", "ar", "--precompile", "300", "--prompt", "x"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
+def decode_py(*args):
+    return subprocess.run(
+        [sys.executable, str(ROOT / "decode.py"), *args], capture_output=True, text=True, cwd=ROOT, timeout=300
     )
+
+
+def test_precompile_names_a_bad_width_and_a_combination_that_keeps_nothing():
+    proc = decode_py("--method", "ar", "--precompile", "300", "--prompt", "x")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "--precompile: 300 is not a prompt width below the context window; choose from [256, 512" in proc.stderr
+    proc = decode_py("--precompile", "--compile-cache", "off", "--prompt", "x")
+    assert proc.returncode == 2 and "--precompile with --compile-cache off: nothing is kept" in proc.stderr
+    proc = decode_py("--precompile", "1024", "--mesh", "model=1", "--prompt", "x")
+    assert proc.returncode == 2 and "--precompile with --mesh: programs over a mesh are not kept" in proc.stderr
