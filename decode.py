@@ -374,6 +374,7 @@ def main(argv=None, *, as_program: bool = False) -> int:
             # The decode program compiles on a host thread while the prompt is prefilled.
             compile_s = generator.compile(ids, gen, seed=args.seed, background=True)
             if generator.compiling:
+                ticker.restart(loading_label(drafter) if generator.loading_decode else ticker.label)
                 ticker.label += " (prefilling meanwhile)"
             else:
                 ticker.restart(f"prefilling {len(ids)} prompt tokens")
@@ -548,6 +549,13 @@ def precompile(generator, ids: list[int], gen, args, method: str) -> int:
 def programs_said(log) -> str:
     """'start loaded, decode compiled (46.8s)': how each program was made ready, seconds where they count."""
     return ", ".join(f"{p.name} {p.how}" + (f" ({p.seconds:.1f}s)" if p.seconds >= 1 else "") for p in log)
+
+
+def loading_label(drafter) -> str:
+    """What the ticker says while the decode program loads from the compile cache (not compiled)."""
+    names = [n for n in getattr(drafter, "cost_names", None) or () if n != "shadow"]
+    what = f"auto's program ({len(names)} candidates)" if names else "the decode program"
+    return f"loading {what} from the compile cache"
 
 
 def compiling_label(drafter) -> str:

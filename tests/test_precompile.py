@@ -68,3 +68,15 @@ def test_precompile_names_a_bad_width_and_a_combination_that_keeps_nothing():
     assert proc.returncode == 2 and "--precompile with --compile-cache off: nothing is kept" in proc.stderr
     proc = decode_py("--precompile", "1024", "--mesh", "model=1", "--prompt", "x")
     assert proc.returncode == 2 and "--precompile with --mesh: programs over a mesh are not kept" in proc.stderr
+
+
+def test_the_status_line_says_loading_for_a_program_read_from_the_cache():
+    import decode
+    from lsjax.methods.pld.drafter import PLDDrafter
+
+    assert decode.loading_label(PLDDrafter()) == "loading the decode program from the compile cache"
+
+    class Auto:
+        cost_names = ("ar", "pld-4", "ls-tree", "shadow")
+
+    assert decode.loading_label(Auto()) == "loading auto's program (3 candidates) from the compile cache"

@@ -189,6 +189,7 @@ def test_a_decode_program_compiled_while_prefilling_decodes_the_same(tmp_path, m
     else:  # on a CPU: only a program loaded from disk (one thread) is left to the background
         g = Generator(config, params, PLDDrafter(num_tokens=3), program_cache=ProgramCache(tmp_path))
     assert g.compile(ids, gen, background=True) > 0 and g.compiling
+    assert g.loading_decode == (where == "cpu-loading")  # what decode.py's status line says it is doing
     ready = []
     overlapped = g.run(ids, gen, on_ready=lambda: ready.append(1))
     assert overlapped.tokens == plain.tokens and ready == [1]

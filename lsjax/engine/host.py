@@ -154,6 +154,7 @@ class Generator:
         self._for_next_start: list = []  # (`store_for_next_start`)
         self.program_log: list[ProgramReady] = []  # every program this generator made ready, in order
         self.warming_up = False  # `HostRun.warmup`: set by a warm-up (`decode.py --precompile`)
+        self.loading_decode = False  # the decode program left to the background is loaded from disk, not compiled
 
     def bridges(self, gen: GenerateConfig) -> bool:
         """Whether plain AR steps (`loop.bridge_jit`, a small program) decode while the drafter's decode program
@@ -223,6 +224,10 @@ class Generator:
             # On a CPU, XLA's compile uses the cores the prefill runs on (the demo's first run side by side on 2
             # cores: 20 s slower in one pair of runs, 4 s faster in the next); loading from disk is one thread.
             background = self.programs is not None and self.programs.holds("decode", spec, (args, kwargs))
+        # What the background is doing, for a status line ("loading" reads from disk; else XLA compiles).
+        self.loading_decode = bool(
+            background and self.programs is not None and self.programs.holds("decode", spec, (args, kwargs))
+        )
         # A bridge that cannot be stored (`program_key` None) would be compiled again on every start: none.
         bridge = self.bridges(gen) and program_key("bridge", spec, (args, kwargs)) is not None
         held = bridge and self.programs.holds("bridge", spec, (args, kwargs))
