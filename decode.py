@@ -476,7 +476,7 @@ def main(argv=None, *, as_program: bool = False) -> int:
             else ""
         )
         if result.prefill_alongside_compile:
-            prefill_rate += " while compiling"
+            prefill_rate += " while loading" if generator.loading_decode else " while compiling"
         print(
             f"[lsjax] {result.new_tokens} tokens ({result.stop_reason}); prefill {result.prefill_s:.2f}s"
             f"{prefill_rate}, decode {result.tokens_per_s:.1f} tok/s, "

@@ -364,3 +364,18 @@ def test_a_bridge_is_stored_only_where_the_decode_program_is(tmp_path, jax_cache
     assert from_jax_cache == [True, True]  # the start and decode programs came from JAX's cache
     stored = list((tmp_path / "b").glob(f"decode-*{programs.SUFFIX}"))
     assert bool(again.for_next_start) == bool(stored) == bytes_kept
+
+
+def test_a_start_that_loaded_its_decode_program_may_borrow_host_params(tmp_path):
+    """`HostRun.borrow` (auto: a neighbouring width's cost profile): only where the decode program was loaded
+    from the cache, never at a start that compiles it (which then measures its own) or in a warm-up."""
+    config, params = tiny_model()
+    ids, gen = [5, 6, 7, 8, 5, 6], GenerateConfig(max_new_tokens=6, ignore_eos=True)
+    first = Generator(config, params, PLDDrafter(num_tokens=3), program_cache=ProgramCache(tmp_path))
+    first.run(ids, gen)
+    assert not first._host_run(gen, 256, None, None).borrow
+    again = Generator(config, params, PLDDrafter(num_tokens=3), program_cache=ProgramCache(tmp_path))
+    again.run(ids, gen)
+    assert again._host_run(gen, 256, None, None).borrow and not again._host_run(gen, 512, None, None).borrow
+    again.warming_up = True
+    assert not again._host_run(gen, 256, None, None).borrow

@@ -153,7 +153,8 @@ class Generator:
         self._bridges: dict = {}  # sig -> the bridge program (`bridges`), where there is one
         self._for_next_start: list = []  # (`store_for_next_start`)
         self.program_log: list[ProgramReady] = []  # every program this generator made ready, in order
-        self.warming_up = False  # `HostRun.warmup`: set by a warm-up (`decode.py --precompile`)
+        self.warming_up = False  # a warm-up (`decode.py --precompile`): host params measured, never borrowed
+        self._loaded_buckets: set[int] = set()  # prompt buckets whose decode program came from the program cache
         self.loading_decode = False  # the decode program left to the background is loaded from disk, not compiled
 
     def bridges(self, gen: GenerateConfig) -> bool:
@@ -213,6 +214,8 @@ class Generator:
                 # and the bridge take is start's output).
                 program, how = self.programs.fetch(name, spec, (args, kwargs), lower)
             self.program_log.append(ProgramReady(name, how, time.perf_counter() - t))
+            if name == "decode" and how == "loaded":
+                self._loaded_buckets.add(bucket)
             return program
 
         def timed_decode():
@@ -448,5 +451,7 @@ class Generator:
             decode,
             self.config.signature(),
             str(mesh_lib.shape_of(self.mesh)) if self.mesh is not None else "",
-            self.warming_up,
+            # A start that loaded its programs borrows a neighbour's costs rather than wait to measure; one that
+            # compiled (its first at this width) measures, so later starts at the width read their own.
+            not self.warming_up and bucket in self._loaded_buckets,
         )

@@ -223,7 +223,7 @@ class AutoDrafter(PolicyRules, Drafter):
             self.cost_profile,
             run.model_sig,
             run.mesh,
-            borrow=not run.warmup,
+            borrow=run.borrow,
         )
         return {**run.draft_params, "costs": jnp.asarray(costs, jnp.float32)}
 

@@ -303,7 +303,7 @@ def profile_costs(
     mode: str = "cached",
     model_sig: str = "",
     mesh: str = "",
-    borrow: bool = True,
+    borrow: bool = False,
 ) -> np.ndarray:
     """[C] costs of `drafter`'s candidates at this prompt bucket and sampling, for the compiled loop
     `decode(params, draft_params, state, step_limit)` (None: not ready; the cached entry unchecked, else the
