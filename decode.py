@@ -417,7 +417,7 @@ def main(argv=None, *, as_program: bool = False) -> int:
         "prefill_alongside_compile": result.prefill_alongside_compile,
         "bridged_steps": result.bridged_steps,
         # How each program this run used was made ready, and when the method's own decode program took over.
-        "programs": [{"name": p.name, "how": p.how, "s": round(p.seconds, 3)} for p in generator.program_log],
+        "programs": programs_json(generator.program_log),
         "programs_compiled": sum(p.how == "compiled" for p in generator.program_log),
         "programs_loaded": sum(p.how != "compiled" for p in generator.program_log),
         # Seconds since launch (the process's start for `python decode.py`): what a user waits.
@@ -530,13 +530,10 @@ def precompile(generator, ids: list[int], gen, args, method: str) -> int:
         before = len(generator.program_log)
         with Ticker(f"precompiling {i + 1}/{len(widths)}: prompt width {width}"):
             generator.run(prompt, fit, seed=args.seed, max_new=64)
-        made = generator.program_log[before:]
         generator.store_for_next_start()
-        made += generator.program_log[before + len(made) :]
+        made = generator.program_log[before:]
         print(f"[lsjax] width {width}: {programs_said(made) or 'already in this process'}", file=sys.stderr)
-        rows.append(
-            {"width": width, "programs": [{"name": p.name, "how": p.how, "s": round(p.seconds, 3)} for p in made]}
-        )
+        rows.append({"width": width, "programs": programs_json(made)})
     summary = {"method": method, "precompiled": rows, "seconds": round(time.perf_counter() - t0, 1)}
     print(
         json.dumps(summary)
@@ -544,6 +541,10 @@ def precompile(generator, ids: list[int], gen, args, method: str) -> int:
         else f"[lsjax] precompiled {len(widths)} prompt widths in {summary['seconds']:.0f}s"
     )
     return 0
+
+
+def programs_json(log) -> list[dict]:
+    return [{"name": p.name, "how": p.how, "s": round(p.seconds, 3)} for p in log]
 
 
 def programs_said(log) -> str:

@@ -223,14 +223,13 @@ class Generator:
             return build("decode", lower_decode), time.perf_counter() - t
 
         start = build("start", lower_start)
+        stored = self.programs is not None and self.programs.holds("decode", spec, (args, kwargs))
         if background and not compiler_beside_device():
             # On a CPU, XLA's compile uses the cores the prefill runs on (the demo's first run side by side on 2
             # cores: 20 s slower in one pair of runs, 4 s faster in the next); loading from disk is one thread.
-            background = self.programs is not None and self.programs.holds("decode", spec, (args, kwargs))
+            background = stored
         # What the background is doing, for a status line ("loading" reads from disk; else XLA compiles).
-        self.loading_decode = bool(
-            background and self.programs is not None and self.programs.holds("decode", spec, (args, kwargs))
-        )
+        self.loading_decode = background and stored
         # A bridge that cannot be stored (`program_key` None) would be compiled again on every start: none.
         bridge = self.bridges(gen) and program_key("bridge", spec, (args, kwargs)) is not None
         held = bridge and self.programs.holds("bridge", spec, (args, kwargs))

@@ -162,15 +162,11 @@ def borrowed_costs(
     entries, why = load_profile(path, candidates, version)
     if why or entry_key(bucket, greedy) in entries:
         return None
-    mode = entry_key(0, greedy).split("/", 1)[1]
-    near = [
-        (abs(np.log2(int(k.split("/")[0]) / bucket)), int(k.split("/")[0]))
-        for k in entries
-        if k.endswith(f"/{mode}") and k.split("/")[0].isdigit() and int(k.split("/")[0]) > 0
-    ]
-    if not near:
+    mode = entry_key(0, greedy).partition("/")[2]
+    widths = [int(b) for b, _, m in (k.partition("/") for k in entries) if m == mode and b.isdigit() and int(b)]
+    if not widths:
         return None
-    b = min(near)[1]
+    b = min(widths, key=lambda w: (abs(np.log2(w / bucket)), w))
     return np.asarray(entries[entry_key(b, greedy)], np.float32), b
 
 
