@@ -486,9 +486,6 @@ def main(argv=None, *, as_program: bool = False) -> int:
             + f"; programs: {programs_said(generator.program_log)}",
             file=sys.stderr,
         )
-    if generator.for_next_start:
-        print("[lsjax] compiling the small program the next start decodes with while it loads...", file=sys.stderr)
-        generator.store_for_next_start()
     return 0
 
 
@@ -530,7 +527,6 @@ def precompile(generator, ids: list[int], gen, args, method: str) -> int:
         before = len(generator.program_log)
         with Ticker(f"precompiling {i + 1}/{len(widths)}: prompt width {width}"):
             generator.run(prompt, fit, seed=args.seed, max_new=64)
-        generator.store_for_next_start()
         made = generator.program_log[before:]
         print(f"[lsjax] width {width}: {programs_said(made) or 'already in this process'}", file=sys.stderr)
         rows.append({"width": width, "programs": programs_json(made)})

@@ -251,13 +251,13 @@ def test_a_loaded_program_that_fails_to_run_is_removed_with_one_line(tmp_path, m
     assert not list(tmp_path.glob(f"*{programs.SUFFIX}"))
 
 
-# ----------------------------------------------------------- the bridge: AR steps while the decode program loads
+# ------------------------------------------- a split decode: AR's group first, the others loading behind it
 
 
-def test_the_bridge_decodes_while_the_decode_program_loads_and_hands_over(tmp_path, monkeypatch):
-    """A second start of `auto`: its decode program loads on a host thread (held here until the bridge has run
-    twice), the bridge's plain AR steps stream tokens meanwhile, then auto's program takes over from the state
-    the bridge caught its draft state up to. Greedy output equals AR's; auto counts the bridged steps as AR."""
+def test_a_split_decode_runs_with_the_groups_loaded_so_far_and_takes_the_rest_as_they_come(tmp_path, monkeypatch):
+    """A second start of `auto`: its first group (AR's) loads before decoding, the other group's program loads
+    on a host thread (held here until 3 tokens have streamed); auto runs on AR meanwhile, then uses the rest.
+    Greedy output equals AR's; every step is counted as one candidate's."""
     from lsjax.methods.auto.drafter import AutoDrafter, auto_params
 
     monkeypatch.setenv("LSJAX_PROFILE_DIR", str(tmp_path / "profiles"))
@@ -268,56 +268,40 @@ def test_the_bridge_decodes_while_the_decode_program_loads_and_hands_over(tmp_pa
     ar = Generator(config, params).run(ids, gen)
 
     first = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path))
+    assert first.splits() and first.partial(gen)
     assert first.run(ids, gen).tokens == ar.tokens
-    assert first.for_next_start and first.store_for_next_start() > 0 and not first.for_next_start
+    assert [p.name for p in first.program_log] == ["start", "decode-1n", "decode-4n"]
 
     released = threading.Event()
     load = ProgramCache._load
 
     def held(self, path):
-        if path.name.startswith("decode"):
+        if path.name.startswith("decode-4n"):
             assert released.wait(120)
         return load(self, path)
 
     monkeypatch.setattr(ProgramCache, "_load", held)
     g = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path))
     g.compile(ids, gen, background=True)
-    assert g.compiling and len(g._bridges) == 1
-    (sig, bridge), calls = next(iter(g._bridges.items())), []
+    assert g.compiling and g.loading_decode
+    streamed, split = [], next(iter(g._compiled.values()))[1]
 
-    def counted(*args):
-        calls.append(1)
-        out = bridge(*args)
-        if len(calls) == 2:
+    def on_tokens(new):
+        streamed.extend(new)
+        if len(streamed) >= 3 and not released.is_set():
             released.set()
-            g._compiled[sig][1].result()  # the decode program is ready: the next turn hands over
-        return out
+            split.programs[1].result()  # loaded: the next call may use it
 
-    g._bridges[sig] = counted
-    streamed = []
-    result = g.run(ids, gen, on_tokens=streamed.extend, stream_every=4)
+    result = g.run(ids, gen, on_tokens=on_tokens, stream_every=2)
     assert result.tokens == ar.tokens and streamed == ar.tokens
-    assert result.bridged_steps == 8 and len(calls) == 2  # two stretches of stream_every steps
-    # Auto ran on after it, and counts every step as run by a candidate: the bridged ones too (caught up).
-    assert result.target_forwards - 1 > 8 and sum(result.drafter_stats["steps_by_candidate"].values()) == (
-        result.target_forwards - 1
-    )
-    assert g.programs.hits == 3  # start, bridge and decode, all loaded
-
-    # A cache holding the decode program but no bridge (a cache from before it): on a CPU the bridge is not
-    # compiled ahead of this run's prefill, only stored after it.
-    monkeypatch.setattr(ProgramCache, "_load", load)
-    for path in tmp_path.glob(f"bridge-*{programs.SUFFIX}"):
-        path.unlink()
-    g = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path))
-    g.compile(ids, gen, background=True)
-    assert g.compiling and not g._bridges and g.for_next_start
-    result = g.run(ids, gen)
-    assert result.tokens == ar.tokens and result.bridged_steps == 0
-    assert g.store_for_next_start() > 0 and len(list(tmp_path.glob(f"bridge-*{programs.SUFFIX}"))) == 1
+    assert result.bridged_steps >= 2 and result.prefill_alongside_compile
+    assert result.decode_program_at > result.first_token_at
+    assert result.drafter_stats["steps_by_candidate"].get("pld-3", 0) > 0  # the second group ran once loaded
+    assert sum(result.drafter_stats["steps_by_candidate"].values()) == result.target_forwards - 1
+    assert g.programs.hits == 3 and not g.compiling  # start and both groups, all loaded
 
 
-def test_no_bridge_where_the_output_could_depend_on_when_it_hands_over(tmp_path):
+def test_split_and_partial_only_where_they_hold(tmp_path):
     from lsjax.config import SamplingConfig
     from lsjax.methods.auto.drafter import AutoDrafter, auto_params
 
@@ -325,21 +309,22 @@ def test_no_bridge_where_the_output_could_depend_on_when_it_hands_over(tmp_path)
     auto = AutoDrafter(pld_tokens=(3,))
     greedy = GenerateConfig(max_new_tokens=8)
     sampled = GenerateConfig(max_new_tokens=8, sampling=SamplingConfig(temperature=1.0))
-    assert Generator(config, params, auto, auto_params(auto), program_cache=ProgramCache(tmp_path)).bridges(greedy)
-    assert not Generator(config, params, auto, auto_params(auto), program_cache=ProgramCache(tmp_path)).bridges(sampled)
-    assert not Generator(config, params, auto, auto_params(auto)).bridges(greedy)  # no program cache: no loading
-    assert not Generator(config, params, PLDDrafter(3), program_cache=ProgramCache(tmp_path)).bridges(greedy)
+    cached = Generator(config, params, auto, auto_params(auto), program_cache=ProgramCache(tmp_path))
+    assert cached.splits() and cached.partial(greedy) and not cached.partial(sampled)
+    assert not Generator(config, params, auto, auto_params(auto)).splits()  # no program cache: one program
+    assert not Generator(config, params, PLDDrafter(3), program_cache=ProgramCache(tmp_path)).splits()
+    ar_only = AutoDrafter(pld_tokens=())  # one group: nothing to split
+    assert not Generator(config, params, ar_only, auto_params(ar_only), program_cache=ProgramCache(tmp_path)).splits()
     bf16 = dataclasses.replace(config, dtype="bfloat16")
-    assert not Generator(bf16, params, auto, auto_params(auto), program_cache=ProgramCache(tmp_path)).bridges(greedy)
+    assert not Generator(bf16, params, auto, auto_params(auto), program_cache=ProgramCache(tmp_path)).partial(greedy)
 
 
 @pytest.mark.parametrize(
     "bytes_kept", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["jax-bytes", "no-jax-bytes"]
 )
-def test_a_bridge_is_stored_only_where_the_decode_program_is(tmp_path, jax_cache, monkeypatch, bytes_kept):
-    """A decode program JAX took from its own cache is stored from JAX's bytes, and the bridge after the output
-    with it. Where those bytes cannot be had (a JAX version that moved its reader) the decode program is not
-    stored, the next start compiles it in the foreground and would never run a bridge: none is compiled."""
+def test_split_programs_are_stored_from_jax_bytes_where_they_can_be(tmp_path, jax_cache, monkeypatch, bytes_kept):
+    """Programs JAX took from its own cache are stored from JAX's bytes; where those cannot be had (a JAX
+    version that moved its reader) they are not stored, and the next start compiles them in the foreground."""
     from lsjax.methods.auto.drafter import AutoDrafter, auto_params
 
     real, from_jax_cache = programs._compile, []
@@ -354,16 +339,19 @@ def test_a_bridge_is_stored_only_where_the_decode_program_is(tmp_path, jax_cache
     config, params = tiny_model()
     drafter = dataclasses.replace(AutoDrafter(pld_tokens=(3,)), cost_profile="prior")
     ids, gen = [5, 6, 7, 8, 5, 6], GenerateConfig(max_new_tokens=6, ignore_eos=True)
-    first = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path / "a"))
-    first.compile(ids, gen)
-    assert first.for_next_start  # compiled afresh: stored, so the next start loads it and may bridge
+    Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path / "a")).compile(
+        ids, gen
+    )
     jax.clear_caches()
     again = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path / "b"))
     del from_jax_cache[:]
-    again.compile(ids, gen)
-    assert from_jax_cache == [True, True]  # the start and decode programs came from JAX's cache
+    again.compile(ids, gen, background=True)
+    assert from_jax_cache == [True, True, True]  # start and both groups came from JAX's cache
     stored = list((tmp_path / "b").glob(f"decode-*{programs.SUFFIX}"))
-    assert bool(again.for_next_start) == bool(stored) == bytes_kept
+    assert len(stored) == (2 if bytes_kept else 0)
+    last = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path / "b"))
+    last.compile(ids, gen, background=True)
+    assert last.compiling == bytes_kept  # loading from disk goes to the background; compiling does not (CPU)
 
 
 def test_a_start_that_loaded_its_decode_program_may_borrow_host_params(tmp_path):

@@ -23,8 +23,8 @@ import numpy as np
 from lsjax import mesh as mesh_lib
 from lsjax.config import GenerateConfig, ModelConfig
 from lsjax.engine import loop
-from lsjax.engine.programs import ProgramCache, program_key
-from lsjax.engine.step import stop_ids
+from lsjax.engine.programs import ProgramCache
+from lsjax.engine.step import stop_ids, variant_groups
 from lsjax.engine.types import ARDrafter, Drafter, HostRun, HostTuned, SpecConfig, Summarized
 from lsjax.errors import LsjaxError
 from lsjax.models import target
@@ -55,11 +55,12 @@ class GenerationResult:
     # The prefill ran while the decode program compiled (`Generator.compile(background=True)`): prefill_s then
     # includes sharing the host with XLA.
     prefill_alongside_compile: bool = False
-    # Plain AR steps the bridge program ran while the drafter's decode program was still loading (`Generator`);
+    # Steps run while no speculative program was ready yet (a split decode's first group only: `SplitDecode`);
     # they are part of decode_s and target_forwards.
     bridged_steps: int = 0
-    # `time.perf_counter()` when the drafter's own decode program took over (after any bridged steps and its
-    # host tuning): a launcher's "seconds until the speculative program is in use" (`decode.py --json`).
+    # `time.perf_counter()` when a speculative program could first run (after its host tuning; for a split
+    # decode, when a group past AR's had loaded): "seconds until the speculative program is in use"
+    # (`decode.py --json`).
     decode_program_at: float = 0.0
     first_token_at: float = 0.0  # `time.perf_counter()` when the first new token was ready (after the prefill)
 
@@ -113,13 +114,95 @@ def compiler_beside_device() -> bool:
 
 
 class ProgramReady(typing.NamedTuple):
-    """A program a `Generator` made ready: its name (start, decode, bridge), how ("loaded" from the program
-    cache, "jax-cache": traced and lowered with XLA's compile read from JAX's persistent cache, "compiled")
-    and the seconds it took."""
+    """A program a `Generator` made ready: its name (start, decode, or a split decode's `group_name`), how
+    ("loaded" from the program cache, "jax-cache": traced and lowered with XLA's compile read from JAX's
+    persistent cache, "compiled") and the seconds it took."""
 
     name: str
     how: str
     seconds: float
+
+
+def group_name(drafter: Drafter, group: int) -> str:
+    """A split decode program's name (`SplitDecode`): the node count its group verifies."""
+    return f"decode-{drafter.step_variants()[variant_groups(drafter)[group][0]].num_nodes}n"
+
+
+class SplitDecode:
+    """A switched drafter's decode loop as one program per node-count group (`loop.group_decode_jit`), the host
+    switching between them where the next step is another group's; called as the single decode program is,
+    `(params, draft_params, state, step_limit) -> state`, and runs the same steps with the same choices.
+
+    Why: a single program holds every group's target forward (auto: 8 of them, 31 MB on a CPU, 11 s to load
+    and 44 s to compile for SmolLM2, where one method's is 3-5 MB and ~1 s). Split, the first group (AR's,
+    which also runs the stretches) is ready as soon as one method's program, and the others load behind it.
+    `programs[g]`: a compiled program, or a Future of one still loading. With `partial`, a call runs the
+    drafter restricted to the groups loaded so far (`Drafter.ready_params`), looking again every `poll`
+    steps; else it waits for them all. A group the drafter is forced to (profiling) is waited for."""
+
+    poll = 8  # steps between looks at what has loaded, while something still loads
+
+    def __init__(self, drafter: Drafter, programs: list, partial: bool):
+        self.drafter = drafter
+        self.groups = variant_groups(drafter)
+        self.programs = list(programs)
+        self.partial = partial
+        self.group_of = np.zeros(len(drafter.step_variants()), np.int32)
+        for g, members in enumerate(self.groups):
+            self.group_of[members] = g
+        self.waited = 0.0  # seconds calls spent waiting for a group to load
+        self.speculative_at: float | None = None  # perf_counter when a group past the first could first run
+        self.steps_at = 0  # state.steps then
+        self._params: dict = {}  # (id of the draft params, ready) -> those params restricted
+
+    @property
+    def complete(self) -> bool:
+        return not any(isinstance(p, concurrent.futures.Future) and not p.done() for p in self.programs)
+
+    def _program(self, g: int):
+        p = self.programs[g]
+        if isinstance(p, concurrent.futures.Future):
+            t = time.perf_counter()
+            p = self.programs[g] = p.result()
+            self.waited += time.perf_counter() - t
+        return p
+
+    def ready(self) -> np.ndarray:
+        """[V] bool: the variants whose group's program is loaded."""
+        loaded = [not isinstance(p, concurrent.futures.Future) or p.done() for p in self.programs]
+        return np.asarray(loaded)[self.group_of]
+
+    def wait(self) -> None:
+        for g in range(len(self.programs)):
+            self._program(g)
+
+    def _restricted(self, draft_params, ready: np.ndarray):
+        key = (id(draft_params), ready.tobytes())
+        if key not in self._params:
+            restricted = self.drafter.ready_params(draft_params, ready)
+            self._params = {key: (draft_params, draft_params if restricted is None else restricted)}
+        return self._params[key][1]
+
+    def __call__(self, params, draft_params, state, step_limit):
+        from lsjax.engine.step import PLAN
+
+        if not self.partial:
+            self.wait()
+        limit = int(step_limit)
+        nxt, fresh, steps = PLAN, True, int(state.steps)
+        while True:
+            complete = self.complete
+            ready = self.ready()
+            if self.speculative_at is None and ready.any() and ready[self.group_of != 0].any():
+                self.speculative_at, self.steps_at = time.perf_counter(), steps
+            g = 0 if nxt < 0 else int(self.group_of[nxt])
+            bound = limit if complete else min(limit, steps + self.poll)
+            dp = self._restricted(draft_params, ready)
+            state, info = self._program(g)(params, dp, state, jnp.int32(nxt), jnp.bool_(fresh), jnp.int32(bound))
+            nxt, fresh, over, steps = (int(x) for x in np.asarray(info))
+            fresh = bool(fresh)
+            if fresh and (over or steps >= limit):
+                return state
 
 
 class Generator:
@@ -150,26 +233,28 @@ class Generator:
         self.backend = backend
         self._host_params: dict = {}  # (bucket, sampling) -> a HostTuned drafter's params
         self._compiled: dict = {}
-        self._bridges: dict = {}  # sig -> the bridge program (`bridges`), where there is one
-        self._for_next_start: list = []  # (`store_for_next_start`)
         self.program_log: list[ProgramReady] = []  # every program this generator made ready, in order
         self.warming_up = False  # a warm-up (`decode.py --precompile`): host params measured, never borrowed
         self._loaded_buckets: set[int] = set()  # prompt buckets whose decode program came from the program cache
         self.loading_decode = False  # the decode program left to the background is loaded from disk, not compiled
 
-    def bridges(self, gen: GenerateConfig) -> bool:
-        """Whether plain AR steps (`loop.bridge_jit`, a small program) decode while the drafter's decode program
-        loads or compiles in the background, so tokens come before it is ready. Only where that cannot change
-        the output: a drafter with AR stretches (`auto`), greedy decoding and exact numerics (`exact_on`); when
-        the bridge hands over depends on the clock, so at T > 0 the same seed would give another sample, and
-        without exact numerics a near tie could go another way."""
+    def splits(self) -> bool:
+        """Whether the decode loop is one program per node-count group (`SplitDecode`): a switched drafter with
+        more than one group, on one device, with a program cache (where programs load rather than compile)."""
         return (
-            self.drafter.stretch_limit > 0
-            and gen.sampling.greedy
+            bool(self.drafter.step_variants())
+            and len(variant_groups(self.drafter)) > 1
             and self.mesh is None
             and self.programs is not None
-            and exact_on(self.config)
         )
+
+    def partial(self, gen: GenerateConfig) -> bool:
+        """Whether a split decode runs with the groups loaded so far while the others load (`SplitDecode`):
+        only where that cannot change the output. Which groups are loaded when depends on the clock, so at
+        T > 0 the same seed would give another sample, and without exact numerics (`exact_on`) a near tie could
+        go another way; and only for a drafter that can be restricted (`Drafter.ready_params`)."""
+        ready = np.ones(len(self.drafter.step_variants()), bool)
+        return gen.sampling.greedy and exact_on(self.config) and self.drafter.ready_params((), ready) is not None
 
     def _compile(self, bucket: int, capacity: int, gen: GenerateConfig, key, background: bool = False):
         sig = (bucket, capacity, gen)
@@ -202,27 +287,56 @@ class Generator:
             )
             return loop.decode_pinned(shardings).lower(*args, spec, placed, jnp.int32(0))
 
-        def lower_bridge():
-            return loop.bridge_jit.lower(*args, spec, state_shape(), jnp.int32(0))
+        def lower_group(g: int):
+            from lsjax.engine.step import PLAN
+
+            dp = drafter.ready_params(self.draft_params, np.ones(len(drafter.step_variants()), bool))
+            dp = self.draft_params if dp is None else dp
+            flags = (jnp.int32(PLAN), jnp.bool_(True), jnp.int32(0))
+            return loop.group_decode_jit.lower(self.params, dp, spec, state_shape(), *flags, g)
 
         def build(name, lower):
             t = time.perf_counter()
             if self.programs is None:
                 program, how = lower().compile(), "compiled"
             else:
-                # Every program is determined by the spec and the start arguments (the state the decode program
-                # and the bridge take is start's output).
+                # Every program is determined by the spec and the start arguments (the state the decode programs
+                # take is start's output).
                 program, how = self.programs.fetch(name, spec, (args, kwargs), lower)
             self.program_log.append(ProgramReady(name, how, time.perf_counter() - t))
-            if name == "decode" and how == "loaded":
+            if name.startswith("decode") and how == "loaded":
                 self._loaded_buckets.add(bucket)
             return program
 
-        def timed_decode():
-            t = time.perf_counter()
-            return build("decode", lower_decode), time.perf_counter() - t
-
         start = build("start", lower_start)
+        if self.splits():
+            names = [group_name(drafter, g) for g in range(len(variant_groups(drafter)))]
+            lowers = [functools.partial(lower_group, g) for g in range(len(names))]
+            stored = all(self.programs.holds(n, spec, (args, kwargs)) for n in names[1:])
+            # On a CPU, XLA's compile uses the cores the decode runs on; loading from disk is one thread.
+            background = background and (stored or compiler_beside_device())
+            self.loading_decode = background and stored
+            programs = [build(names[0], lowers[0])]  # AR's group: decodes while the others get ready
+            if not background:
+                programs += [build(n, lower) for n, lower in zip(names[1:], lowers[1:])]
+            else:
+                futures = [concurrent.futures.Future() for _ in names[1:]]
+                programs += futures
+
+                def work():
+                    for i, (name, lower) in enumerate(zip(names[1:], lowers[1:])):
+                        try:
+                            futures[i].set_result(build(name, lower))
+                        except BaseException as e:  # raised where the program is waited for  # noqa: BLE001
+                            for f in futures[i:]:
+                                f.set_exception(e)
+                            return
+
+                # Not a daemon: a process that ends meanwhile waits for XLA (a daemon thread still inside XLA at
+                # exit aborts the process, "terminate called ..."); Ctrl-C in decode.py exits at once regardless.
+                threading.Thread(target=work, name="lsjax-load").start()
+            self._compiled[sig] = (start, SplitDecode(drafter, programs, self.partial(gen)), drafter)
+            return sig, time.perf_counter() - t0
         stored = self.programs is not None and self.programs.holds("decode", spec, (args, kwargs))
         if background and not compiler_beside_device():
             # On a CPU, XLA's compile uses the cores the prefill runs on (the demo's first run side by side on 2
@@ -230,21 +344,13 @@ class Generator:
             background = stored
         # What the background is doing, for a status line ("loading" reads from disk; else XLA compiles).
         self.loading_decode = background and stored
-        # A bridge that cannot be stored (`program_key` None) would be compiled again on every start: none.
-        bridge = self.bridges(gen) and program_key("bridge", spec, (args, kwargs)) is not None
-        held = bridge and self.programs.holds("bridge", spec, (args, kwargs))
-        # A bridge not yet stored is compiled now only beside an accelerator, where it decodes while the decode
-        # program compiles; on a CPU compiling it first would delay this run's first token by about what it
-        # saves, so it is stored for the next start after this run's output (`store_for_next_start`).
-        later = functools.partial(build, "bridge", lower_bridge)
-        held = held or (bridge and background and compiler_beside_device())
         if background:
-            if held:  # small: it loads in about a second, and decodes while the decode program loads
-                self._bridges[sig] = build("bridge", lower_bridge)
-            elif bridge:  # on a CPU, background means the decode program is stored: the next start loads it
-                self._for_next_start.append(later)
             # XLA compiles (or loads) on one host thread while the device, or the other CPU cores, prefill.
             decode = concurrent.futures.Future()
+
+            def timed_decode():
+                t = time.perf_counter()
+                return build("decode", lower_decode), time.perf_counter() - t
 
             def work():
                 try:
@@ -252,37 +358,19 @@ class Generator:
                 except BaseException as e:  # raised where the program is waited for  # noqa: BLE001
                     decode.set_exception(e)
 
-            # Not a daemon: a process that ends meanwhile waits for XLA (a daemon thread still inside XLA at
-            # exit aborts the process, "terminate called ..."); Ctrl-C in decode.py exits at once regardless.
             threading.Thread(target=work, name="lsjax-compile").start()
             self._compiled[sig] = (start, decode, drafter)
             return sig, time.perf_counter() - t0
         self._compiled[sig] = (start, build("decode", lower_decode), drafter)
-        if bridge and not held and self.programs.holds("decode", spec, (args, kwargs)):
-            # Only where the decode program was stored (not one JAX took from its own cache): the next start
-            # loads it in the background, which is when a bridge runs.
-            self._for_next_start.append(later)
         return sig, time.perf_counter() - t0
-
-    @property
-    def for_next_start(self) -> bool:
-        """Whether `store_for_next_start` has something to compile."""
-        return bool(self._for_next_start)
-
-    def store_for_next_start(self) -> float:
-        """Compiles and stores in the program cache what a later start of the same run loads beside the decode
-        program but this one did not need (the bridge, when this run compiled its decode program in the
-        foreground); returns the seconds it took (0: nothing to do). `decode.py` calls it after its output,
-        so the first run's first token does not wait for it."""
-        t0 = time.perf_counter()
-        while self._for_next_start:
-            self._for_next_start.pop()()
-        return time.perf_counter() - t0
 
     @property
     def compiling(self) -> bool:
         """Whether a decode program is compiling (or loading) in the background (`compile(background=True)`)."""
-        return any(isinstance(c[1], concurrent.futures.Future) for c in self._compiled.values())
+        return any(
+            isinstance(c[1], concurrent.futures.Future) or (isinstance(c[1], SplitDecode) and not c[1].complete)
+            for c in self._compiled.values()
+        )
 
     def _ready(self, sig) -> float:
         """Waits for a decode program compiled in the background; returns its compile seconds (0 if none)."""
@@ -357,8 +445,8 @@ class Generator:
         first_token_at = time.perf_counter()  # the prefill emits the first token
         prefill_s = first_token_at - t0
         pending = self._compiled[sig][1]
-        alongside = isinstance(pending, concurrent.futures.Future)
-        bridge = self._bridges.get(sig) if alongside else None
+        split = pending if isinstance(pending, SplitDecode) else None
+        alongside = isinstance(pending, concurrent.futures.Future) or (split is not None and not split.complete)
         emitted = 0
 
         def stream(state):
@@ -369,29 +457,18 @@ class Generator:
                 emitted = n
 
         t0 = time.perf_counter()
-        aside = 0.0  # seconds inside the decode that ran no decode step: waiting for the program, host tuning
-        if bridge is not None:
-            if on_ready is not None:
-                on_ready()
-            early = self._draft_params(gen, buf.shape[1], state, None)
-            stream(state)
-            # Stretch by stretch, until the decode program is ready, every row is done, or one token is left
-            # (`ar_stretch` leaves it to the decode program: a stretch that runs no step).
-            while not pending.done() and not bool(state.done[0]):
-                steps = int(state.steps)
-                state = bridge(self.params, early, state, jnp.int32(steps + max(stream_every, 1)))
-                stream(state)
-                if int(state.steps) == steps:
-                    break
-        bridged = int(state.steps)
-        t_aside = time.perf_counter()
+        # Seconds inside the decode that ran no decode step: waiting for a program, host tuning.
+        aside = time.perf_counter()
         compile_s += self._ready(sig)
         decode = self._compiled[sig][1]
-        if on_ready is not None and bridge is None:
+        if on_ready is not None:
             on_ready()
+        waited = split.waited if split is not None else 0.0
         draft_params = self._draft_params(gen, buf.shape[1], state, decode)
-        aside += time.perf_counter() - t_aside
+        aside = time.perf_counter() - aside
         decode_at = time.perf_counter()
+        if split is not None:
+            split.speculative_at = None  # this run's: when a group past AR's first could run
 
         if on_tokens is None:
             state = decode(self.params, draft_params, state, jnp.int32(gen.max_new_tokens))
@@ -404,6 +481,15 @@ class Generator:
                 limit += stream_every
                 state = decode(self.params, draft_params, state, jnp.int32(limit))
         jax.block_until_ready(state.num_out)
+        bridged = 0
+        if split is not None:
+            # Waiting for a group (a forced one, or all of them where decoding cannot start without) is loading.
+            compile_s += split.waited - waited
+            aside += split.waited - waited
+            if split.speculative_at is None:  # no group past AR's was ready before the run ended
+                decode_at, bridged = time.perf_counter(), int(state.steps)
+            elif split.speculative_at > decode_at:
+                decode_at, bridged = split.speculative_at, split.steps_at
         decode_s = time.perf_counter() - t0 - aside
 
         n = int(state.num_out[0])
@@ -427,13 +513,11 @@ class Generator:
 
     def _draft_params(self, gen: GenerateConfig, bucket: int, state, decode):
         """The draft params for this prompt: a `HostTuned` drafter's are found on the host before the timed
-        decode, once per (bucket, sampling), and kept. `decode` None: there is no decode program yet (the bridge
-        runs first), so the params are what the drafter knows without running one, and are not kept."""
+        decode, once per (bucket, sampling), and kept (with the decode program, which a `SplitDecode` may still
+        be loading: it waits only for a group it has to run)."""
         if not isinstance(self.drafter, HostTuned):
             return self.draft_params
         key = (bucket, gen.sampling)
-        if key not in self._host_params and decode is None:
-            return self.drafter.host_params(self._host_run(gen, bucket, state, None))
         if key not in self._host_params:
             self._host_params[key] = self.drafter.host_params(self._host_run(gen, bucket, state, decode))
         return self._host_params[key]

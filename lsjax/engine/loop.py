@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from lsjax import mesh as mesh_lib
 from lsjax.cache import KVCache, commit
 from lsjax.config import GenerateConfig, ModelConfig
-from lsjax.engine.step import ar_stretch, context, emit, spec_step, stop_ids
+from lsjax.engine.step import context, emit, group_loop, spec_step, stop_ids
 from lsjax.engine.types import PREFILL_CHUNK, ARDrafter, DecodeState, Drafter, SpecConfig
 from lsjax.errors import InputError, LsjaxError
 from lsjax.models import target
@@ -209,19 +209,16 @@ def decode_pinned(state_shardings):
     return jax.jit(_decode, static_argnames=("spec",), donate_argnames=("state",), out_shardings=state_shardings)
 
 
-@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
-def bridge_jit(target_params, draft_params, spec: SpecConfig, state, step_limit):
-    """One AR stretch (`step.ar_stretch`: plain AR steps, then the drafter's `catch_up`) of at most the drafter's
-    `stretch_limit` steps and `step_limit - state.steps`: a small program that decodes while the drafter's own,
-    much larger, decode program is still loading (`Generator`). It does not stop where the drafter's
-    `stretch_stop` would (the drafter cannot run yet; waiting would only idle); it leaves the last token to the
-    decode program (`ar_stretch`), so a call that runs no step means: wait for it."""
-    if not spec.drafter.stretch_limit:
-        raise ValueError(f"bridge: {spec.drafter.name} has no AR stretches (stretch_limit 0)")
+@functools.partial(jax.jit, static_argnames=("spec", "group"), donate_argnames=("state",))
+def group_decode_jit(target_params, draft_params, spec: SpecConfig, state, nxt, fresh, step_limit, group: int):
+    """One node-count group's share of a switched drafter's decode loop (`step.group_loop`): a program as small
+    as one method's, so the host loads the groups one by one and switches between them (`SplitDecode`).
+    Returns (state, [nxt, fresh, every row done, steps] int32): what the host needs, in one transfer."""
     with mesh_lib.scope(spec.mesh):
         ctx = context(target_params, draft_params, spec.model, spec.gen, state.cache.capacity, spec.backend)
-        n = jnp.maximum(step_limit - state.steps, 0).astype(jnp.int32)
-        return ar_stretch(ctx, spec.drafter, spec.gen, state, n, stoppable=False)
+        state, nxt, fresh = group_loop(ctx, spec.drafter, spec.gen, state, nxt, fresh, step_limit, group)
+        info = jnp.stack([nxt, fresh.astype(jnp.int32), jnp.all(state.done).astype(jnp.int32), state.steps])
+        return state, info
 
 
 def decode(target_params, draft_params, config, drafter=None, gen=None, state=None, step_limit=None, backend="auto"):

@@ -181,12 +181,9 @@ def chain_verdict(path: PathResult, extras=()) -> Verdict:
     return Verdict(tree, jnp.where(valid, idx, 0), path.num_accepted, path.bonus, path.count, extras)
 
 
-def ar_stretch(
-    ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState, n, stoppable: bool = True
-) -> DecodeState:
+def ar_stretch(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState, n) -> DecodeState:
     """Up to n [] plain AR steps (`fixed_step` with `ARDrafter`: exactly what `--method ar` runs, the draft
     state carried untouched), then one `drafter.catch_up` over the tokens they committed, as a chain verdict.
-    `stoppable=False`: the drafter's `stretch_stop` is not asked (the bridge: nothing else can run yet).
 
     Why: a switched step that runs AR still pays for choosing, the switch, padding its path to the deepest
     variant and every sub-drafter's update (3-4% of an AR step on a CPU for auto); a stretch pays that once.
@@ -196,20 +193,18 @@ def ar_stretch(
     ar = ARDrafter()
     n = jnp.minimum(n, limit)
 
-    if stoppable:
+    def planned(_):
+        return drafter.stretch_plan(ctx, start)
 
-        def planned(_):
-            return drafter.stretch_plan(ctx, start)
-
-        # Most switched steps run no stretch (n = 0): the plan is only worked out for one that does.
-        blank = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(planned, None))
-        plan = jax.lax.cond(n > 0, planned, lambda _: blank, None)
+    # Most switched steps run no stretch (n = 0): the plan is only worked out for one that does.
+    blank = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(planned, None))
+    plan = jax.lax.cond(n > 0, planned, lambda _: blank, None)
 
     def more(s):
         # The last token is left to the step after the stretch, which runs anyway: ending the run inside the
         # stretch would make that step a forward over finished rows.
         last = jnp.any(~s.done & (s.num_out >= s.limit - 1))
-        stop = jnp.asarray(drafter.stretch_stop(ctx, start, plan, s) if stoppable else False, bool)
+        stop = jnp.asarray(drafter.stretch_stop(ctx, start, plan, s), bool)
         return (s.steps - steps0 < n) & ~jnp.all(s.done) & ~last & ~stop
 
     state = jax.lax.while_loop(more, lambda s: fixed_step(ctx, ar, gen, s), state)
@@ -231,6 +226,40 @@ def ar_stretch(
     return dataclasses.replace(state, draft=draft)
 
 
+def variant_groups(drafter: Drafter) -> list[list[int]]:
+    """A switched drafter's variants grouped by node count (first-seen order): each group shares one target
+    forward, and is one program when the host switches between groups (`group_loop`)."""
+    variants = drafter.step_variants()
+    sizes = list(dict.fromkeys(v.num_nodes for v in variants))
+    return [[i for i, v in enumerate(variants) if v.num_nodes == n] for n in sizes]
+
+
+def run_variant(
+    ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState, index, group: int | None = None
+) -> DecodeState:
+    """Variant `index` [] of a switched drafter drafts, verifies (inside a `lax.switch` over the node-count
+    groups, or only `group`'s when given: `index` must then be one of its members) and commits."""
+    variants = drafter.step_variants()
+    for v in variants:
+        if type(v).verify_extras is not Drafter.verify_extras:
+            raise TypeError(f"{drafter.name}: a step variant cannot ask for verify_extras ({type(v).__name__})")
+    depth = max(v.max_depth for v in variants)
+    groups = variant_groups(drafter)
+    where = np.zeros((len(variants), 2), np.int32)  # variant -> (group, member)
+    for g, members in enumerate(groups):
+        for m, i in enumerate(members):
+            where[i] = (g, m)
+    at = jnp.asarray(where)[index]
+    branches = [functools.partial(_group_path, ctx, gen, [variants[i] for i in members], depth) for members in groups]
+    wanted = jnp.asarray(drafter.root_logp_wanted(ctx, state), bool)
+    if group is None:
+        path = jax.lax.switch(at[0], branches, (state, at[1], wanted))
+    else:
+        path = branches[group]((state, at[1], wanted))
+    verdict = chain_verdict(path, SwitchExtras(index, path.root_logp))
+    return commit_phase(ctx, drafter, gen, state, (verdict, path.k, path.v))
+
+
 def switched_step(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState) -> DecodeState:
     """One step of a drafter with `step_variants`: the chosen variant drafts and verifies inside a `lax.switch`
     (its own static tree: a small tree pays only its own verification; variants with equal node counts share
@@ -239,24 +268,56 @@ def switched_step(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, stat
     stretch = drafter.ar_stretch(ctx, state)
     if stretch is not None:
         state = ar_stretch(ctx, drafter, gen, state, stretch)
-    variants = drafter.step_variants()
-    for v in variants:
-        if type(v).verify_extras is not Drafter.verify_extras:
-            raise TypeError(f"{drafter.name}: a step variant cannot ask for verify_extras ({type(v).__name__})")
-    depth = max(v.max_depth for v in variants)
-    sizes = list(dict.fromkeys(v.num_nodes for v in variants))  # one group per node count, in first-seen order
-    groups = [[i for i, v in enumerate(variants) if v.num_nodes == n] for n in sizes]
-    where = np.zeros((len(variants), 2), np.int32)  # variant -> (group, member)
-    for g, members in enumerate(groups):
-        for m, i in enumerate(members):
-            where[i] = (g, m)
-    index = drafter.choose(ctx, state)
-    at = jnp.asarray(where)[index]
-    branches = [functools.partial(_group_path, ctx, gen, [variants[i] for i in members], depth) for members in groups]
-    wanted = jnp.asarray(drafter.root_logp_wanted(ctx, state), bool)
-    path = jax.lax.switch(at[0], branches, (state, at[1], wanted))
-    verdict = chain_verdict(path, SwitchExtras(index, path.root_logp))
-    return commit_phase(ctx, drafter, gen, state, (verdict, path.k, path.v))
+    return run_variant(ctx, drafter, gen, state, drafter.choose(ctx, state))
+
+
+# `group_loop`'s next unit, besides a variant's index: an AR stretch (then the choice, in the same step), or
+# nothing known yet (the first call: the unit is planned before anything runs).
+STRETCH = -1
+PLAN = -2
+
+
+def next_unit(ctx: DraftContext, drafter: Drafter, state: DecodeState) -> jax.Array:
+    """[] int32: what `switched_step` would run next from `state`: STRETCH, or the variant it chooses."""
+    stretch = drafter.ar_stretch(ctx, state)
+    choice = drafter.choose(ctx, state).astype(jnp.int32)
+    return choice if stretch is None else jnp.where(stretch > 0, STRETCH, choice)
+
+
+def group_loop(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState, nxt, fresh, limit, group):
+    """`switched_step`s, cut so that a program holds one node-count group's forward (`variant_groups`): runs
+    units while the next one (`nxt`: a variant, STRETCH or PLAN) is this group's, the run is not over and
+    `state.steps < limit`; returns (state, nxt, fresh) for the program of the group that runs next. The first
+    group (AR's, one node) also runs stretches and plans. `fresh` False: `nxt` was chosen after a stretch
+    and belongs to the step the stretch began, which runs whatever the limit (as inside `switched_step`).
+    The steps, choices and state are those of `switched_step` in a loop (tests/test_split_decode.py)."""
+    members = jnp.asarray(variant_groups(drafter)[group], jnp.int32)
+    first = group == 0
+
+    def cond(c):
+        state, nxt, fresh = c
+        mine = jnp.any(nxt == members) | (first & (nxt < 0))
+        return mine & (~fresh | (~jnp.all(state.done) & (state.steps < limit)) | (nxt == PLAN))
+
+    def step(c):
+        state, nxt, _ = c
+        state = run_variant(ctx, drafter, gen, state, nxt, group)
+        return state, next_unit(ctx, drafter, state), jnp.bool_(True)
+
+    def stretch(c):
+        state = ar_stretch(ctx, drafter, gen, c[0], drafter.ar_stretch(ctx, c[0]))
+        return state, drafter.choose(ctx, state).astype(jnp.int32), jnp.bool_(False)
+
+    def plan(c):
+        return c[0], next_unit(ctx, drafter, c[0]), jnp.bool_(True)
+
+    def body(c):
+        if not first:
+            return step(c)
+        return jax.lax.switch(jnp.clip(c[1] + 2, 0, 2), [plan, stretch, step], c)
+
+    carry = (state, jnp.asarray(nxt, jnp.int32), jnp.asarray(fresh, bool))
+    return jax.lax.while_loop(cond, body, carry)
 
 
 def spec_step(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState) -> DecodeState:

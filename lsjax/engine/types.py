@@ -155,6 +155,12 @@ class Drafter:
     def root_logp_wanted(self, ctx: DraftContext, state) -> jax.Array | bool:
         return False
 
+    def ready_params(self, draft_params, ready) -> Any:
+        """Draft params under which `choose` picks only the variants `ready` ([V] bool; the first is) marks:
+        the host decodes with a switched drafter while the programs of its other variants still load
+        (`lsjax.engine.host.SplitDecode`). None (the default): it cannot, and the host waits for them all."""
+        return None
+
     def ar_stretch(self, ctx: DraftContext, state) -> jax.Array | None:
         """A switched drafter whose policy has settled on AR: how many plain AR steps [] int32 the engine runs
         back to back before this step, in an inner loop with no choosing, no drafting and no bookkeeping (then
@@ -295,9 +301,8 @@ def step_keys(key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
 @dataclasses.dataclass(frozen=True)
 class HostRun:
     """One prompt bucket's compiled run, as `HostTuned.host_params` sees it before the timed decode:
-    `decode(params, draft_params, state, step_limit)` is the compiled loop and `state` the prefilled state.
-    `decode` None: no decode program yet (AR steps run while it loads): the params from what is known without
-    running one (`auto`: its cached cost profile, unchecked, or the prior)."""
+    `decode(params, draft_params, state, step_limit)` is the compiled loop (or a `SplitDecode`, whose groups
+    may still be loading: it waits for one it is forced to) and `state` the prefilled state."""
 
     model_name: str
     backend: str

@@ -267,7 +267,16 @@ class AutoDrafter(PolicyRules, Drafter):
         ds: AutoState = state.draft
         n, _, avail = ds.match
         active = (~state.done).astype(jnp.float32)
-        return self.decide(ds.policy, self._costs(ctx), n, avail, active, state.steps)
+        return self.decide(ds.policy, self._costs(ctx), n, avail, active, state.steps, _ready(ctx))
+
+    def ready_params(self, draft_params, ready) -> dict:
+        """`Drafter.ready_params`: `ready` rides in the params (`draft_params["ready"]`), so the same programs
+        serve every mask."""
+        ready = np.asarray(ready, bool)
+        if ready.shape != (len(self.candidates),) or not ready[0]:
+            raise ValueError(f"auto: ready must be [{len(self.candidates)}] bool with AR's entry set, got {ready}")
+        base = draft_params if isinstance(draft_params, dict) else auto_params(self)
+        return {**base, "ready": jnp.asarray(ready)}
 
     @property
     def stretch_limit(self) -> int:
@@ -300,7 +309,7 @@ class AutoDrafter(PolicyRules, Drafter):
         n = ds.match[0]
         deep = jnp.full_like(n, self.max_depth)
         acts = [
-            self.decide(ds.policy, costs, jnp.full_like(n, g), deep, live, start.steps) != 0
+            self.decide(ds.policy, costs, jnp.full_like(n, g), deep, live, start.steps, _ready(ctx)) != 0
             for g in range(1, self.pld_ngram + 1)
         ]
         return jnp.stack([jnp.bool_(False), *acts])
@@ -512,6 +521,12 @@ class AutoDrafter(PolicyRules, Drafter):
             return self.start_shadow(pol, costs), DraftShadow.record(tree, chain, n, avail, pld.length, logq)
 
         return jax.lax.cond(run, draft, lambda args: args, (pol, shadow))
+
+
+def _ready(ctx: DraftContext):
+    """The candidates whose programs are loaded (`AutoDrafter.ready_params`), None: all."""
+    dp = ctx.draft_params
+    return dp.get("ready") if isinstance(dp, dict) else None
 
 
 def _window(hist: History, start: jax.Array, n: int) -> jax.Array:

@@ -109,10 +109,12 @@ class PolicyRules:
             ok = ok & ((seen > 1e-3) | jnp.asarray([c.kind in ("ar", "pld") for c in self.candidates]))
         return ok.at[0].set(True)
 
-    def decide(self, pol: PolicyState, costs, n, avail, active, steps) -> jax.Array:
+    def decide(self, pol: PolicyState, costs, n, avail, active, steps, ready=None) -> jax.Array:
         """The candidate to run: the best expected tokens per second, unless a probe is due (module doc); only
-        candidates the budget affords."""
+        candidates the budget affords, and only those `ready` ([C] bool, None: all) marks."""
         ok = self.affordable(pol, costs, n, avail, active)
+        if ready is not None:
+            ok = ok & ready
         score = jnp.where(ok, self._scores(costs, pol, n, avail, active), -jnp.inf)
         greedy = jnp.argmax(score).astype(jnp.int32)
         # force == C profiles AR steps with a shadow draft each.

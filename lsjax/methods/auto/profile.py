@@ -302,8 +302,7 @@ def profile_costs(
     borrow: bool = False,
 ) -> np.ndarray:
     """[C] costs of `drafter`'s candidates at this prompt bucket and sampling, for the compiled loop
-    `decode(params, draft_params, state, step_limit)` (None: not ready; the cached entry unchecked, else the
-    prior) and a prefilled `state`: `mode` "prior" (never measure),
+    `decode(params, draft_params, state, step_limit)` and a prefilled `state`: `mode` "prior" (never measure),
     "cached" (the cached profile, measured once when missing or when it no longer holds: module doc) or
     "measure" (measure again). `model_sig`: `ModelConfig.signature()`. `mesh`: the mesh's shape when the run is
     split over devices: part of the device's name, so a profile measured on one device is never read for a
@@ -319,7 +318,7 @@ def profile_costs(
     device = device_name(jax.devices()[0]) + (f" mesh {mesh}" if mesh else "")
     path = profile_path(device, model_name, backend, names, model_sig)
     key = entry_key(bucket, gen.sampling.greedy or not gen.sampling.sample_drafts)
-    if decode is not None and mode == "cached" and not path.exists() and (others := measured_elsewhere(path)):
+    if mode == "cached" and not path.exists() and (others := measured_elsewhere(path)):
         print(
             f"[lsjax] auto's cost profile exists for {', '.join(others)}, not for this device"
             f" ({device}): measuring it here",
@@ -327,9 +326,6 @@ def profile_costs(
         )
     greedy = gen.sampling.greedy or not gen.sampling.sample_drafts
     borrowed = borrowed_costs(path, names, bucket, greedy, lsjax_version()) if borrow and mode == "cached" else None
-    if decode is None:  # nothing to check or measure with yet: the cached entry as it stands, else the prior
-        entries, _ = load_profile(path, names, lsjax_version())
-        return np.asarray(entries.get(key, prior if borrowed is None else borrowed[0]), np.float32)
     if borrowed is not None:
         print(
             f"[lsjax] auto's cost profile has no entry for prompt width {bucket} yet: using width "

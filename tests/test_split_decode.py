@@ -1,0 +1,140 @@
+"""A switched drafter's decode loop split into one program per node-count group (`SplitDecode`) runs the very
+steps the single program runs: the same choices, the same state, in one call or streamed; restricted to the
+groups loaded so far it stays lossless; a group still loading is waited for where it must run."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import functools
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lsjax import engine
+from lsjax.config import GenerateConfig, SamplingConfig
+from lsjax.engine import loop
+from lsjax.engine.host import SplitDecode, group_name
+from lsjax.engine.step import variant_groups
+from lsjax.engine.types import ARDrafter, SpecConfig
+from lsjax.methods.auto.drafter import auto_params
+from tests.test_auto import SMALL, repetitive_prompts
+from tests.test_speculative import longspec_params, run
+from tests.tiny import tiny_model
+
+GREEDY = GenerateConfig(max_new_tokens=48, sampling=SamplingConfig(temperature=0.0), ignore_eos=True)
+SAMPLED = GenerateConfig(max_new_tokens=48, sampling=SamplingConfig(temperature=1.0), ignore_eos=True)
+CHEAP = [1.0, 1.05, 1.1, 1.15, 1.1]  # speculation priced to pay: the policy moves between candidates
+PRICED_OUT = [1.0, 50.0, 50.0, 50.0, 50.0]  # AR only, in stretches
+
+
+@functools.cache
+def _setup(gen: GenerateConfig, drafter=SMALL):
+    config, params = tiny_model()
+    prompts = repetitive_prompts()
+    tokens = jnp.asarray(np.stack([np.pad(p, (0, 64 - len(p))) for p in prompts]).astype(np.int32))
+    lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
+    spec = SpecConfig(config, gen, drafter, capacity=engine.required_capacity(64, gen, drafter), chunk=64)
+    ls = longspec_params(params, config, drafter.longspec)
+    start = jax.jit(functools.partial(engine.start, config=spec))
+
+    def state():
+        return start(params, auto_params(drafter, ls), tokens=tokens, lengths=lengths, key=jax.random.key(1))
+
+    def programs():
+        return [
+            functools.partial(loop.group_decode_jit, spec=spec, group=g) for g in range(len(variant_groups(drafter)))
+        ]
+
+    return config, params, ls, spec, state, programs
+
+
+def _same(a, b):
+    for name in ("out", "num_out", "steps", "accepted", "done"):
+        np.testing.assert_array_equal(np.asarray(getattr(a, name)), np.asarray(getattr(b, name)), err_msg=name)
+    np.testing.assert_array_equal(np.asarray(a.draft.policy.uses), np.asarray(b.draft.policy.uses))
+
+
+def _positional(program):
+    return lambda p, dp, s, n, f, lim: program(p, dp, state=s, nxt=n, fresh=f, step_limit=lim)
+
+
+@pytest.mark.parametrize(
+    ("gen", "costs"), [(GREEDY, CHEAP), (GREEDY, PRICED_OUT), (SAMPLED, CHEAP)], ids=["switching", "stretches", "T=1"]
+)
+def test_split_programs_run_the_steps_of_the_single_program(gen, costs):
+    config, params, ls, spec, state, programs = _setup(gen)
+    dp = auto_params(SMALL, ls, costs)
+    single = loop.decode_jit(params, dp, spec, state(), jnp.int32(1000))
+    split = SplitDecode(SMALL, [_positional(p) for p in programs()], partial=False)
+    _same(split(params, dp, state(), 1000), single)
+    uses = np.asarray(single.draft.policy.uses)
+    if costs is CHEAP:
+        assert (uses[1:] > 0).sum() >= 2, uses  # more than one program ran
+    else:
+        assert SMALL.summary(single.draft)["ar_stretch_steps"] > 20
+    # Streamed in chunks (a stretch's step runs past its chunk's limit, as inside one switched step).
+    s = state()
+    streamed = loop.decode_jit(params, dp, spec, state(), jnp.int32(0))
+    for limit in range(5, 1000, 5):
+        s = split(params, dp, s, limit)
+        streamed = loop.decode_jit(params, dp, spec, streamed, jnp.int32(limit))
+        _same(s, streamed)
+        if bool(jnp.all(s.done)):
+            break
+    _same(s, single)
+
+
+def test_groups_still_loading_are_not_chosen_and_output_equals_ar():
+    """Only the first group loaded: auto runs AR (and its stretches), and its tokens are AR's; once the rest
+    loads, the next call uses them. A forced candidate whose group is still loading is waited for."""
+    config, params, ls, spec, state, programs = _setup(GREEDY)
+    dp = auto_params(SMALL, ls, CHEAP)
+    progs = [_positional(p) for p in programs()]
+    pending = [concurrent.futures.Future() for _ in progs[1:]]
+    split = SplitDecode(SMALL, [progs[0], *pending], partial=True)
+    assert not split.complete and split.ready().tolist() == [True] + [False] * (len(SMALL.candidates) - 1)
+    out = split(params, dp, state(), 1000)
+    ref = run(params, config, repetitive_prompts(), GREEDY, ARDrafter())
+    np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out))
+    uses = np.asarray(out.draft.policy.uses)
+    assert uses[0] == int(out.steps) and uses[1:].sum() == 0, uses
+    assert split.speculative_at is None
+    for f, p in zip(pending, progs[1:]):
+        f.set_result(p)
+    assert split.complete
+    again = split(params, dp, state(), 1000)
+    np.testing.assert_array_equal(np.asarray(again.out), np.asarray(ref.out))
+    assert np.asarray(again.draft.policy.uses)[1:].sum() > 0 and split.speculative_at is not None
+
+
+def test_a_forced_group_still_loading_is_waited_for():
+    config, params, ls, spec, state, programs = _setup(GREEDY)
+    dp = auto_params(SMALL, ls, CHEAP)
+    progs = [_positional(p) for p in programs()]
+    later = concurrent.futures.Future()
+    split = SplitDecode(SMALL, [progs[0], later, *progs[2:]], partial=True)
+    forced = len(SMALL.candidates) - 1  # the hybrid: not in the first group
+    assert split.group_of[forced] != 0
+    s = state()
+    policy = dataclasses.replace(s.draft.policy, force=jnp.int32(forced))
+    s = dataclasses.replace(s, draft=dataclasses.replace(s.draft, policy=policy))
+    threading.Timer(0.3, lambda: later.set_result(progs[1])).start()
+    out = split(params, dp, s, 6)
+    assert int(np.asarray(out.draft.policy.uses)[forced]) == int(out.steps) == 6
+    if split.group_of[forced] == 1:
+        assert split.waited > 0.1
+
+
+def test_group_names_say_the_node_count():
+    names = [group_name(SMALL, g) for g in range(len(variant_groups(SMALL)))]
+    assert names[0] == "decode-1n" and len(set(names)) == len(names), names
+
+
+def test_ready_params_refuse_a_mask_without_ar():
+    with pytest.raises(ValueError, match="AR's entry"):
+        SMALL.ready_params(auto_params(SMALL), np.zeros(len(SMALL.candidates), bool))
+    assert ARDrafter().ready_params((), np.ones(1, bool)) is None  # a drafter without a choice cannot restrict
