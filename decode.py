@@ -370,11 +370,12 @@ def main(argv=None, *, as_program: bool = False) -> int:
             return precompile(generator, ids, gen, args, method)
         stream = tok.stream_decoder(skip_special_tokens=True)
         on_tokens = None if args.json else (lambda new: print(stream.push(new), end="", flush=True))
-        with Ticker(compiling_label(drafter)) as ticker:
+        with Ticker(compiling_label(drafter, decode_programs(generator))) as ticker:
             # The decode program compiles on a host thread while the prompt is prefilled.
             compile_s = generator.compile(ids, gen, seed=args.seed, background=True)
             if generator.compiling:
-                ticker.restart(loading_label(drafter) if generator.loading_decode else ticker.label)
+                loading = loading_label(drafter, decode_programs(generator))
+                ticker.restart(loading if generator.loading_decode else ticker.label)
                 ticker.label += " (prefilling meanwhile)"
             else:
                 ticker.restart(f"prefilling {len(ids)} prompt tokens")
@@ -548,21 +549,33 @@ def programs_said(log) -> str:
     return ", ".join(f"{p.name} {p.how}" + (f" ({p.seconds:.1f}s)" if p.seconds >= 1 else "") for p in log)
 
 
-def loading_label(drafter) -> str:
-    """What the ticker says while the decode program loads from the compile cache (not compiled)."""
+def decode_programs(generator) -> int:
+    """How many decode programs the generator makes: one per node-count group where it splits (`SplitDecode`)."""
+    from lsjax.engine.step import variant_groups
+
+    return len(variant_groups(generator.drafter)) if generator.splits() else 1
+
+
+def loading_label(drafter, programs: int = 1) -> str:
+    """What the ticker says while decode programs load from the compile cache (not compiled). Split
+    (`programs` > 1), the first group's is loaded before decoding and the others while it decodes."""
     names = [n for n in getattr(drafter, "cost_names", None) or () if n != "shadow"]
+    if names and programs > 1:
+        return f"loading auto's other {programs - 1} candidate programs from the compile cache"
     what = f"auto's program ({len(names)} candidates)" if names else "the decode program"
     return f"loading {what} from the compile cache"
 
 
-def compiling_label(drafter) -> str:
-    """What the compile ticker says: auto compiles all its candidates into one program (the engine switches
-    over them on device), so it names them; it cannot say which one XLA is at."""
+def compiling_label(drafter, programs: int = 1) -> str:
+    """What the compile ticker says: auto compiles all its candidates, into one program (the engine switches
+    over them on device) or one per node-count group (`programs`), so it names them; it cannot say which one
+    XLA is at."""
     names = getattr(drafter, "cost_names", None)
     if not names:
         return "compiling"
     steps = [n for n in names if n != "shadow"]
-    return f"compiling auto's {len(steps)} candidates ({', '.join(steps)}) into one program"
+    into = f"as {programs} programs" if programs > 1 else "into one program"
+    return f"compiling auto's {len(steps)} candidates ({', '.join(steps)}) {into}"
 
 
 if __name__ == "__main__":

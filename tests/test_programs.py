@@ -270,7 +270,7 @@ def test_a_split_decode_runs_with_the_groups_loaded_so_far_and_takes_the_rest_as
     first = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path))
     assert first.splits() and first.partial(gen)
     assert first.run(ids, gen).tokens == ar.tokens
-    assert [p.name for p in first.program_log] == ["start", "decode-1n", "decode-4n"]
+    assert sorted(p.name for p in first.program_log) == ["decode-1n", "decode-4n", "start"]
 
     released = threading.Event()
     load = ProgramCache._load
