@@ -558,10 +558,10 @@ def decode_programs(generator) -> int:
 
 def loading_label(drafter, programs: int = 1) -> str:
     """What the ticker says while decode programs load from the compile cache (not compiled). Split
-    (`programs` > 1), the first group's is loaded before decoding and the others while it decodes."""
+    (`programs` > 1), AR's group's loads beside the prefill and the others while it decodes."""
     names = [n for n in getattr(drafter, "cost_names", None) or () if n != "shadow"]
     if names and programs > 1:
-        return f"loading auto's other {programs - 1} candidate programs from the compile cache"
+        return f"loading auto's {programs} candidate programs from the compile cache"
     what = f"auto's program ({len(names)} candidates)" if names else "the decode program"
     return f"loading {what} from the compile cache"
 

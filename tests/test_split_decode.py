@@ -138,3 +138,15 @@ def test_ready_params_refuse_a_mask_without_ar():
     with pytest.raises(ValueError, match="AR's entry"):
         SMALL.ready_params(auto_params(SMALL), np.zeros(len(SMALL.candidates), bool))
     assert ARDrafter().ready_params((), np.ones(1, bool)) is None  # a drafter without a choice cannot restrict
+
+
+def test_a_drafter_without_stretches_splits_too():
+    """AR's group without the stretch branch (`AutoPolicy(stretch=0)`: `next_unit` never says STRETCH)."""
+    from lsjax.methods.auto.drafter import AutoPolicy
+
+    drafter = dataclasses.replace(SMALL, policy=AutoPolicy(stretch=0))
+    config, params, ls, spec, state, programs = _setup(GREEDY, drafter)
+    dp = auto_params(drafter, ls, CHEAP)
+    single = loop.decode_jit(params, dp, spec, state(), jnp.int32(1000))
+    split = SplitDecode(drafter, [_positional(p) for p in programs()], partial=False)
+    _same(split(params, dp, state(), 1000), single)

@@ -169,8 +169,11 @@ class SplitDecode:
         return p
 
     def ready(self) -> np.ndarray:
-        """[V] bool: the variants whose group's program is loaded."""
-        loaded = [not isinstance(p, concurrent.futures.Future) or p.done() for p in self.programs]
+        """[V] bool: the variants whose group's program is loaded (the first group's counts as loaded: a call
+        waits for it)."""
+        loaded = [
+            g == 0 or not isinstance(p, concurrent.futures.Future) or p.done() for g, p in enumerate(self.programs)
+        ]
         return np.asarray(loaded)[self.group_of]
 
     def wait(self) -> None:
@@ -327,19 +330,20 @@ class Generator:
                     programs = list(pool.map(build, names, lowers))
                 self._compiled[sig] = (start, SplitDecode(drafter, programs, self.partial(gen)), drafter)
                 return sig, time.perf_counter() - t0
-            programs = [build(names[0], lowers[0])]  # AR's group: decodes while the others load
-            futures = [concurrent.futures.Future() for _ in names[1:]]
-            programs += futures
-            # The smallest trees first: the cheapest steps are the ones a CPU runs most (ls-chain1 on prose).
-            order = sorted(range(1, len(names)), key=lambda g: drafter.step_variants()[groups[g][0]].num_nodes)
+            if stored:  # (`_host_run`: the programs come from disk, even those not loaded yet)
+                self._loaded_buckets.add(bucket)
+            # AR's group first (beside the prefill; it decodes while the others load), then the smallest trees:
+            # the cheapest steps are the ones a CPU runs most (ls-chain1 on prose).
+            order = sorted(range(len(names)), key=lambda g: drafter.step_variants()[groups[g][0]].num_nodes)
+            programs = [concurrent.futures.Future() for _ in names]
 
             def work():
                 for i, g in enumerate(order):
                     try:
-                        futures[g - 1].set_result(build(names[g], lowers[g]))
+                        programs[g].set_result(build(names[g], lowers[g]))
                     except BaseException as e:  # raised where the program is waited for  # noqa: BLE001
                         for f in order[i:]:
-                            futures[f - 1].set_exception(e)
+                            programs[f].set_exception(e)
                         return
 
             # Not a daemon: a process that ends meanwhile waits for XLA (a daemon thread still inside XLA at

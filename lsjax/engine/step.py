@@ -311,9 +311,13 @@ def group_loop(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: 
     def plan(c):
         return c[0], next_unit(ctx, drafter, c[0]), jnp.bool_(True)
 
+    stretches = drafter.ar_stretch(ctx, state) is not None  # (static: whether the drafter ever stretches)
+
     def body(c):
         if not first:
             return step(c)
+        if not stretches:  # `next_unit` never says STRETCH
+            return jax.lax.cond(c[1] == PLAN, plan, step, c)
         return jax.lax.switch(jnp.clip(c[1] + 2, 0, 2), [plan, stretch, step], c)
 
     carry = (state, jnp.asarray(nxt, jnp.int32), jnp.asarray(fresh, bool))

@@ -314,9 +314,10 @@ class HostRun:
     decode: Any
     model_sig: str = ""  # the model configuration's signature (shapes, dtype): what a step's cost depends on
     mesh: str = ""  # the mesh's shape ("model=2,data=1") when the run is split over devices, else ""
-    # Whether the params may come from a neighbouring bucket's measurement (`auto`: its cost profile) when this
-    # bucket has none: a start that loaded its decode program, where measuring would be most of its wait. A
-    # start that compiles anyway, a warm-up (`decode.py --precompile`) and the API measure their own.
+    # Whether the params may come from what was measured before without checking it again (`auto`: its cost
+    # profile's entry for this bucket, unchecked, else a neighbouring bucket's): a start that loaded its decode
+    # program, where measuring would be most of its wait. A start that compiles anyway, a warm-up (`decode.py
+    # --precompile`) and the API check or measure their own.
     borrow: bool = False
 
 
