@@ -487,7 +487,24 @@ def main(argv=None, *, as_program: bool = False) -> int:
             + f"; programs: {programs_said(generator.program_log)}",
             file=sys.stderr,
         )
+    finish(generator)
     return 0
+
+
+def finish(generator) -> None:
+    """After the output: a run that decoded while its programs compiled (`auto` from AR's group) compiles the
+    rest and measures its costs at this width, so the next start loads and reads them; the rest of what was
+    still loading is not needed."""
+    if generator.owes:
+        print(
+            "[lsjax] compiling the rest of the method's programs and measuring its costs at this prompt width, "
+            "for the next start (Ctrl-C skips)...",
+            file=sys.stderr,
+            flush=True,
+        )
+        with Ticker("compiling for the next start"):
+            generator.finish()
+    generator.close()
 
 
 def precompile_widths(text: str, max_position: int) -> list[int]:

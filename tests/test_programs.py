@@ -301,6 +301,35 @@ def test_a_split_decode_runs_with_the_groups_loaded_so_far_and_takes_the_rest_as
     assert g.programs.hits == 3 and not g.compiling  # start and both groups, all loaded
 
 
+def test_a_first_start_decodes_from_ars_group_while_the_rest_compiles_and_finishes_after(tmp_path, monkeypatch):
+    """A start with nothing stored (greedy, exact): AR's group compiles beside the prefill and decodes while the
+    others compile; the costs are the prior meanwhile (measuring would wait for every program). `finish` then
+    compiles the rest and measures the width's costs, so the next start loads everything and reads them."""
+    from lsjax.methods.auto import profile
+    from lsjax.methods.auto.drafter import AutoDrafter, auto_params
+
+    monkeypatch.setenv("LSJAX_PROFILE_DIR", str(tmp_path / "profiles"))
+    monkeypatch.setattr(profile, "REPEATS", 1)
+    config, params = tiny_model()
+    drafter = AutoDrafter(pld_tokens=(3,))  # cost_profile "cached": measured once, kept on disk
+    ids = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    gen = GenerateConfig(max_new_tokens=40, ignore_eos=True)
+    ar = Generator(config, params).run(ids, gen)
+    g = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path / "p"))
+    g.compile(ids, gen, background=True)
+    assert g.compiling and not g.loading_decode  # compiling, in the background
+    result = g.run(ids, gen)
+    assert result.tokens == ar.tokens and not list((tmp_path / "profiles").glob("*.json"))
+    assert g.owes and g.finish() > 0 and not g.owes
+    assert list((tmp_path / "profiles").glob("*.json"))  # this width's costs, measured after the output
+    again = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path / "p"))
+    again.compile(ids, gen, background=True)
+    assert again.loading_decode
+    assert again.run(ids, gen).tokens == ar.tokens and not again.owes
+    assert all(p.how == "loaded" for p in again.program_log)
+    again.close()
+
+
 def test_split_and_partial_only_where_they_hold(tmp_path):
     from lsjax.config import SamplingConfig
     from lsjax.methods.auto.drafter import AutoDrafter, auto_params
@@ -345,13 +374,14 @@ def test_split_programs_are_stored_from_jax_bytes_where_they_can_be(tmp_path, ja
     jax.clear_caches()
     again = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path / "b"))
     del from_jax_cache[:]
-    again.compile(ids, gen, background=True)
+    again.compile(ids, gen)
     assert from_jax_cache == [True, True, True]  # start and both groups came from JAX's cache
     stored = list((tmp_path / "b").glob(f"decode-*{programs.SUFFIX}"))
     assert len(stored) == (2 if bytes_kept else 0)
     last = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path / "b"))
     last.compile(ids, gen, background=True)
-    assert last.compiling == bytes_kept  # loading from disk goes to the background; compiling does not (CPU)
+    assert last.loading_decode == bytes_kept  # else compiled in the background, AR's group first
+    last.finish()
 
 
 def test_a_start_that_loaded_its_decode_program_may_borrow_host_params(tmp_path):

@@ -155,6 +155,13 @@ class SplitDecode:
         self.speculative_at: float | None = None  # perf_counter when a group past the first could first run
         self.steps_at = 0  # state.steps then
         self._params: dict = {}  # (id of the draft params, ready) -> those params restricted
+        self.from_disk = True  # the programs still to come are read from the program cache, not compiled
+        self.stop = threading.Event()  # set: the background thread makes no more programs (`Generator.close`)
+
+    @property
+    def compiling(self) -> bool:
+        """Whether programs are still being compiled (not loaded) in the background."""
+        return not self.from_disk and not self.complete
 
     @property
     def complete(self) -> bool:
@@ -241,6 +248,8 @@ class Generator:
         self.warming_up = False  # a warm-up (`decode.py --precompile`): host params measured, never borrowed
         self._loaded_buckets: set[int] = set()  # prompt buckets whose decode program came from the program cache
         self.loading_decode = False  # the decode program left to the background is loaded from disk, not compiled
+        self._unsettled: set = set()  # (bucket, sampling) whose host params were taken before their programs were
+        self._finish: list = []  # (prompt_ids, gen, seed) of runs that left something to `finish`
 
     def splits(self) -> bool:
         """Whether the decode loop is one program per node-count group (`SplitDecode`): a switched drafter with
@@ -318,8 +327,10 @@ class Generator:
             names = [group_name(drafter, g) for g in range(len(groups))]
             lowers = [functools.partial(lower_group, g) for g in range(len(names))]
             stored = all(self.programs.holds(n, spec, (args, kwargs)) for n in names[1:])
-            # On a CPU, XLA's compile uses the cores the decode runs on; loading from disk is one thread.
-            background = background and (stored or compiler_beside_device())
+            # Loading from disk is one thread, beside the prefill and the decode. Compiling uses the cores they
+            # run on (on a CPU), so it goes there only where decoding can start with AR's group alone (`partial`):
+            # the run's tokens come at about AR's pace instead of after every group (~70 s on 2 cores).
+            background = background and (stored or compiler_beside_device() or self.partial(gen))
             self.loading_decode = background and stored
             if not background:
                 # Each program compiles on one core for most of its time: side by side they take about as long
@@ -337,8 +348,13 @@ class Generator:
             order = sorted(range(len(names)), key=lambda g: drafter.step_variants()[groups[g][0]].num_nodes)
             programs = [concurrent.futures.Future() for _ in names]
 
+            split = SplitDecode(drafter, programs, self.partial(gen))
+            split.from_disk = stored
+
             def work():
                 for i, g in enumerate(order):
+                    if split.stop.is_set():
+                        return
                     try:
                         programs[g].set_result(build(names[g], lowers[g]))
                     except BaseException as e:  # raised where the program is waited for  # noqa: BLE001
@@ -349,7 +365,7 @@ class Generator:
             # Not a daemon: a process that ends meanwhile waits for XLA (a daemon thread still inside XLA at
             # exit aborts the process, "terminate called ..."); Ctrl-C in decode.py exits at once regardless.
             threading.Thread(target=work, name="lsjax-load").start()
-            self._compiled[sig] = (start, SplitDecode(drafter, programs, self.partial(gen)), drafter)
+            self._compiled[sig] = (start, split, drafter)
             return sig, time.perf_counter() - t0
         stored = self.programs is not None and self.programs.holds("decode", spec, (args, kwargs))
         if background and not compiler_beside_device():
@@ -398,6 +414,40 @@ class Generator:
             raise
         self._compiled[sig] = (start, decode, drafter)
         return seconds
+
+    @property
+    def owes(self) -> bool:
+        """Whether `finish` has work: programs still being made in the background, or host params a run had to
+        take before its programs were compiled."""
+        return bool(self._finish) or any(
+            isinstance(c[1], SplitDecode) and c[1].compiling for c in self._compiled.values()
+        )
+
+    def close(self) -> None:
+        """Stops loading programs in the background once the one loading now is in (a process that is done
+        with its runs need not read the rest; programs being compiled are finished and stored: `finish`)."""
+        for _, decode, _ in self._compiled.values():
+            if isinstance(decode, SplitDecode) and decode.from_disk:
+                decode.stop.set()
+
+    def finish(self) -> float:
+        """After a run's output: waits for the programs still being made in the background and finds the host
+        params (`auto`: its cost profile at the run's width) a run had to take before they were, so the next
+        start loads the one and reads the other. Returns the seconds it took (`decode.py` says so first)."""
+        t0 = time.perf_counter()
+        for sig, (_, decode, _) in list(self._compiled.items()):
+            if isinstance(decode, SplitDecode):
+                decode.wait()
+            else:
+                self._ready(sig)
+        while self._finish:
+            prompt_ids, gen, seed = self._finish.pop()
+            gen, P, buf, key, sig, _ = self._prepare(prompt_ids, gen, seed)
+            start, decode, _ = self._compiled[sig]
+            self._unsettled.discard((buf.shape[1], gen.sampling))
+            state = start(self.params, self.draft_params, **start_args(buf, P, key, gen))
+            self._draft_params(gen, buf.shape[1], state, decode)
+        return time.perf_counter() - t0
 
     def _prepare(self, prompt_ids: list[int], gen: GenerateConfig, seed: int, wait=True, background=False):
         """Validates the prompt, caps max_new_tokens to the context, pads the prompt into its bucket and
@@ -506,6 +556,8 @@ class Generator:
                 decode_at, bridged = split.speculative_at, split.steps_at
         decode_s = time.perf_counter() - t0 - aside
 
+        if (buf.shape[1], gen.sampling) in self._unsettled:
+            self._finish.append((prompt_ids, gen, seed))
         n = int(state.num_out[0])
         tokens = np.asarray(state.out[0, :n]).tolist()
         stops = set(stop_ids(self.config, gen))
@@ -532,11 +584,15 @@ class Generator:
         if not isinstance(self.drafter, HostTuned):
             return self.draft_params
         key = (bucket, gen.sampling)
+        if key not in self._host_params and isinstance(decode, SplitDecode) and decode.compiling:
+            # Measuring would wait for every program: what is known now, and `finish` measures after the output.
+            self._unsettled.add(key)
+            return self.drafter.host_params(self._host_run(gen, bucket, state, decode, settled=False))
         if key not in self._host_params:
             self._host_params[key] = self.drafter.host_params(self._host_run(gen, bucket, state, decode))
         return self._host_params[key]
 
-    def _host_run(self, gen: GenerateConfig, bucket: int, state, decode) -> HostRun:
+    def _host_run(self, gen: GenerateConfig, bucket: int, state, decode, settled: bool = True) -> HostRun:
         return HostRun(
             self.config.name,
             self.backend,
@@ -551,4 +607,5 @@ class Generator:
             # A start that loaded its programs borrows a neighbour's costs rather than wait to measure; one that
             # compiled (its first at this width) measures, so later starts at the width read their own.
             not self.warming_up and bucket in self._loaded_buckets,
+            settled,
         )

@@ -319,6 +319,10 @@ class HostRun:
     # program, where measuring would be most of its wait. A start that compiles anyway, a warm-up (`decode.py
     # --precompile`) and the API check or measure their own.
     borrow: bool = False
+    # False: the decode programs are still being compiled (a split decode started with AR's group), so nothing
+    # may run to find the params: what is known already (`auto`: the entry, a neighbour's, the prior), not kept;
+    # `Generator.finish` finds them properly after the output.
+    settled: bool = True
 
 
 @runtime_checkable

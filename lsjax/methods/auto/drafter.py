@@ -224,6 +224,7 @@ class AutoDrafter(PolicyRules, Drafter):
             run.model_sig,
             run.mesh,
             borrow=run.borrow,
+            settled=run.settled,
         )
         return {**run.draft_params, "costs": jnp.asarray(costs, jnp.float32)}
 

@@ -300,6 +300,7 @@ def profile_costs(
     model_sig: str = "",
     mesh: str = "",
     borrow: bool = False,
+    settled: bool = True,
 ) -> np.ndarray:
     """[C] costs of `drafter`'s candidates at this prompt bucket and sampling, for the compiled loop
     `decode(params, draft_params, state, step_limit)` and a prefilled `state`: `mode` "prior" (never measure),
@@ -308,7 +309,9 @@ def profile_costs(
     split over devices: part of the device's name, so a profile measured on one device is never read for a
     mesh (whose steps add all-reduces) or the other way round, and one found only for the other says so.
     `borrow` (a start that loaded its programs): the bucket's entry is taken unchecked, and a bucket without
-    one takes its nearest neighbour's, with one line (`borrowed_costs`), instead of measuring first."""
+    one takes its nearest neighbour's, with one line (`borrowed_costs`), instead of measuring first. `settled`
+    False (the decode programs are still being compiled): nothing runs; the entry, else a neighbour's, else the
+    prior (`Generator.finish` measures it after the output)."""
     import jax
 
     prior = prior_costs(drafter)
@@ -325,6 +328,7 @@ def profile_costs(
             file=sys.stderr,
         )
     greedy = gen.sampling.greedy or not gen.sampling.sample_drafts
+    borrow = borrow or not settled
     if borrow and mode == "cached":
         # A start that loaded its programs takes its width's entry unchecked: the check is ~15 forced AR steps
         # (2 s for SmolLM2 on a 2-core CPU), a fifth of a 200-token run; a start that compiles still checks.
@@ -339,6 +343,9 @@ def profile_costs(
             file=sys.stderr,
         )
         return borrowed[0]
+
+    if not settled:
+        return prior
 
     def measure():
         return measure_costs(decode, params, draft_params, state, prior, names=names)
