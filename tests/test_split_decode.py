@@ -150,3 +150,17 @@ def test_a_drafter_without_stretches_splits_too():
     single = loop.decode_jit(params, dp, spec, state(), jnp.int32(1000))
     split = SplitDecode(drafter, [_positional(p) for p in programs()], partial=False)
     _same(split(params, dp, state(), 1000), single)
+
+
+def test_a_group_never_made_is_never_chosen():
+    """`Generator.close` stops the loading: the groups it left out are failed futures, never chosen."""
+    config, params, ls, spec, state, programs = _setup(GREEDY)
+    progs = [_positional(p) for p in programs()]
+    dropped = [concurrent.futures.Future() for _ in progs[1:]]
+    for f in dropped:
+        f.set_exception(RuntimeError("not loaded"))
+    split = SplitDecode(SMALL, [progs[0], *dropped], partial=True)
+    assert split.complete and split.ready().tolist() == [True] + [False] * (len(SMALL.candidates) - 1)
+    out = split(params, auto_params(SMALL, ls, CHEAP), state(), 1000)
+    ref = run(params, config, repetitive_prompts(), GREEDY, ARDrafter())
+    np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out))

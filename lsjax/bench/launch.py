@@ -29,6 +29,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from lsjax.prompts import TASKS
+
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = (
     "prompt_tokens",
@@ -67,7 +69,7 @@ def main(argv=None) -> int:
     p.add_argument("--suite", choices=("dev", "heldout"), default="dev")
     p.add_argument("--buckets", nargs="+", choices=list(BUCKETS), default=["1K-2K", "2K-4K"])
     p.add_argument("--per-cell", type=int, default=1, help="prompts per (task, bucket) of the suite")
-    p.add_argument("--tasks", nargs="+", default=["code"], help="the suite's tasks (default code)")
+    p.add_argument("--tasks", nargs="+", default=["code"], choices=TASKS, help="the suite's tasks (default code)")
     p.add_argument("--prompt-file", action="append", default=[], help="a prompt file instead of the suite")
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--rounds", type=int, default=1)

@@ -77,6 +77,7 @@ def main(argv=None) -> int:
                 sys.exit(f"lsjax.bench.programs: variant {name}: {e}")
             cache = ProgramCache(Path(tmp) / name)
             generator = Generator(model.config, model.params, drafter, draft_params, program_cache=cache)
+            generator.compile_workers = 1  # one at a time: each program's compile seconds are its own
             generator.compile(ids, gen)
             for made in generator.program_log:
                 stored = next(cache.root.glob(f"{made.name}-*{SUFFIX}"), None)

@@ -129,17 +129,25 @@ def group_name(drafter: Drafter, group: int) -> str:
     return f"decode-{drafter.step_variants()[variant_groups(drafter)[group][0]].num_nodes}n"
 
 
+def _made(program) -> bool:
+    """Whether a program (or a Future of one) is ready to run: not one still being made, nor one that failed or
+    was never made (`Generator.close`)."""
+    if not isinstance(program, concurrent.futures.Future):
+        return True
+    return program.done() and program.exception() is None
+
+
 class SplitDecode:
     """A switched drafter's decode loop as one program per node-count group (`loop.group_decode_jit`), the host
     switching between them where the next step is another group's; called as the single decode program is,
     `(params, draft_params, state, step_limit) -> state`, and runs the same steps with the same choices.
 
-    Why: a single program holds every group's target forward (auto: 8 of them, 31 MB on a CPU, 11 s to load
-    and 44 s to compile for SmolLM2, where one method's is 3-5 MB and ~1 s). Split, the first group (AR's,
-    which also runs the stretches) is ready as soon as one method's program, and the others load behind it.
-    `programs[g]`: a compiled program, or a Future of one still loading. With `partial`, a call runs the
-    drafter restricted to the groups loaded so far (`Drafter.ready_params`), looking again every `poll`
-    steps; else it waits for them all. A group the drafter is forced to (profiling) is waited for."""
+    Why: a single program holds every group's target forward (auto: six verification sizes, 31 MB on a CPU,
+    11 s to load and 44 s to compile for SmolLM2, where one method's is 3-5 MB and ~1 s). Split, the first
+    group (AR's, which also runs the stretches) is ready about as soon as one method's program, and the others
+    come behind it. `programs[g]`: a compiled program, or a Future of one still being made. With `partial`, a
+    call runs the drafter restricted to the groups ready so far (`Drafter.ready_params`), looking again every
+    `poll` steps; else it waits for them all. A group the drafter is forced to (profiling) is waited for."""
 
     poll = 8  # steps between looks at what has loaded, while something still loads
 
@@ -178,9 +186,7 @@ class SplitDecode:
     def ready(self) -> np.ndarray:
         """[V] bool: the variants whose group's program is loaded (the first group's counts as loaded: a call
         waits for it)."""
-        loaded = [
-            g == 0 or not isinstance(p, concurrent.futures.Future) or p.done() for g, p in enumerate(self.programs)
-        ]
+        loaded = [g == 0 or _made(p) for g, p in enumerate(self.programs)]
         return np.asarray(loaded)[self.group_of]
 
     def wait(self) -> None:
@@ -204,7 +210,7 @@ class SplitDecode:
         while True:
             complete = self.complete
             ready = self.ready()
-            if self.speculative_at is None and ready.any() and ready[self.group_of != 0].any():
+            if self.speculative_at is None and ready[self.group_of != 0].any():
                 self.speculative_at, self.steps_at = time.perf_counter(), steps
             g = 0 if nxt < 0 else int(self.group_of[nxt])
             bound = limit if complete else min(limit, steps + self.poll)
@@ -248,6 +254,7 @@ class Generator:
         self.warming_up = False  # a warm-up (`decode.py --precompile`): host params measured, never borrowed
         self._loaded_buckets: set[int] = set()  # prompt buckets whose decode program came from the program cache
         self.loading_decode = False  # the decode program left to the background is loaded from disk, not compiled
+        self.compile_workers = 0  # threads compiling a split decode's programs side by side (0: one per core)
         self._unsettled: set = set()  # (bucket, sampling) whose host params were taken before their programs were
         self._finish: list = []  # (prompt_ids, gen, seed) of runs that left something to `finish`
 
@@ -335,7 +342,7 @@ class Generator:
             if not background:
                 # Each program compiles on one core for most of its time: side by side they take about as long
                 # as the single program (2 cores, SmolLM2: 6 programs, 87 s of compiling, ~45 s apart).
-                workers = max(1, min(len(names), os.cpu_count() or 1))
+                workers = max(1, min(len(names), self.compile_workers or os.cpu_count() or 1))
                 with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="lsjax-compile") as pool:
                     state_shape()  # traced once, before the threads need it
                     programs = list(pool.map(build, names, lowers))
@@ -354,6 +361,8 @@ class Generator:
             def work():
                 for i, g in enumerate(order):
                     if split.stop.is_set():
+                        for f in order[i:]:
+                            programs[f].set_exception(LsjaxError("not loaded: Generator.close() stopped the loading"))
                         return
                     try:
                         programs[g].set_result(build(names[g], lowers[g]))

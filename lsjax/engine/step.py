@@ -18,7 +18,9 @@ the accepted path's tokens and K/V padded to the deepest variant's depth. The
 cache commit, the emit and the drafter's update run once, after the switch: a
 big buffer threaded through a conditional's outputs is copied at its boundary
 (XLA CPU copied the whole target cache ~8 times per step that way), while one
-only read inside the branches is not.
+only read inside the branches is not. The same steps can also run one
+node-count group per program (`group_loop`), the host switching between them
+(`lsjax.engine.host.SplitDecode`).
 
 For profiling, `draft_phase`, `verify_phase` and `commit_phase` are the same
 step cut in three jittable pieces (`lsjax.engine.host` times them separately).
