@@ -68,7 +68,7 @@ class RopeScaling:
             _positive_int(self.original_max_position, "rope_scaling.original_max_position")
 
 
-ARCHITECTURES = ("llama", "qwen2", "mistral")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
 DTYPES = ("float32", "bfloat16", "float16")
 # What a user may type for a dtype: the short names decode.py takes, and "auto" = the platform's default.
 DTYPE_NAMES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", **{d: d for d in DTYPES}}
@@ -99,7 +99,7 @@ def resolve_dtype(name: str, platform: str | None = None, field: str = "dtype") 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Shapes and numerics of a Llama-family decoder (Llama, Qwen2, Mistral)."""
+    """Shapes and numerics of a Llama-family decoder (Llama, Qwen2, Qwen3, Mistral)."""
 
     arch: str = "llama"
     vocab_size: int = 49152
@@ -115,6 +115,7 @@ class ModelConfig:
     rms_norm_eps: float = 1e-5
     tie_embeddings: bool = True
     qkv_bias: bool = False
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each head's q and k (weights [H]) before RoPE
     bos_token_id: int | None = 1
     eos_token_ids: tuple[int, ...] = (2,)
     pad_token_id: int = 2
@@ -168,8 +169,10 @@ class ModelConfig:
         """A short hash of the configuration (shapes, dtype): what a step's cost depends on, not the weights."""
         import hashlib
 
-        # Without invariant numerics the repr (and every profile keyed by it) is what it was before the field.
-        return hashlib.sha1(repr(self).replace(", invariant_rows=0", "").encode()).hexdigest()[:12]
+        # Without invariant numerics or q/k norms the repr (and every profile keyed by it) is what it was before
+        # those fields.
+        plain = repr(self).replace(", invariant_rows=0", "").replace(", qk_norm=False", "")
+        return hashlib.sha1(plain.encode()).hexdigest()[:12]
 
     def num_params(self) -> int:
         D, F, L, V = self.hidden_size, self.intermediate_size, self.num_layers, self.vocab_size

@@ -133,6 +133,8 @@ def param_specs(params: dict, mesh: Mesh) -> dict:
         "mlp_norm": P(),
         "w_qkv": P(None, "model", None),
         "b_qkv": P("model", None),
+        "q_norm": P(),  # [H]: every head's, on every shard
+        "k_norm": P(),
         "wo": P("model", None),
         "w_gate_up": P(None, "model", None),
         "w_down": P("model", None),

@@ -128,7 +128,7 @@ def main(devices: int, work: Path, selection: str) -> None:
     from lsjax.methods import registry
     from tests.tiny import tiny_model
 
-    config, params = tiny_model()
+    config, params = tiny_model(arch=os.environ.get("LSJAX_MATRIX_ARCH", "llama"))
     model = LoadedModel(config, params, id_tokenizer(), work / "tiny.gguf")
     lsjax.loading.load_model = lambda path=None, dtype="auto": model
     extra = drafts(model, work)

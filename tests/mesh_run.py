@@ -37,6 +37,10 @@ from lsjax.tree import TreeConfig, make_tree  # noqa: E402
 SHAPES = {
     "smollm2": dict(num_heads=9, num_kv_heads=3, hidden_size=36, intermediate_size=48, vocab_size=99),
     "llama8b": dict(num_heads=32, num_kv_heads=8, hidden_size=64, intermediate_size=128, vocab_size=128),
+    # Qwen3's per-head q/k norms (each shard normalises its own heads), 8 query over 4 KV heads.
+    "qwen3": dict(
+        arch="qwen3", qk_norm=True, num_heads=8, num_kv_heads=4, hidden_size=32, intermediate_size=48, vocab_size=96
+    ),
 }
 LS = DraftConfig(window=8)
 

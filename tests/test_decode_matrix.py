@@ -10,6 +10,7 @@ the whole matrix (~7 min) is `slow`: pytest -m slow tests/test_decode_matrix.py.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,13 +29,14 @@ REFUSED = {
 BUILTIN = set(registry.BUILTIN) | {"block"}
 
 
-def matrix(tmp_path: Path, selection: str) -> list[dict]:
+def matrix(tmp_path: Path, selection: str, arch: str = "llama") -> list[dict]:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "decode_matrix.py"), "2", str(tmp_path), selection],
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=1500,
+        env={**os.environ, "LSJAX_MATRIX_ARCH": arch},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -83,8 +85,8 @@ def problems(cells: list[dict], reference: str) -> list[str]:
     return bad
 
 
-def check(tmp_path: Path, selection: str) -> list[dict]:
-    cells = matrix(tmp_path, "ar:one," + selection)
+def check(tmp_path: Path, selection: str, arch: str = "llama") -> list[dict]:
+    cells = matrix(tmp_path, "ar:one," + selection, arch)
     reference = next(c for c in cells if (c["method"], c["mode"]) == ("ar", "one"))["out"]["text"]
     bad = problems(cells, reference)
     assert not bad, "\n".join(bad)
@@ -103,6 +105,14 @@ def test_every_method_on_a_mesh_and_the_default_in_every_mode(tmp_path):
     on_mesh = [p for p in profiles if "_mesh_model_2_data_1--" in p]
     assert len(profiles) == 2 and len(on_mesh) == 1, profiles
     assert on_mesh[0].split("--", 1)[1] == next(p for p in profiles if p not in on_mesh).split("--", 1)[1]
+
+
+@pytest.mark.slow  # ~4 min: every method on one device and on the mesh
+def test_every_method_on_a_qwen3_target(tmp_path):
+    """Every method decodes a Qwen3-shaped target (per-head q/k norms perturbed from 1) as AR does, on one
+    device and on a 2-way mesh, through decode.py."""
+    cells = check(tmp_path, "*:one,*:mesh", arch="qwen3")
+    assert {c["method"] for c in cells} == set(registry.names())
 
 
 @pytest.mark.slow  # ~7 min: every method in every mode

@@ -45,6 +45,7 @@ def _tiny_hf_model(kind: str, tie: bool, seed: int = 0):
     cfg_cls, model_cls = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
     }[kind]
     model = model_cls(cfg_cls(**TINY, tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2))
     with torch.no_grad():  # norms init to 1 and biases to 0: randomize so a swapped tensor shows
@@ -79,6 +80,9 @@ def _check_against_state_dict(cfg, params, sd, atol=0.0, rtol=0.0):
             close(ours, (w @ x).reshape(heads, H), f"w{name} {i}")
             if cfg.qkv_bias:
                 close(lay[f"b{name}"][i], sd[f"{p}self_attn.{name}_proj.bias"].reshape(heads, H), f"b{name} {i}")
+        if cfg.qk_norm:
+            for name in ("q_norm", "k_norm"):
+                close(lay[name][i], sd[f"{p}self_attn.{name}.weight"], f"{name} {i}")
         close(np.einsum("nh,nhd->d", o, lay["wo"][i]), sd[p + "self_attn.o_proj.weight"] @ o.reshape(-1), f"wo {i}")
         close(x @ lay["w_gate"][i], sd[p + "mlp.gate_proj.weight"] @ x, f"w_gate {i}")
         close(x @ lay["w_up"][i], sd[p + "mlp.up_proj.weight"] @ x, f"w_up {i}")
@@ -115,6 +119,8 @@ def _expected_shapes(cfg) -> dict:
     }
     if cfg.qkv_bias:
         layers.update(bq=(L, N, H), bk=(L, K, H), bv=(L, K, H))
+    if cfg.qk_norm:
+        layers.update(q_norm=(L, H), k_norm=(L, H))
     out = {"embed": (V, D), "layers": layers, "final_norm": (D,)}
     if not cfg.tie_embeddings:
         out["lm_head"] = (D, V)
@@ -199,14 +205,14 @@ def _write_gguf(path: Path, arch: str, hf_cfg, sd: dict, quant=None, edit=None, 
 # (a) HF safetensors directories
 
 
-@pytest.mark.parametrize("kind,tie", [("llama", False), ("llama", True), ("qwen2", False)])
+@pytest.mark.parametrize("kind,tie", [("llama", False), ("llama", True), ("qwen2", False), ("qwen3", True)])
 @pytest.mark.parametrize("shard", [False, True])
 def test_load_hf_tiny_matches_torch(tmp_path, kind, tie, shard):
     model = _tiny_hf_model(kind, tie)
     model.save_pretrained(tmp_path, max_shard_size="20KB" if shard else "5GB")
     assert (tmp_path / "model.safetensors.index.json").is_file() == shard
     cfg, params = load_hf(tmp_path)
-    assert (cfg.arch, cfg.tie_embeddings, cfg.qkv_bias) == (kind, tie, kind == "qwen2")
+    assert (cfg.arch, cfg.tie_embeddings, cfg.qkv_bias, cfg.qk_norm) == (kind, tie, kind == "qwen2", kind == "qwen3")
     assert (cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (3, 4, 2, 8)
     assert cfg.rms_norm_eps == TINY["rms_norm_eps"]
     assert _shapes(params) == _expected_shapes(cfg)

@@ -139,6 +139,11 @@ def test_mesh_equals_one_device_deep_accepts():
     assert rows[0]["tau"] > 2.0
 
 
+def test_mesh_equals_one_device_qwen3():
+    """A Qwen3-shaped target (per-head q/k RMSNorm) split four ways: every token equals the one-device run."""
+    _assert_lossless(_mesh_run("greedy", 4, "qwen3", "model=4", "oracle"), ["oracle"])
+
+
 @pytest.mark.slow  # ~100 s: four methods, each compiled for one device and the mesh
 def test_mesh_equals_one_device_every_method_smollm2_shape():
     methods = ["ar", "pld", "longspec", "auto"]

@@ -48,6 +48,7 @@ def tiny_hf(tmp_path, kind: str, tie: bool, rope: str = "default", seed: int = 0
     cfg_cls, model_cls = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
     }[kind]
     extra = {"rope_scaling": ROPES[rope]} if ROPES[rope] else {}
     model = model_cls(cfg_cls(**TINY, tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2, **extra)).eval()
@@ -72,13 +73,21 @@ def generate_ar(params, config, tokens, lengths, gen, key):
     return _spec_run(params, (), config, tokens, lengths, gen, key)
 
 
-CASES = [("llama", False, "llama3"), ("llama", True, "linear"), ("qwen2", True, "default"), ("qwen2", False, "llama3")]
+CASES = [
+    ("llama", False, "llama3"),
+    ("llama", True, "linear"),
+    ("qwen2", True, "default"),
+    ("qwen2", False, "llama3"),
+    ("qwen3", False, "default"),  # per-head q/k RMSNorm (perturbed from 1 by `tiny_hf`), no q/k/v bias
+    ("qwen3", True, "llama3"),
+]
 
 
 @pytest.mark.parametrize("kind,tie,rope", CASES)
 def test_parity_with_transformers(tmp_path, kind, tie, rope):
     model, config, params = tiny_hf(tmp_path, kind, tie, rope)
     assert config.rope_scaling.kind == rope
+    assert (config.qk_norm, config.qkv_bias) == (kind == "qwen3", kind == "qwen2")
     B, P, extra = 2, 300, 12
     toks = np.random.RandomState(1).randint(0, config.vocab_size, size=(B, P + extra))
     with torch.no_grad():

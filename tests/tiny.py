@@ -8,9 +8,10 @@ from lsjax.config import ModelConfig
 from lsjax.models import target
 
 
-def tiny_model(vocab: int = 97, seed: int = 3, scale: float = 0.3):
+def tiny_model(vocab: int = 97, seed: int = 3, scale: float = 0.3, arch: str = "llama"):
     """(config, params): 2 layers, 6 query heads over 2 kv heads (GQA 3), head dim 8. A large init `scale`
-    makes the logits peaky, so greedy output loops and retrieval drafters get hits."""
+    makes the logits peaky, so greedy output loops and retrieval drafters get hits. `arch` "qwen3": with
+    Qwen3's per-head q/k norms (weights perturbed from 1, so a method that skipped them would differ)."""
     config = ModelConfig(
         vocab_size=vocab,
         hidden_size=48,
@@ -23,5 +24,12 @@ def tiny_model(vocab: int = 97, seed: int = 3, scale: float = 0.3):
         rope_theta=10000.0,
         eos_token_ids=(2,),
         pad_token_id=0,
+        arch=arch,
+        qk_norm=arch == "qwen3",
     )
-    return config, target.init_params(config, jax.random.key(seed), scale=scale)
+    params = target.init_params(config, jax.random.key(seed), scale=scale)
+    if config.qk_norm:
+        layers = params["layers"]
+        for i, name in enumerate(("q_norm", "k_norm")):
+            layers[name] = layers[name] + 0.3 * jax.random.normal(jax.random.key(seed + i), layers[name].shape)
+    return config, params

@@ -125,6 +125,7 @@ def config_from_hf(hf: dict, name: str = "model") -> ModelConfig:
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+        qk_norm=model_type == "qwen3",
         bos_token_id=hf.get("bos_token_id"),
         eos_token_ids=eos,
         pad_token_id=pad if pad is not None else (eos[0] if eos else 0),

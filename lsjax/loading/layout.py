@@ -68,6 +68,10 @@ _BIAS_SLOTS = (
     Slot("bk", _LAYER + "self_attn.k_proj.bias", "blk.{i}.attn_k.bias", lambda c: (_kv(c),)),
     Slot("bv", _LAYER + "self_attn.v_proj.bias", "blk.{i}.attn_v.bias", lambda c: (_kv(c),)),
 )
+_QK_NORM_SLOTS = (
+    Slot("q_norm", _LAYER + "self_attn.q_norm.weight", "blk.{i}.attn_q_norm.weight", lambda c: (c.head_dim,)),
+    Slot("k_norm", _LAYER + "self_attn.k_norm.weight", "blk.{i}.attn_k_norm.weight", lambda c: (c.head_dim,)),
+)
 _GLOBAL_SLOTS = (
     Slot("embed", "model.embed_tokens.weight", "token_embd.weight", lambda c: (c.vocab_size, c.hidden_size), False),
     Slot("final_norm", "model.norm.weight", "output_norm.weight", lambda c: (c.hidden_size,), False),
@@ -77,7 +81,7 @@ _HEAD_SLOT = Slot("lm_head", "lm_head.weight", "output.weight", lambda c: (c.voc
 
 def slots(cfg: ModelConfig) -> tuple[Slot, ...]:
     """Every tensor `cfg` needs: per-layer ones first, then the global ones."""
-    out = _SLOTS + (_BIAS_SLOTS if cfg.qkv_bias else ()) + _GLOBAL_SLOTS
+    out = _SLOTS + (_BIAS_SLOTS if cfg.qkv_bias else ()) + (_QK_NORM_SLOTS if cfg.qk_norm else ()) + _GLOBAL_SLOTS
     return out if cfg.tie_embeddings else out + (_HEAD_SLOT,)
 
 
@@ -129,6 +133,8 @@ def to_params(cfg: ModelConfig, torch_layout: dict[str, np.ndarray], dtype: str)
         layers["bq"] = put(t["bq"].reshape(L, N, H))
         layers["bk"] = put(t["bk"].reshape(L, K, H))
         layers["bv"] = put(t["bv"].reshape(L, K, H))
+    if cfg.qk_norm:
+        layers["q_norm"], layers["k_norm"] = put(t["q_norm"]), put(t["k_norm"])
     params = {"embed": put(t["embed"]), "layers": layers, "final_norm": put(t["final_norm"])}
     if not cfg.tie_embeddings:
         params["lm_head"] = put(t["lm_head"].T)  # [V, D] -> [D, V]

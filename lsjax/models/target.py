@@ -79,6 +79,8 @@ AXES: dict[str, tuple[str, ...]] = declare_axes(
         "bq": ("heads", "head_dim"),
         "bk": ("kv_heads", "head_dim"),
         "bv": ("kv_heads", "head_dim"),
+        "q_norm": ("head_dim",),
+        "k_norm": ("head_dim",),
         "wo": ("heads", "head_dim", "embed"),
         "mlp_norm": ("norm",),
         "w_gate": ("embed", "mlp"),
@@ -108,6 +110,8 @@ def param_specs(config: ModelConfig) -> dict[str, ParamSpec]:
     specs |= {
         f"layers/{n}": ParamSpec((L, D), config.dtype, ("layers", "norm"), "ones") for n in ("attn_norm", "mlp_norm")
     }
+    if config.qk_norm:
+        specs |= {f"layers/{n}": ParamSpec((L, H), config.dtype, ("layers", *AXES[n]), "ones") for n in QK_NORMS}
     specs["embed"] = ParamSpec((V, D), config.dtype, AXES["embed"])
     specs["final_norm"] = ParamSpec((D,), config.dtype, AXES["final_norm"], "ones")
     if not config.tie_embeddings:
@@ -138,6 +142,7 @@ def check_params(params, config: ModelConfig) -> str | None:
         return f"layers: {len(layers)} of them, the model config has num_layers={L}"
     sizes = {"attn_norm": D, "mlp_norm": D, "w_qkv": D * QKV, "wo": config.num_heads * config.head_dim * D}
     sizes |= {"w_gate_up": 2 * D * F, "w_down": F * D} | ({"b_qkv": QKV} if config.qkv_bias else {})
+    sizes |= dict.fromkeys(QK_NORMS, config.head_dim) if config.qk_norm else {}
     for i, layer in enumerate(layers):
         for name, size in sizes.items():
             leaves = [layer[n] for n in (name, f"{name}_t") if n in layer]
@@ -172,8 +177,21 @@ def qkv_projection(layer: dict, config: ModelConfig, x: jax.Array, cos, sin):
     v = dense(x, layer["wv"], "btd,dkh->btkh")
     if config.qkv_bias:
         q, k, v = q + layer["bq"], k + layer["bk"], v + layer["bv"]
+    q, k = qk_normed(layer, config, q, k)
     dt = layer["wq"].dtype
     return apply_rope(q, cos, sin).astype(dt), apply_rope(k, cos, sin).astype(dt), v.astype(dt)
+
+
+QK_NORMS = ("q_norm", "k_norm")
+
+
+def qk_normed(layer: dict, config: ModelConfig, q: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Qwen3's per-head RMSNorm of q [.., N, H] and k [.., K, H] (one weight [H] each, shared by the heads),
+    before RoPE; the identity for the other families."""
+    if not config.qk_norm:
+        return q, k
+    eps = config.rms_norm_eps
+    return rms_norm(q, layer["q_norm"], eps), rms_norm(k, layer["k_norm"], eps)
 
 
 # The fused projections of the inference layout. A layer holds each as `name` [in, out], as f"{name}_t"
@@ -233,6 +251,7 @@ def prepare_for_decode(params: dict, config: ModelConfig, *, layout: str | None 
         }
         if config.qkv_bias:
             out["b_qkv"] = xp.concatenate([lay[b].reshape(-1) for b in ("bq", "bk", "bv")])
+        out |= {n: lay[n] for n in QK_NORMS if config.qk_norm}
         return _relayout(out, layout)
 
     return {**params, "layers": tuple(one(i) for i in range(config.num_layers))}
@@ -329,6 +348,7 @@ def _prepared_layer(layer: dict, config: ModelConfig, x: jax.Array, cos, sin, at
     q = qkv[..., : n * H].reshape(B, T, N, H)
     k = qkv[..., n * H : (n + k_) * H].reshape(B, T, K, H)
     v = qkv[..., (n + k_) * H :].reshape(B, T, K, H).astype(dt)
+    q, k = qk_normed(layer, config, q, k)
     q, k = apply_rope(q, cos, sin).astype(dt), apply_rope(k, cos, sin).astype(dt)
     x = x + project(layer, "wo", attend(q, k, v).reshape(B, T, N * H))
     gate_up = project(layer, "w_gate_up", rms_norm(x, layer["mlp_norm"], eps), spec)  # [B, T, (M,) 2f]

@@ -132,6 +132,7 @@ def _qkv(layer: dict, config: ModelConfig, h: jax.Array, cos, sin):
         v = jnp.einsum("btsd,dkh->btskh", h, layer["wv"])
         if config.qkv_bias:
             q, k, v = q + layer["bq"], k + layer["bk"], v + layer["bv"]
+    q, k = target.qk_normed(layer, config, q, k)
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
