@@ -397,3 +397,14 @@ def test_a_start_that_loaded_its_decode_program_may_borrow_host_params(tmp_path)
     assert again._host_run(gen, 256, None, None).borrow and not again._host_run(gen, 512, None, None).borrow
     again.warming_up = True
     assert not again._host_run(gen, 256, None, None).borrow
+
+
+def test_an_unwritable_program_cache_is_one_warning_and_the_run_goes_on(tmp_path, capsys):
+    config, params = tiny_model()
+    ids, gen = [5, 6, 7, 8, 5, 6], GenerateConfig(max_new_tokens=6, ignore_eos=True)
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the cache directory should be")
+    result = Generator(config, params, program_cache=ProgramCache(blocked)).run(ids, gen)
+    assert result.tokens == Generator(config, params).run(ids, gen).tokens
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "cannot store compiled programs" in line]
+    assert len(warnings) == 1 and "decoding goes on" in warnings[0], warnings

@@ -30,6 +30,7 @@ import io
 import os
 import pickle
 import re
+import sys
 import threading
 import zlib
 from collections.abc import Callable
@@ -201,6 +202,7 @@ class ProgramCache:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
         self.hits = 0  # programs loaded from disk (decode.py: whether a failing program came from here)
+        self._warned = False  # a store that failed said so once
 
     def holds(self, name: str, static, args) -> bool:
         """Whether `get` would load program `name` from disk (it may still fail to load and compile)."""
@@ -257,8 +259,16 @@ class ProgramCache:
             tmp.write_bytes(data)
             tmp.replace(path)  # atomic: a concurrent reader sees the old file or the new one
             self._evict()
-        except OSError:
-            pass
+        except OSError as e:  # full or read-only: this run decodes on, the next start compiles again
+            with contextlib.suppress(OSError, NameError):
+                tmp.unlink(missing_ok=True)
+            if not self._warned:
+                self._warned = True
+                print(
+                    f"[lsjax] warning: cannot store compiled programs in {self.root} ({e.strerror or e}); decoding "
+                    "goes on, and the next start compiles them again",
+                    file=sys.stderr,
+                )
 
     def _evict(self) -> None:
         files = sorted(self.root.glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_mtime, reverse=True)
