@@ -9,7 +9,7 @@
 
 One JSON line per (comparison, prompt): the median decode tokens/s of each side over `--rounds` and their ratio.
 
-    python scripts/split_overhead.py [--suite dev] [--rounds 3] [--max-new-tokens 200] [--json FILE]
+    python scripts/split_overhead.py [--suite dev] [--rounds 3] [--max-new-tokens 200] [--only split] [--json FILE]
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--json", default=None, help="also write the rows here (JSON lines)")
+    p.add_argument("--only", choices=("split", "buckets"), help="one of the two comparisons")
     args = p.parse_args()
     from lsjax.bench.suites import encode, load_suite
     from lsjax.config import GenerateConfig
@@ -77,6 +78,9 @@ def main() -> int:
             "auto-bucketed": ("auto", generator(auto, auto_params), False),
             "auto-exact": ("auto", generator(auto, auto_params), True),
         }
+        pairs = [("split", "single"), ("ar-bucketed", "ar-exact"), ("auto-bucketed", "auto-exact")]
+        pairs = pairs[:1] if args.only == "split" else pairs[1:] if args.only == "buckets" else pairs
+        sides = {k: v for k, v in sides.items() if any(k in pair for pair in pairs)}
         for pr in prompts:
             ids = encode(tok, pr)
             speed, tokens = {k: [] for k in sides}, {}
@@ -91,7 +95,7 @@ def main() -> int:
                     tokens.setdefault(name, res.tokens)
                 print(f"[split_overhead] {pr.id}: round {r} done", file=sys.stderr, flush=True)
             med = {k: statistics.median(v) for k, v in speed.items()}
-            for a, b in (("split", "single"), ("ar-bucketed", "ar-exact"), ("auto-bucketed", "auto-exact")):
+            for a, b in pairs:
                 row = {
                     "prompt": pr.id,
                     "prompt_tokens": len(ids),

@@ -295,35 +295,34 @@ def group_loop(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: 
     The steps, choices and state are those of `switched_step` in a loop (tests/test_split_decode.py)."""
     members = jnp.asarray(variant_groups(drafter)[group], jnp.int32)
     first = group == 0
+    stretches = drafter.ar_stretch(ctx, state) is not None  # (static: whether the drafter ever stretches)
 
     def cond(c):
         state, nxt, fresh = c
-        mine = jnp.any(nxt == members) | (first & (nxt < 0))
-        return mine & (~fresh | (~jnp.all(state.done) & (state.steps < limit)) | (nxt == PLAN))
+        mine = jnp.any(nxt == members) | (first & (nxt == STRETCH))
+        return mine & (~fresh | (~jnp.all(state.done) & (state.steps < limit)))
 
-    def step(c):
-        state, nxt, _ = c
-        state = run_variant(ctx, drafter, gen, state, nxt, group)
-        return state, next_unit(ctx, drafter, state), jnp.bool_(True)
-
-    def stretch(c):
-        state = ar_stretch(ctx, drafter, gen, c[0], drafter.ar_stretch(ctx, c[0]))
-        return state, drafter.choose(ctx, state).astype(jnp.int32), jnp.bool_(False)
-
-    def plan(c):
-        return c[0], next_unit(ctx, drafter, c[0]), jnp.bool_(True)
-
-    stretches = drafter.ar_stretch(ctx, state) is not None  # (static: whether the drafter ever stretches)
-
+    # No `lax.cond` or `switch` carries the state: XLA:CPU copies a buffer that passes through a conditional's
+    # outputs (the whole target cache, every step: 13% of the decode's time). A unit that may not run is a
+    # `while_loop` of 0 or 1 trips instead, whose carry stays in place.
     def body(c):
-        if not first:
-            return step(c)
-        if not stretches:  # `next_unit` never says STRETCH
-            return jax.lax.cond(c[1] == PLAN, plan, step, c)
-        return jax.lax.switch(jnp.clip(c[1] + 2, 0, 2), [plan, stretch, step], c)
+        state, unit, _ = c
+        is_stretch = unit == STRETCH
+        if first and stretches:
+            state = ar_stretch(ctx, drafter, gen, state, jnp.where(is_stretch, drafter.ar_stretch(ctx, state), 0))
 
-    carry = (state, jnp.asarray(nxt, jnp.int32), jnp.asarray(fresh, bool))
-    return jax.lax.while_loop(cond, body, carry)
+        def one_step(s):
+            return run_variant(ctx, drafter, gen, s[0], unit, group), jnp.bool_(True)
+
+        state = jax.lax.while_loop(lambda s: ~s[1], one_step, (state, is_stretch))[0]
+        # After a stretch: the choice of the step it began (runs next, whatever the limit); else the next unit.
+        chosen = drafter.choose(ctx, state).astype(jnp.int32)
+        return state, jnp.where(is_stretch, chosen, next_unit(ctx, drafter, state)), ~is_stretch
+
+    nxt = jnp.asarray(nxt, jnp.int32)
+    if first:  # the first call plans its first unit
+        nxt = jnp.where(nxt == PLAN, next_unit(ctx, drafter, state), nxt)
+    return jax.lax.while_loop(cond, body, (state, nxt, jnp.asarray(fresh, bool)))
 
 
 def spec_step(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState) -> DecodeState:
