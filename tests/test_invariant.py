@@ -176,12 +176,14 @@ def test_invariant_rows_is_validated(bad):
 
 
 def test_off_keeps_the_signature():
-    """Profiles keyed by `ModelConfig.signature` before the field existed stay valid."""
+    """Profiles keyed by `ModelConfig.signature` before the fields existed (invariant_rows, qk_norm) stay valid."""
     config = ModelConfig()
     assert config.signature() != dataclasses.replace(config, invariant_rows=8).signature()
+    assert config.signature() != dataclasses.replace(config, qk_norm=True).signature()
     import hashlib
 
-    old_repr = repr(config).replace(", invariant_rows=0", "")
+    old_repr = repr(config).replace(", invariant_rows=0", "").replace(", qk_norm=False", "")
+    assert "qk_norm" not in old_repr and "invariant_rows" not in old_repr
     assert config.signature() == hashlib.sha1(old_repr.encode()).hexdigest()[:12]
 
 
