@@ -273,8 +273,13 @@ class Generator:
         only where that cannot change the output. Which groups are loaded when depends on the clock, so at
         T > 0 the same seed would give another sample, and without exact numerics (`exact_on`) a near tie could
         go another way; and only for a drafter that can be restricted (`Drafter.ready_params`)."""
-        ready = np.ones(len(self.drafter.step_variants()), bool)
-        return gen.sampling.greedy and exact_on(self.config) and self.drafter.ready_params((), ready) is not None
+        return gen.sampling.greedy and exact_on(self.config) and self._restrictable
+
+    @functools.cached_property
+    def _restrictable(self) -> bool:
+        """Whether the drafter's choice can be restricted to some of its variants (`Drafter.ready_params`)."""
+        variants = self.drafter.step_variants()
+        return bool(variants) and self.drafter.ready_params((), np.ones(len(variants), bool)) is not None
 
     def _compile(self, bucket: int, capacity: int, gen: GenerateConfig, key, background: bool = False):
         sig = (bucket, capacity, gen)
