@@ -483,7 +483,7 @@ def main(argv=None, *, as_program: bool = False) -> int:
             f"{prefill_rate}, decode {result.tokens_per_s:.1f} tok/s, "
             f"{result.target_forwards} target forwards (tau {result.mean_accepted:.2f}), "
             f"compile {result.compile_s:.1f}s"
-            + (f" ({result.bridged_steps} AR steps while it loaded)" if result.bridged_steps else "")
+            + (f" ({result.bridged_steps} steps restricted to the loaded programs)" if result.bridged_steps else "")
             + f"; programs: {programs_said(generator.program_log)}",
             file=sys.stderr,
         )
@@ -575,10 +575,11 @@ def decode_programs(generator) -> int:
 
 def loading_label(drafter, programs: int = 1) -> str:
     """What the ticker says while decode programs load from the compile cache (not compiled). Split
-    (`programs` > 1), AR's group's loads beside the prefill and the others while it decodes."""
+    (`programs` > 1), AR's group's loads beside the prefill and the others as auto asks for them, while it
+    decodes (`SplitDecode`)."""
     names = [n for n in getattr(drafter, "cost_names", None) or () if n != "shadow"]
     if names and programs > 1:
-        return f"loading auto's {programs} candidate programs from the compile cache"
+        return f"loading auto's first program from the compile cache ({programs - 1} more as it asks for them)"
     what = f"auto's program ({len(names)} candidates)" if names else "the decode program"
     return f"loading {what} from the compile cache"
 

@@ -80,5 +80,7 @@ def test_the_status_line_says_loading_for_a_program_read_from_the_cache():
         cost_names = ("ar", "pld-4", "ls-tree", "shadow")
 
     assert decode.loading_label(Auto()) == "loading auto's program (3 candidates) from the compile cache"
-    assert decode.loading_label(Auto(), 3) == "loading auto's 3 candidate programs from the compile cache"
+    assert decode.loading_label(Auto(), 3) == (
+        "loading auto's first program from the compile cache (2 more as it asks for them)"
+    )
     assert decode.compiling_label(Auto(), 3) == "compiling auto's 3 candidates (ar, pld-4, ls-tree) as 3 programs"

@@ -256,8 +256,8 @@ def test_a_loaded_program_that_fails_to_run_is_removed_with_one_line(tmp_path, m
 
 def test_a_split_decode_runs_with_the_groups_loaded_so_far_and_takes_the_rest_as_they_come(tmp_path, monkeypatch):
     """A second start of `auto`: its first group (AR's) loads before decoding, the other group's program loads
-    on a host thread (held here until 3 tokens have streamed); auto runs on AR meanwhile, then uses the rest.
-    Greedy output equals AR's; every step is counted as one candidate's."""
+    on a host thread once auto asks for it (held here until 3 tokens have streamed); auto runs on AR meanwhile,
+    then uses it. Greedy output equals AR's; every step is counted as one candidate's."""
     from lsjax.methods.auto.drafter import AutoDrafter, auto_params
 
     monkeypatch.setenv("LSJAX_PROFILE_DIR", str(tmp_path / "profiles"))
@@ -288,9 +288,10 @@ def test_a_split_decode_runs_with_the_groups_loaded_so_far_and_takes_the_rest_as
 
     def on_tokens(new):
         streamed.extend(new)
-        if len(streamed) >= 3 and not released.is_set():
+        if len(streamed) >= 3:
             released.set()
-            split.programs[1].result()  # loaded: the next call may use it
+        if released.is_set() and split.busy:
+            split.programs[1].result()  # asked for by auto and now loaded: the next call may use it
 
     result = g.run(ids, gen, on_tokens=on_tokens, stream_every=2)
     assert result.tokens == ar.tokens and streamed == ar.tokens

@@ -102,13 +102,14 @@ def test_groups_still_loading_are_not_chosen_and_output_equals_ar():
     np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out))
     uses = np.asarray(out.draft.policy.uses)
     assert uses[0] == int(out.steps) and uses[1:].sum() == 0, uses
-    assert split.speculative_at is None
+    assert 0 < split.restricted_steps <= int(out.steps)  # it asked for another group (cheap costs)
+    restricted = split.restricted_steps
     for f, p in zip(pending, progs[1:]):
         f.set_result(p)
     assert split.complete
     again = split(params, dp, state(), 1000)
     np.testing.assert_array_equal(np.asarray(again.out), np.asarray(ref.out))
-    assert np.asarray(again.draft.policy.uses)[1:].sum() > 0 and split.speculative_at is not None
+    assert np.asarray(again.draft.policy.uses)[1:].sum() > 0 and split.restricted_steps == restricted
 
 
 def test_a_forced_group_still_loading_is_waited_for():
@@ -164,3 +165,60 @@ def test_a_group_never_made_is_never_chosen():
     out = split(params, auto_params(SMALL, ls, CHEAP), state(), 1000)
     ref = run(params, config, repetitive_prompts(), GREEDY, ARDrafter())
     np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out))
+
+
+def _lazy(gen, costs, partial):
+    """A split decode that makes each group's program only when asked for (`eager=False`), recording which."""
+    config, params, ls, spec, state, programs = _setup(gen)
+    made = []
+    progs = [_positional(p) for p in programs()]
+
+    def make(g):
+        made.append(g)
+        return progs[g]
+
+    futures = [concurrent.futures.Future() for _ in progs]
+    split = SplitDecode(SMALL, futures, partial=partial, make=make, eager=False)
+    return split, made, params, auto_params(SMALL, ls, costs), spec, state
+
+
+def _groups_run(state) -> set[int]:
+    uses = np.asarray(state.draft.policy.uses)
+    groups = variant_groups(SMALL)
+    return {g for g, members in enumerate(groups) if uses[members].sum() > 0} | {0}
+
+
+@pytest.mark.parametrize("gen", [GREEDY, SAMPLED], ids=["T=0", "T=1"])
+def test_groups_are_made_when_the_drafter_asks_for_them(gen):
+    """Not eager: a group is made only once the drafter runs it or would choose it; waiting for each group it
+    runs (not `partial`) leaves the steps, and so the sample at T = 1, those of the single program."""
+    split, made, params, dp, spec, state = _lazy(gen, CHEAP, partial=False)
+    out = split(params, dp, state(), 1000)
+    _same(out, loop.decode_jit(params, dp, spec, state(), jnp.int32(1000)))
+    ran = _groups_run(out)
+    assert len(ran) >= 2 and set(made) >= ran and made[0] == 0, (made, ran)
+    assert len(made) == len(set(made))  # each made once
+    assert not split.busy or split._worker is not None
+
+
+def test_a_drafter_that_keeps_to_ar_loads_nothing_else():
+    split, made, params, dp, spec, state = _lazy(GREEDY, PRICED_OUT, partial=True)
+    out = split(params, dp, state(), 1000)
+    assert np.asarray(out.draft.policy.uses)[1:].sum() == 0 and int(out.steps) > 20
+    assert made == [0] and split.restricted_steps == 0 and not split.complete
+
+
+def test_a_partial_split_loads_what_the_drafter_wants_while_ar_bridges():
+    """Greedy (`partial`): the first calls run AR while the group the drafter wants loads beside them; the
+    tokens are AR's, and the wanted group runs once made."""
+    split, made, params, dp, spec, state = _lazy(GREEDY, CHEAP, partial=True)
+    out = split(params, dp, state(), 1000)
+    config, _ = tiny_model()
+    ref = run(params, config, repetitive_prompts(), GREEDY, ARDrafter())
+    np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out))
+    assert len(made) >= 2 and split.restricted_steps > 0
+    assert _groups_run(out) <= set(made)
+    split.close()
+    assert split.complete and not split.busy  # the rest given up: never chosen, never waited for
+    again = split(params, dp, state(), 1000)
+    np.testing.assert_array_equal(np.asarray(again.out), np.asarray(ref.out))

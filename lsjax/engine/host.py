@@ -56,12 +56,12 @@ class GenerationResult:
     # The prefill ran while the decode program compiled (`Generator.compile(background=True)`): prefill_s then
     # includes sharing the host with XLA.
     prefill_alongside_compile: bool = False
-    # Steps run while no speculative program was ready yet (a split decode's first group only: `SplitDecode`);
-    # they are part of decode_s and target_forwards.
+    # Steps a split decode ran with the drafter restricted to the groups loaded so far while it wanted another
+    # (`SplitDecode`: AR, or a smaller tree, bridging); they are part of decode_s and target_forwards.
     bridged_steps: int = 0
-    # `time.perf_counter()` when a speculative program could first run (after its host tuning; for a split
-    # decode, when a group past AR's had loaded): "seconds until the speculative program is in use"
-    # (`decode.py --json`).
+    # `time.perf_counter()` when the speculative program could first run as it would with everything loaded
+    # (after its host tuning; for a split decode, after the last step the drafter ran restricted): "seconds
+    # until the speculative program is in use" (`decode.py --json`).
     decode_program_at: float = 0.0
     first_token_at: float = 0.0  # `time.perf_counter()` when the first new token was ready (after the prefill)
 
@@ -145,13 +145,30 @@ class SplitDecode:
     Why: a single program holds every group's target forward (auto: six verification sizes, 31 MB on a CPU,
     11 s to load and 44 s to compile for SmolLM2, where one method's is 3-5 MB and ~1 s). Split, the first
     group (AR's, which also runs the stretches) is ready about as soon as one method's program, and the others
-    come behind it. `programs[g]`: a compiled program, or a Future of one still being made. With `partial`, a
-    call runs the drafter restricted to the groups ready so far (`Drafter.ready_params`), looking again every
-    `poll` steps; else it waits for them all. A group the drafter is forced to (profiling) is waited for."""
+    come as the drafter asks for them.
 
-    poll = 8  # steps between looks at what has loaded, while something still loads
+    `programs[g]`: a compiled program, or a Future of one. With `make` (g -> program), the groups are made on
+    one background thread: the first at once, then each group the drafter asks for (a call that needs it, or
+    the choice it would make with every group loaded: `wanted` in the program's info), and with `eager` the
+    rest in `order` after those. Without `eager` a group nobody asks for is never made: on a CPU a load takes
+    the cores the decode runs on (~1.2 s per group for SmolLM2), so a prompt where auto keeps to AR and one
+    tree loads two programs, not six.
 
-    def __init__(self, drafter: Drafter, programs: list, partial: bool):
+    With `partial`, a call runs the drafter restricted to the groups ready so far (`Drafter.ready_params`),
+    looking again every `poll` steps; else it waits for each group it has to run (the choices, and so the
+    output, never depend on what has loaded when)."""
+
+    poll = 8  # steps between looks at what has loaded, while something may still load
+
+    def __init__(
+        self,
+        drafter: Drafter,
+        programs: list,
+        partial: bool,
+        make: Callable[[int], object] | None = None,
+        order: list[int] | None = None,
+        eager: bool = True,
+    ):
         self.drafter = drafter
         self.groups = variant_groups(drafter)
         self.programs = list(programs)
@@ -160,11 +177,20 @@ class SplitDecode:
         for g, members in enumerate(self.groups):
             self.group_of[members] = g
         self.waited = 0.0  # seconds calls spent waiting for a group to load
-        self.speculative_at: float | None = None  # perf_counter when a group past the first could first run
-        self.steps_at = 0  # state.steps then
+        self.restricted_steps = 0  # steps run while the drafter wanted a group that was not ready (`partial`)
+        self.restricted_until: float | None = None  # perf_counter when the last such call ended
         self._params: dict = {}  # (id of the draft params, ready) -> those params restricted
         self.from_disk = True  # the programs still to come are read from the program cache, not compiled
-        self.stop = threading.Event()  # set: the background thread makes no more programs (`Generator.close`)
+        self.stop = threading.Event()  # set: the background thread makes no more programs (`close`)
+        self._make = make
+        self.order = list(order) if order is not None else list(range(len(self.programs)))
+        self.eager = eager
+        self._asked: list[int] = []  # groups asked for, made first come first served
+        self._taken: set[int] = set()  # groups the background thread has begun to make
+        self._lock = threading.Lock()
+        self._worker: threading.Thread | None = None
+        if make is not None:
+            self.request(0)
 
     @property
     def compiling(self) -> bool:
@@ -173,11 +199,81 @@ class SplitDecode:
 
     @property
     def complete(self) -> bool:
+        """Whether every group's program is made (or failed, or given up: `close`)."""
         return not any(isinstance(p, concurrent.futures.Future) and not p.done() for p in self.programs)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a program is being made in the background now (or asked for and not begun)."""
+        if self._make is None:
+            return not self.complete
+        with self._lock:
+            return any(
+                isinstance(p, concurrent.futures.Future) and not p.done() and (g in self._taken or g in self._asked)
+                for g, p in enumerate(self.programs)
+            )
+
+    def _to_make(self, g: int) -> bool:
+        p = self.programs[g]
+        return isinstance(p, concurrent.futures.Future) and not p.done() and g not in self._taken
+
+    def request(self, g: int) -> None:
+        """Asks for group g's program next (before the rest of `order`); a no-op once it is made or begun."""
+        if self._make is None or self.stop.is_set():
+            return
+        with self._lock:
+            if not self._to_make(g) or g in self._asked:
+                return
+            self._asked.append(g)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="lsjax-load")
+                # Not a daemon: a process that ends meanwhile waits for XLA (a daemon thread still inside XLA
+                # at exit aborts the process, "terminate called ..."); Ctrl-C in decode.py exits at once
+                # regardless. It ends when nothing is asked for (or, `eager`, nothing is left).
+                self._worker.start()
+
+    def _next(self) -> int | None:
+        while self._asked:
+            g = self._asked.pop(0)
+            if self._to_make(g):
+                return g
+        if self.eager:
+            return next((g for g in self.order if self._to_make(g)), None)
+        return None
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                g = None if self.stop.is_set() else self._next()
+                if g is None:
+                    self._worker = None
+                    return
+                self._taken.add(g)
+            try:
+                self.programs[g].set_result(self._make(g))
+            except BaseException as e:  # raised where the program is waited for  # noqa: BLE001
+                self.programs[g].set_exception(e)
+                self._give_up(e)
+
+    def _give_up(self, error: BaseException) -> None:
+        """The groups not begun fail with `error` (waiting for them raises it; none is chosen), and no more is
+        made."""
+        self.stop.set()
+        with self._lock:
+            for g in range(len(self.programs)):
+                if self._to_make(g):
+                    self._taken.add(g)
+                    self.programs[g].set_exception(error)
+
+    def close(self) -> None:
+        """Makes no more programs once the one being made now is in (`Generator.close`)."""
+        if self._make is not None:
+            self._give_up(LsjaxError("not loaded: Generator.close() stopped the loading"))
 
     def _program(self, g: int):
         p = self.programs[g]
         if isinstance(p, concurrent.futures.Future):
+            self.request(g)
             t = time.perf_counter()
             p = self.programs[g] = p.result()
             self.waited += time.perf_counter() - t
@@ -190,6 +286,7 @@ class SplitDecode:
         return np.asarray(loaded)[self.group_of]
 
     def wait(self) -> None:
+        """Waits for every group's program (asking for each one not made)."""
         for g in range(len(self.programs)):
             self._program(g)
 
@@ -203,21 +300,24 @@ class SplitDecode:
     def __call__(self, params, draft_params, state, step_limit):
         from lsjax.engine.step import PLAN
 
-        if not self.partial:
-            self.wait()
         limit = int(step_limit)
         nxt, fresh, steps = PLAN, True, int(state.steps)
+        every = np.ones(len(self.group_of), bool)
         while True:
-            complete = self.complete
-            ready = self.ready()
-            if self.speculative_at is None and ready[self.group_of != 0].any():
-                self.speculative_at, self.steps_at = time.perf_counter(), steps
+            watch = self.partial and not self.complete  # a group may still come: look again every `poll` steps
+            ready = self.ready() if self.partial else every
             g = 0 if nxt < 0 else int(self.group_of[nxt])
-            bound = limit if complete else min(limit, steps + self.poll)
+            bound = min(limit, steps + self.poll) if watch else limit
             dp = self._restricted(draft_params, ready)
+            before = steps
             state, info = self._program(g)(params, dp, state, jnp.int32(nxt), jnp.bool_(fresh), jnp.int32(bound))
-            nxt, fresh, over, steps = (int(x) for x in np.asarray(info))
+            nxt, fresh, over, steps, wanted = (int(x) for x in np.asarray(info))
             fresh = bool(fresh)
+            if wanted >= 0 and not ready[wanted]:  # the drafter chose among the ready groups only
+                self.restricted_steps += steps - before
+                self.restricted_until = time.perf_counter()
+            if wanted >= 0 and not over:
+                self.request(int(self.group_of[wanted]))  # made beside the decode, if not yet
             if fresh and (over or steps >= limit):
                 return state
 
@@ -355,30 +455,20 @@ class Generator:
                 return sig, time.perf_counter() - t0
             if stored:  # (`_host_run`: the programs come from disk, even those not loaded yet)
                 self._loaded_buckets.add(bucket)
-            # AR's group first (beside the prefill; it decodes while the others load), then the smallest trees:
-            # the cheapest steps are the ones a CPU runs most (ls-chain1 on prose).
+            # AR's group first (beside the prefill; it decodes while the others come), then each group the
+            # drafter asks for; compiling (for the next start too), or beside an accelerator (a host thread the
+            # device does not wait for), also the rest, smallest trees first: the cheapest steps are the ones a
+            # CPU runs most (ls-chain1 on prose). On a CPU a group nobody asks for is never read from disk.
             order = sorted(range(len(names)), key=lambda g: drafter.step_variants()[groups[g][0]].num_nodes)
-            programs = [concurrent.futures.Future() for _ in names]
-
-            split = SplitDecode(drafter, programs, self.partial(gen))
+            split = SplitDecode(
+                drafter,
+                [concurrent.futures.Future() for _ in names],
+                self.partial(gen),
+                make=lambda g: build(names[g], lowers[g]),
+                order=order,
+                eager=not stored or compiler_beside_device(),
+            )
             split.from_disk = stored
-
-            def work():
-                for i, g in enumerate(order):
-                    if split.stop.is_set():
-                        for f in order[i:]:
-                            programs[f].set_exception(LsjaxError("not loaded: Generator.close() stopped the loading"))
-                        return
-                    try:
-                        programs[g].set_result(build(names[g], lowers[g]))
-                    except BaseException as e:  # raised where the program is waited for  # noqa: BLE001
-                        for f in order[i:]:
-                            programs[f].set_exception(e)
-                        return
-
-            # Not a daemon: a process that ends meanwhile waits for XLA (a daemon thread still inside XLA at
-            # exit aborts the process, "terminate called ..."); Ctrl-C in decode.py exits at once regardless.
-            threading.Thread(target=work, name="lsjax-load").start()
             self._compiled[sig] = (start, split, drafter)
             return sig, time.perf_counter() - t0
         stored = self.programs is not None and self.programs.holds("decode", spec, (args, kwargs))
@@ -412,7 +502,7 @@ class Generator:
     def compiling(self) -> bool:
         """Whether a decode program is compiling (or loading) in the background (`compile(background=True)`)."""
         return any(
-            isinstance(c[1], concurrent.futures.Future) or (isinstance(c[1], SplitDecode) and not c[1].complete)
+            isinstance(c[1], concurrent.futures.Future) or (isinstance(c[1], SplitDecode) and c[1].busy)
             for c in self._compiled.values()
         )
 
@@ -442,7 +532,7 @@ class Generator:
         with its runs need not read the rest; programs being compiled are finished and stored: `finish`)."""
         for _, decode, _ in self._compiled.values():
             if isinstance(decode, SplitDecode) and decode.from_disk:
-                decode.stop.set()
+                decode.close()
 
     def finish(self) -> float:
         """After a run's output: waits for the programs still being made in the background and finds the host
@@ -451,7 +541,8 @@ class Generator:
         t0 = time.perf_counter()
         for sig, (_, decode, _) in list(self._compiled.items()):
             if isinstance(decode, SplitDecode):
-                decode.wait()
+                if decode.compiling:  # (what is only loaded need not be: it is on disk)
+                    decode.wait()
             else:
                 self._ready(sig)
         while self._finish:
@@ -524,7 +615,7 @@ class Generator:
         prefill_s = first_token_at - t0
         pending = self._compiled[sig][1]
         split = pending if isinstance(pending, SplitDecode) else None
-        alongside = isinstance(pending, concurrent.futures.Future) or (split is not None and not split.complete)
+        alongside = isinstance(pending, concurrent.futures.Future) or (split is not None and split.busy)
         emitted = 0
 
         def stream(state):
@@ -546,7 +637,7 @@ class Generator:
         aside = time.perf_counter() - aside
         decode_at = time.perf_counter()
         if split is not None:
-            split.speculative_at = None  # this run's: when a group past AR's first could run
+            split.restricted_until, restricted = None, split.restricted_steps
 
         if on_tokens is None:
             state = decode(self.params, draft_params, state, jnp.int32(gen.max_new_tokens))
@@ -564,10 +655,10 @@ class Generator:
             # Waiting for a group (a forced one, or all of them where decoding cannot start without) is loading.
             compile_s += split.waited - waited
             aside += split.waited - waited
-            if split.speculative_at is None:  # no group past AR's was ready before the run ended
-                decode_at, bridged = time.perf_counter(), int(state.steps)
-            elif split.speculative_at > decode_at:
-                decode_at, bridged = split.speculative_at, split.steps_at
+            # Steps the drafter ran restricted to the groups loaded so far, wanting another: AR's bridge.
+            bridged = split.restricted_steps - restricted
+            if split.restricted_until is not None:
+                decode_at = max(decode_at, split.restricted_until)
         decode_s = time.perf_counter() - t0 - aside
 
         if (buf.shape[1], gen.sampling) in self._unsettled:

@@ -20,6 +20,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lsjax import mesh as mesh_lib
 from lsjax.cache import KVCache, commit
@@ -213,11 +214,20 @@ def decode_pinned(state_shardings):
 def group_decode_jit(target_params, draft_params, spec: SpecConfig, state, nxt, fresh, step_limit, group: int):
     """One node-count group's share of a switched drafter's decode loop (`step.group_loop`): a program as small
     as one method's, so the host loads the groups one by one and switches between them (`SplitDecode`).
-    Returns (state, [nxt, fresh, every row done, steps] int32): what the host needs, in one transfer."""
+    Returns (state, [nxt, fresh, every row done, steps, wanted] int32): what the host needs, in one transfer.
+    `wanted`: the variant the drafter would choose now with every group loaded (-1 for a drafter whose choice
+    cannot be restricted), so that the host loads the group the drafter asks for next."""
+    drafter = spec.drafter
     with mesh_lib.scope(spec.mesh):
         ctx = context(target_params, draft_params, spec.model, spec.gen, state.cache.capacity, spec.backend)
-        state, nxt, fresh = group_loop(ctx, spec.drafter, spec.gen, state, nxt, fresh, step_limit, group)
-        info = jnp.stack([nxt, fresh.astype(jnp.int32), jnp.all(state.done).astype(jnp.int32), state.steps])
+        state, nxt, fresh = group_loop(ctx, drafter, spec.gen, state, nxt, fresh, step_limit, group)
+        every = drafter.ready_params(draft_params, np.ones(len(drafter.step_variants()), bool))
+        if every is None:
+            wanted = jnp.int32(-1)
+        else:
+            unrestricted = context(target_params, every, spec.model, spec.gen, state.cache.capacity, spec.backend)
+            wanted = drafter.choose(unrestricted, state).astype(jnp.int32)
+        info = jnp.stack([nxt, fresh.astype(jnp.int32), jnp.all(state.done).astype(jnp.int32), state.steps, wanted])
         return state, info
 
 
