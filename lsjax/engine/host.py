@@ -129,6 +129,19 @@ def group_name(drafter: Drafter, group: int) -> str:
     return f"decode-{drafter.step_variants()[variant_groups(drafter)[group][0]].num_nodes}n"
 
 
+LOAD_ENV = "LSJAX_SPLIT_LOAD"  # "asked" or "eager": how a split decode loads its groups (for A/B timing)
+
+
+def _load_eagerly(stored: bool) -> bool:
+    """Whether a split decode makes every group, not only those its drafter asks for (`SplitDecode`): when
+    compiling (the next start loads them), and beside an accelerator (a host thread the device does not wait
+    for); `$LSJAX_SPLIT_LOAD` ("asked", "eager") overrides, to time one against the other."""
+    how = os.environ.get(LOAD_ENV, "")
+    if how not in ("", "asked", "eager"):
+        raise LsjaxError(f"${LOAD_ENV}: expected 'asked' or 'eager', got {how!r}")
+    return how == "eager" or (not how and (not stored or compiler_beside_device()))
+
+
 def _made(program) -> bool:
     """Whether a program (or a Future of one) is ready to run: not one still being made, nor one that failed or
     was never made (`Generator.close`)."""
@@ -466,7 +479,7 @@ class Generator:
                 self.partial(gen),
                 make=lambda g: build(names[g], lowers[g]),
                 order=order,
-                eager=not stored or compiler_beside_device(),
+                eager=_load_eagerly(stored),
             )
             split.from_disk = stored
             self._compiled[sig] = (start, split, drafter)

@@ -1,0 +1,80 @@
+"""How a warm `decode.py` start should load auto's split programs: only the groups auto asks for ("asked", the
+CPU default) or all of them, wanted first ("eager"), against `--method ar`; interleaved, same run, compilation
+and loading included (`$LSJAX_SPLIT_LOAD`, `lsjax.engine.host.SplitDecode`).
+
+Per prompt: one start on a sibling prompt of the same width fills each method's caches (programs and the
+width's cost profile), then `--rounds` rounds of warm starts on the prompt itself, the order rotating. One JSON
+line per run, then per prompt and variant the median wall seconds to the last token and its ratio to AR's.
+
+    python scripts/split_load_ab.py [--suite dev] [--buckets 1K-2K 2K-4K] [--tasks code] [--rounds 2] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+VARIANTS = {"asked": ("auto", "asked"), "eager": ("auto", "eager"), "ar": ("ar", "")}
+
+
+def main(argv=None) -> int:
+    from lsjax.bench.launch import decode_py
+    from lsjax.bench.suites import load_suite
+    from lsjax.engine.host import LOAD_ENV
+    from lsjax.loading import load_model
+    from lsjax.prompts import BUCKETS, TASKS
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suite", choices=("dev", "heldout"), default="dev")
+    p.add_argument("--buckets", nargs="+", choices=list(BUCKETS), default=["1K-2K", "2K-4K"])
+    p.add_argument("--tasks", nargs="+", default=["code"], choices=TASKS)
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="lsjax-split-load-") as tmp:
+        work = Path(tmp)
+        tok = load_model().tokenizer
+        prompts = load_suite(tok, args.suite, None, 1, args.tasks, args.buckets)
+        for i, pr in enumerate(prompts):
+            f, sibling = work / f"prompt{i}.txt", work / f"sibling{i}.txt"
+            f.write_text(pr.text)
+            sibling.write_text(pr.text[len(pr.text) // 20 :])
+            for method in ("auto", "ar"):  # both auto variants share one cache: the same programs and profile
+                decode_py(sibling, method, args.max_new_tokens, work / method / "c", work / method / "p")
+            names = list(VARIANTS)
+            for r in range(args.rounds):
+                for name in names[r % 3 :] + names[: r % 3]:
+                    method, how = VARIANTS[name]
+                    os.environ[LOAD_ENV] = how
+                    row = decode_py(f, method, args.max_new_tokens, work / method / "c", work / method / "p")
+                    row = {"prompt": i, "round": r, "variant": name, **{k: v for k, v in row.items() if k != "text"}}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    summary = []
+    for i in sorted({r["prompt"] for r in rows}):
+        wall = {
+            v: statistics.median(r["last_token_s"] for r in rows if r["prompt"] == i and r["variant"] == v)
+            for v in VARIANTS
+        }
+        summary.append(
+            {"prompt": i, **{f"{v}_last_token_s": w for v, w in wall.items()}}
+            | {f"{v}_vs_ar": round(wall[v] / wall["ar"], 3) for v in ("asked", "eager")}
+        )
+        print(json.dumps(summary[-1]), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows, "summary": summary}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
