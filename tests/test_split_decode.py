@@ -222,3 +222,18 @@ def test_a_partial_split_loads_what_the_drafter_wants_while_ar_bridges():
     assert split.complete and not split.busy  # the rest given up: never chosen, never waited for
     again = split(params, dp, state(), 1000)
     np.testing.assert_array_equal(np.asarray(again.out), np.asarray(ref.out))
+
+
+def test_split_load_env(monkeypatch):
+    from lsjax.engine.host import LOAD_ENV, _load_eagerly
+    from lsjax.errors import LsjaxError
+
+    monkeypatch.delenv(LOAD_ENV, raising=False)
+    assert _load_eagerly(stored=False) and not _load_eagerly(stored=True)  # on a CPU: compiling, loading
+    monkeypatch.setenv(LOAD_ENV, "eager")
+    assert _load_eagerly(stored=True)
+    monkeypatch.setenv(LOAD_ENV, "asked")
+    assert not _load_eagerly(stored=False)
+    monkeypatch.setenv(LOAD_ENV, "lazy")
+    with pytest.raises(LsjaxError, match=r"LSJAX_SPLIT_LOAD: expected 'asked' or 'eager', got 'lazy'"):
+        _load_eagerly(stored=True)
