@@ -142,6 +142,11 @@ def _load_eagerly(stored: bool) -> bool:
     return how == "eager" or (not how and (not stored or compiler_beside_device()))
 
 
+def _pending(program) -> bool:
+    """Whether a program is a Future of one still to come (being made, asked for, or not begun)."""
+    return isinstance(program, concurrent.futures.Future) and not program.done()
+
+
 def _made(program) -> bool:
     """Whether a program (or a Future of one) is ready to run: not one still being made, nor one that failed or
     was never made (`Generator.close`)."""
@@ -213,7 +218,7 @@ class SplitDecode:
     @property
     def complete(self) -> bool:
         """Whether every group's program is made (or failed, or given up: `close`)."""
-        return not any(isinstance(p, concurrent.futures.Future) and not p.done() for p in self.programs)
+        return not any(_pending(p) for p in self.programs)
 
     @property
     def busy(self) -> bool:
@@ -221,14 +226,10 @@ class SplitDecode:
         if self._make is None:
             return not self.complete
         with self._lock:
-            return any(
-                isinstance(p, concurrent.futures.Future) and not p.done() and (g in self._taken or g in self._asked)
-                for g, p in enumerate(self.programs)
-            )
+            return any(_pending(p) and (g in self._taken or g in self._asked) for g, p in enumerate(self.programs))
 
     def _to_make(self, g: int) -> bool:
-        p = self.programs[g]
-        return isinstance(p, concurrent.futures.Future) and not p.done() and g not in self._taken
+        return _pending(self.programs[g]) and g not in self._taken
 
     def request(self, g: int) -> None:
         """Asks for group g's program next (before the rest of `order`); a no-op once it is made or begun."""
@@ -665,7 +666,7 @@ class Generator:
         jax.block_until_ready(state.num_out)
         bridged = 0
         if split is not None:
-            # Waiting for a group (a forced one, or all of them where decoding cannot start without) is loading.
+            # Waiting for a group (a forced one, or one a call that cannot run restricted must run) is loading.
             compile_s += split.waited - waited
             aside += split.waited - waited
             # Steps the drafter ran restricted to the groups loaded so far, wanting another: AR's bridge.

@@ -279,10 +279,11 @@ STRETCH = -1
 PLAN = -2
 
 
-def next_unit(ctx: DraftContext, drafter: Drafter, state: DecodeState) -> jax.Array:
-    """[] int32: what `switched_step` would run next from `state`: STRETCH, or the variant it chooses."""
+def next_unit(ctx: DraftContext, drafter: Drafter, state: DecodeState, choice=None) -> jax.Array:
+    """[] int32: what `switched_step` would run next from `state`: STRETCH, or the variant it chooses
+    (`choice`, when the caller has it already)."""
     stretch = drafter.ar_stretch(ctx, state)
-    choice = drafter.choose(ctx, state).astype(jnp.int32)
+    choice = drafter.choose(ctx, state).astype(jnp.int32) if choice is None else choice
     return choice if stretch is None else jnp.where(stretch > 0, STRETCH, choice)
 
 
@@ -317,7 +318,7 @@ def group_loop(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: 
         state = jax.lax.while_loop(lambda s: ~s[1], one_step, (state, is_stretch))[0]
         # After a stretch: the choice of the step it began (runs next, whatever the limit); else the next unit.
         chosen = drafter.choose(ctx, state).astype(jnp.int32)
-        return state, jnp.where(is_stretch, chosen, next_unit(ctx, drafter, state)), ~is_stretch
+        return state, jnp.where(is_stretch, chosen, next_unit(ctx, drafter, state, chosen)), ~is_stretch
 
     nxt = jnp.asarray(nxt, jnp.int32)
     if first:  # the first call plans its first unit
