@@ -18,6 +18,8 @@ explicit state `S` (any pytree; `()` for stateless drafters):
 * `verify_extras` runs inside the verification forward on its final hidden states `[B, T, D]` and logits
   `[B, T, V]` at every node (heads on verified hidden states need no forward of their own); what it returns
   reaches `update` as `verdict.extras`.
+* A drafter that sets `aux_hidden_layers` gets, as `taps`, the residual streams entering those target layers at
+  every node, concatenated [B, T, len * D] (EAGLE-3's features); the other drafters' forward is untouched.
 * A drafter that sets `extra_hidden_layer = l` (static) also gets `taps` (`lsjax.engine.verify.ForwardTaps`): the
   residual stream entering layer l, the nodes' positions, the committed cache and the nodes' K/V at every
   layer (what heads attending inside the target need, e.g. Speculative Streaming's streams). Such a drafter
@@ -112,6 +114,10 @@ class Drafter:
     name = "base"
     tree: TreeConfig  # the shape of the tree verification walks
     extra_hidden_layer: int | None = None
+    # Target layers whose input residual streams the drafter reads at every verified node (EAGLE-3's three):
+    # `verify_extras` then gets them as `taps` [B, T, len * D], concatenated in this order. () for the rest,
+    # whose verify forward is the plain one.
+    aux_hidden_layers: tuple[int, ...] = ()
     stretch_limit = 0  # the longest `ar_stretch` (static: its catch-up chain has this many tokens + 1)
     no_mesh = ""  # why this drafter cannot decode on a mesh (`SpecConfig.mesh` refuses it); "": it can
 
@@ -122,6 +128,12 @@ class Drafter:
     @property
     def num_nodes(self) -> int:
         return self.tree.num_nodes
+
+    def levels(self) -> tuple[int, ...] | None:
+        """Where each depth's nodes start in the trees this drafter proposes (`TreeConfig.level_offsets`): the
+        walk then visits only a level's nodes. None: depths vary per tree (a dynamic tree, EAGLE's), so the
+        walk checks every node's depth."""
+        return self.tree.level_offsets() if self.max_depth > 0 else None
 
     def check_params(self, draft_params, config: ModelConfig) -> str | None:
         """Why `draft_params` cannot run this drafter on `config`'s target (one line), or None. `lsjax.generate`

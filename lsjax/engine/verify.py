@@ -122,6 +122,32 @@ def tapped_tree_forward(
     return tree, _for_drafter(hidden, config), target.lm_head(params, config, hidden, rows), new_k, new_v, taps
 
 
+def aux_tree_forward(
+    params: dict, config: ModelConfig, tree: Tree, cache: KVCache, layers: tuple[int, ...], *, backend: str = "auto"
+):
+    """`tree_forward` that also returns the residual streams entering `layers` at every node, concatenated in
+    that order: (hidden, logits, new_k, new_v, aux [B, T, len(layers) * D] in the model's dtype). The forward
+    runs in segments between the distinct layers, the same layers and shapes as the plain one."""
+    positions = cache.lengths[:, None] + tree.depth
+    rows = config.invariant_rows
+    fwd = functools.partial(
+        target.forward_hidden, params, config, tree.tokens, positions, cache, tree_mask=tree.mask, backend=backend
+    )
+    x, ks, vs, seen = None, [], [], {}
+    lo = 0
+    for cut in (*sorted(set(layers)), config.num_layers):
+        if cut > lo:
+            x, k, v = fwd(layers=(lo, cut), x=x, pad_to=rows)
+            ks.append(k)
+            vs.append(v)
+            lo = cut
+        if cut < config.num_layers:
+            seen[cut] = target.embed(params, tree.tokens).astype(jnp.float32) if x is None else x
+    aux = jnp.concatenate([_for_drafter(seen[i], config) for i in layers], axis=-1)
+    new_k, new_v = jnp.concatenate(ks, axis=0), jnp.concatenate(vs, axis=0)
+    return _for_drafter(x, config), target.lm_head(params, config, x, rows), new_k, new_v, aux
+
+
 def _take(x: jax.Array, idx: jax.Array) -> jax.Array:
     """x [B, T, ...], idx [B] -> x[b, idx[b]]."""
     return jnp.take_along_axis(x, idx.reshape((-1,) + (1,) * (x.ndim - 1)), axis=1)[:, 0]
@@ -228,7 +254,7 @@ def gather_path_kv(new_k: jax.Array, new_v: jax.Array, path: jax.Array):
 
 
 def _levels(drafter: Drafter) -> tuple[int, ...] | None:
-    return drafter.tree.level_offsets() if drafter.max_depth > 0 else None
+    return drafter.levels()
 
 
 def penalty_windows(ctx: DraftContext, max_depth: int, gen: GenerateConfig, state: DecodeState, tree: Tree):
@@ -282,7 +308,12 @@ def _verify(
 ):
     """`drafter` None: a switched variant, whose drafter updates from the chain verdict; its extras are the
     root's log-probability of the first emitted token where `wanted` ([] bool) says so."""
-    if drafter is None or drafter.extra_hidden_layer is None:
+    if drafter is not None and drafter.aux_hidden_layers:
+        hidden, logits, new_k, new_v, aux = aux_tree_forward(
+            ctx.target_params, ctx.config, tree, state.cache, drafter.aux_hidden_layers, backend=ctx.backend
+        )
+        extras = drafter.verify_extras(ctx, tree, hidden, logits, aux)
+    elif drafter is None or drafter.extra_hidden_layer is None:
         hidden, logits, new_k, new_v = tree_forward(
             ctx.target_params, ctx.config, tree, state.cache, backend=ctx.backend
         )

@@ -40,7 +40,7 @@ from lsjax.config import ConfigError
 
 ENV = "LSJAX_METHODS"
 # The order `--method` lists the built-in folders in (AR first, then by kinship); other folders follow by name.
-BUILTIN = ("ar", "longspec", "hybrid", "pld", "auto", "dels", "streams", "tokenswift")
+BUILTIN = ("ar", "longspec", "hybrid", "pld", "auto", "dels", "streams", "tokenswift", "eagle3")
 
 
 def option(
@@ -75,6 +75,8 @@ class Method:
     uses_draft: bool = False  # reads a trained draft checkpoint (--draft, --tree)
     speculative: bool = True  # proposes tokens; False only for plain AR
     no_mesh: str = ""  # why it cannot decode on a mesh, for decode.py to say before the model loads; "": it can
+    # "module:function" (draft option value -> {"dir", "format"} or None): what `--json` reports as "draft"
+    describe_draft: str = ""
 
     def options(self) -> frozenset[str]:
         """The names of the options this method reads (its options' fields, and the names its `from_values`
@@ -134,6 +136,7 @@ def register(
     uses_draft=False,
     speculative=True,
     no_mesh: str = "",
+    describe_draft: str = "",
     replace=False,
 ):
     """A decorator registering `build(model, opts, cache)` under `name` with its options dataclass.
@@ -146,7 +149,7 @@ def register(
         old = _METHODS.get(name)
         if old is not None and not replace and old.build.__qualname__ != fn.__qualname__:
             raise ConfigError(f"method: {name!r} is already registered (by {old.build.__module__})")
-        _METHODS[name] = Method(name, fn, options, help, uses_draft, speculative, no_mesh)
+        _METHODS[name] = Method(name, fn, options, help, uses_draft, speculative, no_mesh, describe_draft)
         return fn
 
     return add
