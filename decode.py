@@ -432,6 +432,8 @@ def main(argv=None, *, as_program: bool = False) -> int:
     }
     if split:
         summary.update(split)
+    if registry.get(method).describe_draft:  # which draft ran, and the layout read from its directory
+        summary["draft"] = registry.load(registry.get(method).describe_draft)(getattr(args, "draft", None))
     if result.drafter_stats:
         summary.update(result.drafter_stats)
     if baseline is not None:

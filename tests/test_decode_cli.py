@@ -114,3 +114,27 @@ def test_an_instruct_model_ending_at_once_suggests_chat():
     assert "add --chat" in proc.stderr
     chat = decode(*args, "--chat")
     assert json.loads(chat.stdout.strip().splitlines()[-1])["text"].strip() and "add --chat" not in chat.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["eagle", "speculators"])
+def test_eagle3_random_draft_in_each_published_layout_matches_ar(tmp_path, fmt):
+    """An EAGLE-3 draft for SmolLM2 (random weights) written in a published layout: decode.py reads it as it is,
+    says which layout it read, and its greedy output is AR's on the bundled prompt."""
+    from lsjax.loading import load_model
+    from lsjax.methods.eagle3.checkpoint import random_draft, write_draft
+
+    cfg, params, _ = random_draft(load_model().config)
+    draft = write_draft(tmp_path / fmt, cfg, params, fmt)
+    proc = decode(
+        "--method", "eagle3", "--draft", str(draft), "--eagle-tree", "cpu", "--max-new-tokens", "24",
+        "--ignore-eos", "--compare", "ar", "--json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["draft"] == {"dir": str(draft), "format": fmt}
+    assert out["identical_to_ar"] is True and out["new_tokens"] == 24
+
+
+def test_eagle3_without_a_draft_is_one_line():
+    assert "--method eagle3 needs --draft DIR" in one_error_line(decode("--prompt", "hi", "--method", "eagle3"))

@@ -3,6 +3,7 @@ layouts and their misuse."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import types
 from pathlib import Path
@@ -75,3 +76,158 @@ def test_draft_matches_the_reference_implementation(name):
         np.testing.assert_array_equal(np.asarray(tree.tokens)[0], ref[f"tokens_{r}"])
         np.testing.assert_array_equal(np.asarray(tree.depth)[0], ref[f"positions_{r}"])
         np.testing.assert_array_equal(np.asarray(tree.mask)[0], ref[f"mask_{r}"])
+
+
+# ----------------------------------------------------------------------------------------------- lossless
+
+
+def small_target():
+    """A 4-layer tiny target with a 13-token vocabulary: a random draft's 6-15 node trees hit often enough that
+    multi-node acceptances happen in a 24-token generation."""
+    from lsjax.models import target
+    from tests.tiny import tiny_model
+
+    config, _ = tiny_model(vocab=13)
+    config = dataclasses.replace(config, num_layers=4)
+    return config, target.init_params(config, jax.random.key(3), scale=0.3)
+
+
+@pytest.mark.parametrize(
+    "fmt,budget,nbr",
+    [("eagle", Eagle3Tree(6, 4, 2), False), ("speculators", Eagle3Tree(15, 5, 4), True)],
+    ids=["eagle-6-nodes", "speculators-15-nodes-norm-before-residual"],
+)
+def test_greedy_equals_ar_through_either_published_layout(tmp_path, fmt, budget, nbr):
+    """A random draft written in a published layout (sharded for speculators) reads back to the same weights
+    and decodes exactly AR's tokens, with fewer target forwards than AR."""
+    from lsjax.config import GenerateConfig
+    from lsjax.engine.types import ARDrafter
+    from lsjax.methods.eagle3.checkpoint import random_draft, write_draft
+    from tests.test_speculative import repetitive_prompts, run
+
+    config, params = small_target()
+    cfg, dp, _ = random_draft(config, seed=1)
+    if fmt == "speculators":  # the EAGLE layout always reads layers 2, L // 2, L - 3
+        cfg = dataclasses.replace(cfg, norm_before_residual=nbr, aux_layers=(0, 2, 3))
+    write_draft(tmp_path, cfg, dp, fmt, shards=2 if fmt == "speculators" else 1)
+    got_cfg, got, info = read_draft(tmp_path, config)
+    assert info.format == fmt and got_cfg == cfg
+    for name in dp:
+        np.testing.assert_array_equal(got[name], dp[name], err_msg=name)
+    drafter = Eagle3Drafter(got_cfg, budget)
+    assert drafter.check_params(got, config) is None
+    gen = GenerateConfig(max_new_tokens=24, ignore_eos=True)
+    prompts = repetitive_prompts(config, 3, 40, seed=1) + [np.arange(3, 12)]
+    ar = run(params, config, prompts, gen, ARDrafter())
+    sp = run(params, config, prompts, gen, drafter, draft_params=jax.tree.map(jnp.asarray, got))
+    np.testing.assert_array_equal(np.asarray(sp.num_out), np.asarray(ar.num_out))
+    np.testing.assert_array_equal(np.asarray(sp.out), np.asarray(ar.out))
+    assert int(sp.steps) < int(ar.steps)
+
+
+def test_tree_selection_keeps_parents_and_depths():
+    """`_select` on a hand-made pool: the best `nodes` by score in pool order, each node's parent its tree
+    index, a node whose parent lost a tie left out with its subtree."""
+    target, _ = small_target()
+    from lsjax.methods.eagle3.checkpoint import random_draft
+
+    drafter = Eagle3Drafter(random_draft(target)[0], Eagle3Tree(4, 3, 2))
+    # pool: level 1 = [0, 1]; expansion 1 children of pool 0 -> [2, 3], of pool 1 -> [4, 5]; expansion 2: 6..9
+    score = jnp.array([[-0.1, -0.5, -0.2, -0.9, -0.6, -0.7, -0.3, -1.0, -2.0, -2.0]])
+    tok = jnp.arange(10)[None] + 20
+    parent = jnp.array([[-1, -1, 0, 0, 1, 1, 2, 2, 3, 3]])
+    tree = drafter._select(jnp.array([7]), score, tok, parent)
+    np.testing.assert_array_equal(tree.tokens[0], [7, 20, 21, 22, 26])
+    np.testing.assert_array_equal(tree.parents[0], [-1, 0, 0, 1, 3])
+    np.testing.assert_array_equal(tree.depth[0], [0, 1, 1, 2, 3])
+    assert bool(tree.valid.all())
+    # Pool 3 (score -0.9) does not make the cut but its child 8 would, on a higher score (which a real
+    # search never gives a child): it is left out.
+    score = score.at[0, 8].set(-0.05)
+    tree = drafter._select(jnp.array([7]), score, tok, parent)
+    np.testing.assert_array_equal(tree.tokens[0], [7, 20, 22, 26, 28])
+    np.testing.assert_array_equal(tree.valid[0], [True, True, True, True, False])
+
+
+# ----------------------------------------------------------------------------------------------- bad input
+
+
+@pytest.fixture
+def written(tmp_path):
+    """(target config, a random draft for it written in the EAGLE layout)."""
+    from lsjax.methods.eagle3.checkpoint import random_draft, write_draft
+
+    config, _ = small_target()
+    cfg, dp, _ = random_draft(config)
+    return config, write_draft(tmp_path / "draft", cfg, dp, "eagle")
+
+
+def test_a_draft_for_another_target_is_one_line_naming_both(written):
+    from lsjax.errors import ShapeMismatchError
+    from lsjax.methods.eagle3.checkpoint import load_eagle3
+
+    config, path = written
+    other = dataclasses.replace(config, vocab_size=31, hidden_size=40)
+    with pytest.raises(ShapeMismatchError, match=r"vocabulary 13 and hidden size 48; .* has 31 and 40") as e:
+        load_eagle3(types.SimpleNamespace(config=other), str(path), None)
+    assert "\n" not in str(e.value)
+
+
+def test_files_of_neither_layout_are_named(written, tmp_path):
+    from safetensors.numpy import save_file
+
+    from lsjax.errors import MissingTensorError, ModelNotFoundError, UnsupportedModelError
+
+    config, path = written
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text((path / "config.json").read_text())
+    save_file({"model.layers.0.mlp.up_proj.weight": np.zeros((2, 2), np.float32)}, str(bad / "model.safetensors"))
+    with pytest.raises(UnsupportedModelError, match=r"expected tensors midlayer\.\* .* or layers\.0\.\*"):
+        read_draft(bad, config)
+    with pytest.raises(ModelNotFoundError, match="no config.json"):
+        read_draft(tmp_path, config)
+    from safetensors.numpy import load_file
+
+    tensors = load_file(str(path / "model.safetensors"))
+    del tensors["fc.weight"]
+    save_file(tensors, str(bad / "model.safetensors"))
+    with pytest.raises(MissingTensorError, match="tensor fc.weight is missing"):
+        read_draft(bad, config)
+
+
+def test_unsupported_speculators_flags_and_trees_are_refused(written, tmp_path):
+    from lsjax.config import ConfigError
+    from lsjax.errors import UnsupportedModelError
+    from lsjax.methods.eagle3.checkpoint import random_draft, write_draft
+    from lsjax.methods.eagle3.drafter import parse_tree
+
+    config, _ = written
+    cfg, dp, _ = random_draft(config)
+    path = write_draft(tmp_path / "spec", cfg, dp, "speculators")
+    hf = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(hf | {"norm_output": True}))
+    with pytest.raises(UnsupportedModelError, match="sets norm_output"):
+        read_draft(path, config)
+    assert parse_tree("7,3,2") == Eagle3Tree(7, 3, 2) and parse_tree("eagle2") == Eagle3Tree(59, 6, 8)
+    with pytest.raises(ConfigError, match="neither a preset"):
+        parse_tree("wide")
+    with pytest.raises(ConfigError, match="more than the 6 candidates"):
+        Eagle3Tree(7, 2, 2)
+
+
+def test_a_pytorch_bin_reads_through_torch(written, tmp_path):
+    torch = pytest.importorskip("torch")
+    from safetensors.numpy import load_file
+
+    config, path = written
+    binned = tmp_path / "bin"
+    binned.mkdir()
+    (binned / "config.json").write_text((path / "config.json").read_text())
+    state = {k: torch.from_numpy(v) for k, v in load_file(str(path / "model.safetensors")).items()}
+    torch.save(state, binned / "pytorch_model.bin")
+    cfg_a, a, _ = read_draft(path, config)
+    cfg_b, b, info = read_draft(binned, config)
+    assert cfg_a == cfg_b and info.format == "eagle"
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])

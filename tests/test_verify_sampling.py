@@ -33,6 +33,8 @@ from lsjax.methods.auto.drafter import AutoDrafter, AutoPolicy, auto_params
 from lsjax.methods.dels import local_head
 from lsjax.methods.dels.drafter import BlockDrafter, prepare_dels_params
 from lsjax.methods.dels.model import init_block_params
+from lsjax.methods.eagle3.checkpoint import random_draft
+from lsjax.methods.eagle3.drafter import Eagle3Drafter, Eagle3Tree
 from lsjax.methods.hybrid.drafter import HybridDrafter
 from lsjax.methods.longspec.drafter import LongSpecDrafter
 from lsjax.methods.pld.drafter import PLDDrafter
@@ -238,6 +240,9 @@ DRAFTERS = {
     # Block drafts: two chains whose first tokens are drawn without replacement, then one token per level.
     "block": BlockDrafter(BlockConfig(3), LS, branches=2),
     "dels": BlockDrafter(BlockConfig(3), LS, branches=2, local=LocalHeadConfig(hidden=8, rank=4, block_size=4)),
+    # EAGLE-2's dynamic tree from an EAGLE-3 draft reading the target's (only) layer thrice: 6 nodes over 3
+    # levels, which levels get how many being data.
+    "eagle3": Eagle3Drafter(random_draft(model()[0])[0], Eagle3Tree(6, 3, 2)),
 }
 SAMPLINGS = {
     "T1": SamplingConfig(temperature=1.0),
@@ -249,8 +254,9 @@ SAMPLINGS = {
     "minp-penalty": SamplingConfig(temperature=1.5, min_p=0.1, penalty=1.4, penalty_window=3),
 }
 # By default (N = 100K): the LongSpec drafter's sampled trees at T=1 (recursive rejection sampling over a real
-# draft) and a sampled k-ary tree under top-p; the slow set runs every drafter with every filter at N = 400K.
-DEFAULT = {("longspec", "T1"), ("table-sampled", "topp")}
+# draft), a sampled k-ary tree under top-p and EAGLE's dynamic tree under the contextual penalty; the slow set
+# runs every drafter with every filter at N = 400K.
+DEFAULT = {("longspec", "T1"), ("table-sampled", "topp"), ("eagle3", "T1-penalty")}
 CASES = [pytest.param(d, s, N, id=f"{d}-{s}") for d, s in sorted(DEFAULT)] + [
     pytest.param(d, s, N_DEEP, id=f"{d}-{s}-deep", marks=pytest.mark.slow) for d in DRAFTERS for s in SAMPLINGS
 ]
@@ -265,6 +271,8 @@ def draft_params_for(params, config, drafter):
         return longspec_params(params, config, getattr(drafter, "longspec", drafter))
     if isinstance(drafter, StreamsDrafter):
         return stream_params(config, drafter.streams)
+    if isinstance(drafter, Eagle3Drafter):
+        return jax.tree.map(jnp.asarray, random_draft(config, seed=2)[1])
     if isinstance(drafter, TokenSwiftDrafter):
         return th.init_params(config, drafter.heads, params, key=jax.random.key(2))
     if isinstance(drafter, BlockDrafter):

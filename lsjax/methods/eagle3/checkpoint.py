@@ -207,7 +207,17 @@ def read_draft(path: str | Path, target: ModelConfig) -> tuple[em.Eagle3Config, 
 
 def random_draft(target: ModelConfig, seed: int = 0) -> tuple[em.Eagle3Config, dict, DraftInfo]:
     """An untrained draft shaped like the target's layers (tests, `--draft random`): lossless, accepts little."""
-    layer = dataclasses.replace(target, num_layers=1, name="eagle3", invariant_rows=0, qkv_bias=False)
+    layer = dataclasses.replace(
+        target,
+        num_layers=1,
+        name="eagle3",
+        invariant_rows=0,
+        qkv_bias=False,
+        tie_embeddings=False,
+        bos_token_id=None,
+        eos_token_ids=(),
+        pad_token_id=0,
+    )
     cfg = em.Eagle3Config(layer, target.vocab_size, target.hidden_size, em.default_aux_layers(target.num_layers))
     params = jax.tree.map(np.asarray, em.init_params(cfg, jax.random.key(seed)))
     return cfg, params, DraftInfo("random", "random")
