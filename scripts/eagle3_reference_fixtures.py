@@ -167,7 +167,10 @@ def main(argv=None) -> None:
         sys.path.insert(0, tmp)
         for i, (name, cfg) in enumerate(CONFIGS.items()):
             make(name, cfg, args.out, seed=10 * i + 1)
-    (args.out / "SOURCE.txt").write_text(f"made by scripts/eagle3_reference_fixtures.py from {REPO} at {COMMIT}\n")
+    source = args.out / "SOURCE.txt"
+    kept = [line for line in (source.read_text().splitlines() if source.exists() else []) if "speculators" in line]
+    line = f"made by scripts/eagle3_reference_fixtures.py from {REPO} at {COMMIT}"
+    source.write_text("\n".join([line, *kept]) + "\n")
 
 
 if __name__ == "__main__":

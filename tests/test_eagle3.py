@@ -25,6 +25,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "eagle3"
 
 def fixture_target(name: str) -> ModelConfig:
     hf = json.loads((FIXTURES / name / "config.json").read_text())
+    hf = hf.get("transformer_layer_config", hf)
     return ModelConfig(
         vocab_size=hf["vocab_size"],
         hidden_size=hf.get("target_hidden_size", hf["hidden_size"]),
@@ -76,6 +77,25 @@ def test_draft_matches_the_reference_implementation(name):
         np.testing.assert_array_equal(np.asarray(tree.tokens)[0], ref[f"tokens_{r}"])
         np.testing.assert_array_equal(np.asarray(tree.depth)[0], ref[f"positions_{r}"])
         np.testing.assert_array_equal(np.asarray(tree.mask)[0], ref[f"mask_{r}"])
+
+
+@pytest.mark.parametrize("name", ["spec-llama", "spec-qwen3"])
+def test_speculators_layout_matches_its_reference_layer(name):
+    """The speculators layout: the draft's logits at every prompt pair within 1e-4 of vllm-project/speculators'
+    first layer (`scripts/eagle3_speculators_fixtures.py`): norm_before_residual and the aux layer ids it names
+    (Llama), the layer's per-head q/k norms (Qwen3)."""
+    ref = np.load(FIXTURES / f"{name}.npz")
+    target = fixture_target(name)
+    cfg, params, info = read_draft(FIXTURES / name, target)
+    assert info.format == "speculators"
+    assert cfg.norm_before_residual == (name == "spec-llama") and cfg.layer.qk_norm == (name == "spec-qwen3")
+    assert cfg.aux_layers == ((1, 3, 6) if name == "spec-llama" else (2, 4, 5))
+    drafter = Eagle3Drafter(cfg, Eagle3Tree(4, 2, 2))
+    params = jax.tree.map(jnp.asarray, params)
+    ctx = DraftContext({}, params, target, capacity=64)
+    ids = ref["ids"]
+    h, _ = _round(drafter, ctx, KVCache.zeros(cfg.layer, 1, 64), ref["hidden"], ids[1:], 0)
+    np.testing.assert_allclose(np.asarray(em.logits(params, cfg, h))[0], ref["logits_prompt"], atol=1e-4, rtol=0)
 
 
 # ----------------------------------------------------------------------------------------------- lossless
