@@ -110,8 +110,11 @@ def test_greedy_chain_estimates_are_what_a_chain_proposal_accepts(setup):
     assert np.all(got["top2"] >= got["first"])
     padded = jnp.zeros((1, 40), jnp.int32).at[:, : P + NEW].set(toks)  # padding after the text changes nothing
     again = first_level(params, config, dp, drafter.draft, padded, NEW, 0.0, length=jnp.int32(P + NEW))
-    for k, v in got.items():
-        np.testing.assert_array_equal(np.asarray(again[k]), v, err_msg=k)
+    for k, v in got.items():  # the dump's logits come from other matmul shapes: equal to rounding
+        if k == "top_logits":
+            np.testing.assert_allclose(np.asarray(again[k]), v, atol=1e-5, err_msg=k)
+        else:
+            np.testing.assert_array_equal(np.asarray(again[k]), v, err_msg=k)
 
     import lsjax.methods.longspec.model as dl
 

@@ -251,3 +251,34 @@ def test_a_pytorch_bin_reads_through_torch(written, tmp_path):
     assert cfg_a == cfg_b and info.format == "eagle"
     for name in a:
         np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_draft_accept_first_level_is_what_propose_drafts_there():
+    """`lsjax.bench.draft_accept.eagle3_first_level` (teacher-forced, one pass) gives at each root the first level
+    `propose` grows there after a decode reached it, and scores T = 0 hits against the next token."""
+    from lsjax import engine
+    from lsjax.bench.draft_accept import eagle3_first_level
+    from lsjax.config import GenerateConfig
+    from lsjax.engine.types import ARDrafter
+    from lsjax.methods.eagle3.checkpoint import random_draft
+    from tests.test_speculative import run
+
+    config, params = small_target()
+    cfg, dp, _ = random_draft(config, seed=4)
+    dp = jax.tree.map(jnp.asarray, dp)
+    drafter = Eagle3Drafter(cfg, Eagle3Tree(6, 3, 3))
+    prompt, new = [3, 5, 7, 9, 11, 4, 6], 8
+    out = run(params, config, [np.array(prompt)], GenerateConfig(max_new_tokens=new, ignore_eos=True), ARDrafter())
+    seq = prompt + [int(t) for t in np.asarray(out.out)[0, :new]]
+    got = eagle3_first_level(params, config, dp, cfg, jnp.asarray([seq]), new - 1, 0.0)
+    first = len(seq) - (new - 1) - 1
+    for r in (first, first + 3, len(seq) - 2):
+        gen = GenerateConfig(max_new_tokens=4)
+        toks = jnp.zeros((1, 16), jnp.int32).at[0, :r].set(jnp.asarray(seq[:r]))
+        state = engine.start(params, dp, config, drafter, gen, toks, jnp.array([r]), jax.random.key(0), chunk=16)
+        assert int(state.root[0]) == seq[r]
+        ctx = DraftContext(params, dp, config, capacity=state.cache.capacity)
+        _, tok, _, _ = drafter.grow(ctx, state.draft)
+        np.testing.assert_array_equal(np.asarray(got["top_ids"])[r - first, :3], np.asarray(tok)[0, :3])
+    hits = np.asarray(got["top_ids"])[:, 0] == np.asarray(seq[first + 1 : first + new])
+    np.testing.assert_array_equal(np.asarray(got["first"]), hits.astype(np.float32))

@@ -1,7 +1,12 @@
-"""What a LongSpec draft would accept, teacher-forced on the target's own continuations: no decode timing.
+"""What a draft would accept, teacher-forced on the target's own continuations: no decode timing.
 
     python -m lsjax.bench.draft_accept                                   # the shipped draft, dev 1K-4K
     python -m lsjax.bench.draft_accept --draft A --draft B --suite dev --buckets 1K-2K
+    python -m lsjax.bench.draft_accept --method eagle3 --draft DIR --prompts my.jsonl --dump top5.jsonl
+
+`--method longspec` (default) measures LongSpec drafts, `--method eagle3` EAGLE-3 drafts in either published
+layout (`--draft random`: an untrained one). Prompts come from a suite or a JSONL file (`--prompts`, lines of
+{"id", "prompt"[, "chat"]}).
 
 Per prompt and temperature the target writes `--new-tokens` with AR (seed 0); then one target pass and a few
 draft passes over prompt + continuation give, at every root of the continuation:
@@ -22,6 +27,18 @@ acceptance probability itself, not a draw), so two drafts compared on the same c
 the drafts do, not by timing noise: a minute per prompt where a decode benchmark needs rounds. The draft's
 self-attention here is the training band of `window` keys (the ring at decode time holds up to a tree's depth
 more). Dev split by default: the held-out one is for reporting.
+
+EAGLE-3 drafts: one target pass gives the residual streams entering the draft's three target layers at every
+position; one draft pass runs the pairs (streams at t, token t + 1) at positions t, causal, with the draft's own
+K/V of every earlier pair (as decoding keeps them). The proposal at root r (the token at position r, not yet in
+the target's cache) is the draft's output at the pair (streams at r - 1, token r): the first level of the tree
+`propose` would grow there. `first`/`top2` and the T > 0 keys are as above (q over the draft vocabulary, p
+restricted to it through d2t); a chain needs the draft's own outputs fed back, so `chain2`/`chain4` are not given.
+
+`--dump FILE` writes one JSON line per prompt (at T = 0): `tokens` (prompt + the target's greedy continuation),
+`roots` (the root positions), and at each root the draft's first-level `top_ids` (target token ids, best first) and
+`top_logits` (the draft's raw logits), five each, teacher-forced as described above: what another implementation
+of the same draft, fed the same target states and tokens, should propose.
 """
 
 from __future__ import annotations
@@ -32,6 +49,7 @@ import json
 import numpy as np
 
 T0_KEYS = ("first", "top2", "chain2", "chain4")
+DUMP_TOP = 5  # proposals per root in a --dump
 T1_KEYS = ("sampled", "sampled2", "match")
 PAD = 1024  # sequences are padded to a multiple of this: one compiled program per padded length
 
@@ -102,6 +120,8 @@ def first_level(
         return local if vocab_ids is None else jnp.take(jnp.asarray(vocab_ids), local)
 
     q_logits = draft_at(1)
+    top_logits, top_local = jax.lax.top_k(q_logits, DUMP_TOP)
+    dump = {"top_ids": to_ids(top_local), "top_logits": top_logits}
     if temperature == 0:
         y = jax.lax.dynamic_slice_in_dim(tokens[0], first + 1, new)  # at T = 0 a child is accepted iff it is next
         _, top = jax.lax.top_k(q_logits, 2)
@@ -116,7 +136,7 @@ def first_level(
             "top2": jnp.any(to_ids(top) == y[:, None], axis=-1).astype(jnp.float32),
             "chain2": 1.0 + jnp.sum(run[:2], axis=0),
             "chain4": 1.0 + jnp.sum(run[:4], axis=0),
-        }
+        } | dump
     p_logits = target_logits(target_params, config, roots(feats["hidden"]), None)[0]  # [new, V]
     p = jax.nn.softmax(p_logits / temperature, axis=-1)
     q = jax.nn.softmax(q_logits / temperature, axis=-1)
@@ -126,7 +146,69 @@ def first_level(
         "sampled": jnp.sum(jnp.minimum(p_in, q), axis=-1),
         "sampled2": two_wide(p_in, q),
         "match": jnp.take_along_axis(p_in, best[:, None], axis=-1)[:, 0],
-    }
+    } | dump
+
+
+def target_streams(target_params, config, tokens, layers: tuple[int, ...]):
+    """The target on tokens [1, T] (a plain causal forward, no cache): (the residual streams entering `layers`
+    at every position, concatenated [1, T, len * D] in the model's dtype; the final hidden state [1, T, D], fp32)."""
+    import jax.numpy as jnp
+
+    from lsjax.cache import KVCache
+    from lsjax.models import target
+
+    pos = jnp.arange(tokens.shape[1])[None]
+    empty = KVCache.zeros(config, 1, 0)
+    x, lo, seen = None, 0, {}
+    for cut in (*sorted(set(layers)), config.num_layers):
+        if cut > lo:
+            x, _, _ = target.forward_hidden(target_params, config, tokens, pos, empty, layers=(lo, cut), x=x)
+            lo = cut
+        seen.setdefault(cut, target.embed(target_params, tokens).astype(jnp.float32) if x is None else x)
+    dt = jnp.dtype(config.dtype)
+    return jnp.concatenate([seen[i].astype(dt) for i in layers], axis=-1), x
+
+
+def eagle3_first_level(target_params, config, draft_params, draft, tokens, new: int, temperature: float, length=None):
+    """`first_level` for an EAGLE-3 draft (`draft`: its Eagle3Config): per-root estimates [new] of tokens [1, T]
+    whose first `length` are real, the roots at positions length - new - 1 .. length - 2 (module doc)."""
+    import jax
+    import jax.numpy as jnp
+
+    from lsjax.cache import KVCache
+    from lsjax.methods.eagle3 import model as em
+    from lsjax.models import target
+    from lsjax.models.layers import embed
+
+    T = tokens.shape[1]
+    length = jnp.int32(T) if length is None else length
+    pos = jnp.arange(T)[None]
+    aux, x = target_streams(target_params, config, tokens, draft.aux_layers)
+    pairs = jnp.concatenate([tokens[:, 1:], jnp.zeros((1, 1), tokens.dtype)], axis=1)
+    dcache = KVCache.zeros(draft.layer, 1, 0)
+    attend = em.attend_over(dcache.k, dcache.v, jnp.zeros((1,), jnp.int32), backend="auto")
+    emb = embed({"embed": em.embed_rows(draft_params, target_params)}, pairs)
+    h, _, _ = em.layer(draft_params, draft, emb, em.fuse(draft_params, aux), pos, attend)
+    first = length - new - 1
+    q_logits = em.logits(draft_params, draft, jax.lax.dynamic_slice_in_dim(h, first - 1, new, axis=1))[0]
+    to_target = draft_params["draft_to_target"]
+    top_logits, top_local = jax.lax.top_k(q_logits, DUMP_TOP)
+    dump = {"top_ids": jnp.take(to_target, top_local), "top_logits": top_logits}
+    if temperature == 0:
+        y = jax.lax.dynamic_slice_in_dim(tokens[0], first + 1, new)
+        ids = dump["top_ids"]
+        top2 = jnp.any(ids[:, :2] == y[:, None], axis=-1).astype(jnp.float32)
+        return {"first": (ids[:, 0] == y).astype(jnp.float32), "top2": top2} | dump
+    final = jax.lax.dynamic_slice_in_dim(x, first, new, axis=1)
+    p_logits = target.lm_head(target_params, config, final)[0]  # [new, V]
+    p_in = jax.nn.softmax(p_logits / temperature, axis=-1)[:, to_target]
+    q = jax.nn.softmax(q_logits / temperature, axis=-1)
+    best = jnp.argmax(q_logits, axis=-1)
+    return {
+        "sampled": jnp.sum(jnp.minimum(p_in, q), axis=-1),
+        "sampled2": two_wide(p_in, q),
+        "match": jnp.take_along_axis(p_in, best[:, None], axis=-1)[:, 0],
+    } | dump
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -145,9 +227,14 @@ def main(argv=None) -> int:
     from lsjax.prompts import BUCKETS, TASKS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--method", choices=("longspec", "eagle3"), default="longspec", help="whose drafts (longspec)")
     p.add_argument(
-        "--draft", action="append", help="a draft directory, or `shipped` (repeat to compare; default: shipped)"
+        "--draft",
+        action="append",
+        help="a draft directory, `shipped` (longspec) or `random` (eagle3); repeat to compare (default: shipped)",
     )
+    p.add_argument("--prompts", metavar="FILE", help='a JSONL file of {"id", "prompt"[, "chat"]} instead of a suite')
+    p.add_argument("--dump", metavar="FILE", help="write each prompt's tokens and per-root top-5 proposals here")
     p.add_argument("--suite", choices=("dev", "heldout"), default="dev")
     p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
     p.add_argument("--buckets", nargs="+", choices=list(BUCKETS), default=["1K-2K", "2K-4K"])
@@ -164,9 +251,13 @@ def main(argv=None) -> int:
         p.error(f"--temperatures: must be >= 0, got {args.temperatures}")
     from pathlib import Path
 
+    if args.method == "eagle3" and not args.draft:
+        p.error("--method eagle3 needs --draft DIR (an EAGLE-3 draft in either published layout) or --draft random")
     for d in args.draft or []:  # before the model loads
-        if d != "shipped" and not Path(d).is_dir():
+        if d not in ("shipped", "random") and not Path(d).is_dir():
             p.error(f"--draft {d}: no such directory (a draft directory, or `shipped`)")
+    if args.prompts and not Path(args.prompts).is_file():
+        p.error(f"--prompts {args.prompts}: no such file")
 
     import jax
     import jax.numpy as jnp
@@ -184,7 +275,10 @@ def main(argv=None) -> int:
     drafts = {}
     for d in args.draft or ["shipped"]:
         try:
-            drafter, dp = load_longspec(model, None if d == "shipped" else d, "1")
+            if args.method == "eagle3":
+                drafter, dp = registry.build("eagle3", model, draft=d)
+            else:
+                drafter, dp = load_longspec(model, None if d == "shipped" else d, "1")
         except LsjaxError as e:
             p.error(f"--draft {d}: {e}")
         drafts[d] = (drafter.draft, dp)
@@ -194,15 +288,19 @@ def main(argv=None) -> int:
         *registry.build("ar", model),
     )
     tp = jax.tree.map(jnp.asarray, model.params)
+    one = first_level if args.method == "longspec" else eagle3_first_level
     measure = jax.jit(
-        lambda dp, toks, n, temperature, dcfg: first_level(
-            tp, model.config, dp, dcfg, toks, args.new_tokens, temperature, length=n
-        ),
+        lambda dp, toks, n, temperature, dcfg: one(tp, model.config, dp, dcfg, toks, args.new_tokens, temperature, n),
         static_argnums=(3, 4),
     )
     rows = []
-    prompts = load_suite(model.tokenizer, args.suite, None, args.per_cell, args.tasks, args.buckets)
-    print(f"{len(prompts)} {args.suite} prompts, {args.new_tokens} roots each, T in {args.temperatures}", flush=True)
+    try:
+        prompts = load_suite(model.tokenizer, args.suite, args.prompts, args.per_cell, args.tasks, args.buckets)
+    except LsjaxError as e:
+        p.error(str(e))
+    dump = open(args.dump, "w") if args.dump else None  # noqa: SIM115 (written prompt by prompt)
+    source = args.prompts or args.suite
+    print(f"{len(prompts)} {source} prompts, {args.new_tokens} roots each, T in {args.temperatures}", flush=True)
     for prompt in prompts:
         ids = encode(model.tokenizer, prompt)
         for temp in args.temperatures:
@@ -213,6 +311,14 @@ def main(argv=None) -> int:
             toks[0, : len(seq)] = seq
             for name, (dcfg, dp) in drafts.items():
                 got = measure(dp, jnp.asarray(toks), jnp.int32(len(seq)), float(temp), dcfg)
+                top = {k: np.asarray(got.pop(k)) for k in ("top_ids", "top_logits")}
+                if dump is not None and temp == 0:
+                    first = len(seq) - args.new_tokens - 1
+                    entry = {"id": prompt.id, "method": args.method, "draft": name, "tokens": [int(t) for t in seq]}
+                    entry |= {"roots": list(range(first, first + args.new_tokens)), "top_ids": top["top_ids"].tolist()}
+                    entry["top_logits"] = np.round(top["top_logits"], 5).tolist()
+                    dump.write(json.dumps(entry) + "\n")
+                    dump.flush()
                 row = {"prompt": prompt.id, "draft": name, "T": temp}
                 row |= {k: round(float(np.mean(np.asarray(v))), 4) for k, v in got.items()}
                 rows.append(row)
@@ -221,6 +327,8 @@ def main(argv=None) -> int:
     for (name, temp), means in summarize(rows).items():
         vals = "  ".join(f"{k} {v:.3f}" for k, v in means.items() if k != "prompts")
         print(f"{'mean of ' + str(means['prompts']):26s} T={temp:g}  {name:10s} {vals}")
+    if dump is not None:
+        dump.close()
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"suite": args.suite, "new_tokens": args.new_tokens, "rows": rows}, f, indent=1)
