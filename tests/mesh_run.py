@@ -97,6 +97,12 @@ def drafter_and_params(method: str, config, params, future=()):
         return PLDDrafter(num_tokens=4, ngram_max=2), ()
     if method == "longspec":
         return longspec, ls_params
+    if method == "eagle3":  # an untrained EAGLE-3 draft: its own cache, and the target's streams at 3 layers
+        from lsjax.methods.eagle3.checkpoint import random_draft
+        from lsjax.methods.eagle3.drafter import Eagle3Drafter, Eagle3Tree
+
+        cfg, dp, _ = random_draft(config, seed=2)
+        return Eagle3Drafter(cfg, Eagle3Tree(8, 3, 3)), jax.tree.map(jnp.asarray, dp)
     if method == "auto":
         policy = AutoPolicy(shadow=False)
         auto = AutoDrafter(longspec, pld_tokens=(3,), pld_ngram=2, chains=(2,), hybrid_pld=3, policy=policy)

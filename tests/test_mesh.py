@@ -144,6 +144,19 @@ def test_mesh_equals_one_device_qwen3():
     _assert_lossless(_mesh_run("greedy", 4, "qwen3", "model=4", "oracle"), ["oracle"])
 
 
+def test_mesh_equals_one_device_eagle3():
+    """An EAGLE-3 draft on SmolLM2's head shape over model=3 x data=2: the target's three streams come out of the
+    split verification forward and the draft's own cache rides along; every token equals the one-device run and
+    AR's on the mesh."""
+    _assert_lossless(_mesh_run("greedy", 6, "smollm2", "model=3,data=2", "eagle3"), ["eagle3"])
+
+
+@pytest.mark.slow  # ~25 s: weights, caches and the draft in bf16, Qwen3's head norms split four ways
+def test_mesh_equals_one_device_eagle3_bf16_qwen3():
+    rows = _mesh_run("greedy", 4, "qwen3", "model=4", "eagle3", env={"MESH_DTYPE": "bfloat16"})
+    _assert_lossless(rows, ["eagle3"])
+
+
 @pytest.mark.slow  # ~100 s: four methods, each compiled for one device and the mesh
 def test_mesh_equals_one_device_every_method_smollm2_shape():
     methods = ["ar", "pld", "longspec", "auto"]
