@@ -282,3 +282,28 @@ def test_draft_accept_first_level_is_what_propose_drafts_there():
         np.testing.assert_array_equal(np.asarray(got["top_ids"])[r - first, :3], np.asarray(tok)[0, :3])
     hits = np.asarray(got["top_ids"])[:, 0] == np.asarray(seq[first + 1 : first + new])
     np.testing.assert_array_equal(np.asarray(got["first"]), hits.astype(np.float32))
+
+
+def test_the_prefill_hands_its_streams_to_the_draft():
+    """`engine.start` runs the draft over the prompt's pairs inside the prefill (`prefill_hook`); `engine.begin`
+    after a plain prefill recomputes them in `init`: the same draft state either way, over several chunks and
+    rows of different lengths."""
+    from lsjax import engine
+    from lsjax.config import GenerateConfig
+    from lsjax.methods.eagle3.checkpoint import random_draft
+
+    config, params = small_target()
+    cfg, dp, _ = random_draft(config, seed=5)
+    dp = jax.tree.map(jnp.asarray, dp)
+    drafter = Eagle3Drafter(cfg, Eagle3Tree(6, 3, 2))
+    gen = GenerateConfig(max_new_tokens=4)
+    rng = np.random.RandomState(0)
+    toks = jnp.asarray(rng.randint(3, 13, (2, 48)), jnp.int32)
+    lengths, key = jnp.array([37, 9]), jax.random.key(0)
+    fused = engine.start(params, dp, config, drafter, gen, toks, lengths, key, capacity=64, chunk=16)
+    logits, cache = engine.prefill_jit(params, config, toks, lengths, 64, chunk=16)
+    plain = engine.begin(params, dp, config, drafter, gen, toks, lengths, key, cache, logits)
+    np.testing.assert_array_equal(np.asarray(fused.draft.cache.lengths), np.asarray(plain.draft.cache.lengths))
+    np.testing.assert_allclose(np.asarray(fused.draft.out), np.asarray(plain.draft.out), rtol=1e-5, atol=1e-4)
+    for a, b, n in zip(np.asarray(fused.draft.cache.k)[0], np.asarray(plain.draft.cache.k)[0], [37, 9]):
+        np.testing.assert_allclose(a[:, :n], b[:, :n], rtol=1e-5, atol=1e-4)

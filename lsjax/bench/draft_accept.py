@@ -158,15 +158,8 @@ def target_streams(target_params, config, tokens, layers: tuple[int, ...]):
     from lsjax.models import target
 
     pos = jnp.arange(tokens.shape[1])[None]
-    empty = KVCache.zeros(config, 1, 0)
-    x, lo, seen = None, 0, {}
-    for cut in (*sorted(set(layers)), config.num_layers):
-        if cut > lo:
-            x, _, _ = target.forward_hidden(target_params, config, tokens, pos, empty, layers=(lo, cut), x=x)
-            lo = cut
-        seen.setdefault(cut, target.embed(target_params, tokens).astype(jnp.float32) if x is None else x)
-    dt = jnp.dtype(config.dtype)
-    return jnp.concatenate([seen[i].astype(dt) for i in layers], axis=-1), x
+    x, _, _, streams = target.forward_streams(target_params, config, tokens, pos, KVCache.zeros(config, 1, 0), layers)
+    return streams.astype(jnp.dtype(config.dtype)), x
 
 
 def eagle3_first_level(target_params, config, draft_params, draft, tokens, new: int, temperature: float, length=None):

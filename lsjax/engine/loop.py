@@ -69,12 +69,14 @@ def prefill(
     *,
     chunk: int = PREFILL_CHUNK,
     backend: str = "auto",
-) -> tuple[jax.Array, KVCache]:
+    hook=None,
+):
     """Commits prompts tokens [B, P] (row b holds lengths[b] real tokens, P % chunk == 0) into an empty cache.
 
     Returns (logits of each row's last prompt token [B, V], cache). Only the
     chunks that hold real tokens are computed, and only one row of logits per
-    sequence goes through the LM head.
+    sequence goes through the LM head. With a drafter's `hook` (`PrefillHook`) each chunk's forward also yields
+    the streams it asks for and its step runs on them: then (logits, cache, the hook's last carry).
     """
     B, P = tokens.shape
     if P % chunk:
@@ -83,22 +85,30 @@ def prefill(
     num_chunks = (jnp.max(lengths) + chunk - 1) // chunk
 
     def body(carry):
-        i, cache, last_hidden = carry
+        i, cache, last_hidden, drafted = carry
         start = i * chunk
         toks = jax.lax.dynamic_slice_in_dim(tokens, start, chunk, axis=1)  # [B, C]
         pos = start + jnp.broadcast_to(jnp.arange(chunk, dtype=jnp.int32), (B, chunk))
         num_valid = jnp.clip(lengths - start, 0, chunk)
-        hidden, new_k, new_v = target.forward_hidden(params, config, toks, pos, cache, backend=backend)
+        if hook is None:
+            hidden, new_k, new_v = target.forward_hidden(params, config, toks, pos, cache, backend=backend)
+        else:
+            hidden, new_k, new_v, streams = target.forward_streams(
+                params, config, toks, pos, cache, hook.layers, backend=backend
+            )
+            drafted = hook.step(drafted, streams.astype(jnp.dtype(config.dtype)), start, tokens, lengths)
         cache = commit(cache, new_k, new_v, num_valid)
         last = jnp.take_along_axis(hidden, jnp.clip(num_valid - 1, 0, chunk - 1)[:, None, None], axis=1)[:, 0]
         ends_here = (lengths > start) & (lengths <= start + chunk)
         last_hidden = jnp.where(ends_here[:, None], last, last_hidden)
-        return i + 1, cache, last_hidden
+        return i + 1, cache, last_hidden, drafted
 
     D = config.hidden_size
-    init = (jnp.int32(0), cache, jnp.zeros((B, D), jnp.float32))  # the fp32 residual stream
-    _, cache, last_hidden = jax.lax.while_loop(lambda c: c[0] < num_chunks, body, init)
-    return target.lm_head(params, config, last_hidden), cache
+    drafted = () if hook is None else hook.init(B)
+    init = (jnp.int32(0), cache, jnp.zeros((B, D), jnp.float32), drafted)  # the fp32 residual stream
+    _, cache, last_hidden, drafted = jax.lax.while_loop(lambda c: c[0] < num_chunks, body, init)
+    logits = target.lm_head(params, config, last_hidden)
+    return (logits, cache) if hook is None else (logits, cache, drafted)
 
 
 def init_state(
@@ -306,10 +316,15 @@ def start(
         mesh_lib.check(spec.model, spec.mesh, tokens.shape[0])
     with mesh_lib.scope(spec.mesh):
         cache = mesh_lib.constrain_cache(KVCache.zeros(spec.model, tokens.shape[0], capacity))
-        logits, cache = prefill(
-            target_params, spec.model, tokens, lengths, cache, chunk=spec.chunk, backend=spec.backend
+        ctx = context(target_params, draft_params, spec.model, spec.gen, capacity, spec.backend)
+        hook = spec.drafter.prefill_hook(ctx)
+        out = prefill(
+            target_params, spec.model, tokens, lengths, cache, chunk=spec.chunk, backend=spec.backend, hook=hook
         )
-        return begin(target_params, draft_params, spec, tokens, lengths, key, cache, logits, max_new=max_new)
+        logits, cache, prefilled = out if hook is not None else (*out, None)
+        return begin(
+            target_params, draft_params, spec, tokens, lengths, key, cache, logits, max_new=max_new, prefilled=prefilled
+        )
 
 
 def begin(
@@ -326,10 +341,12 @@ def begin(
     *,
     backend="auto",
     max_new=None,
+    prefilled=None,
 ) -> DecodeState:
     """begin(target_params, draft_params, spec, tokens, lengths, key, cache, logits): `start` after its
     prefill: emit the first token from the prompts' last logits [B, V] and initialise the drafter. A bench
-    running several methods on one prompt prefills once and begins each from a copy. `max_new`: as `start`."""
+    running several methods on one prompt prefills once and begins each from a copy. `max_new`: as `start`;
+    `prefilled`: what the drafter's `prefill_hook` left, when the prefill ran it (`start`)."""
     slots = dict(drafter=drafter, gen=gen, tokens=tokens, lengths=lengths, key=key, cache=cache, logits=logits)
     names = ("tokens", "lengths", "key", "cache", "logits")
     spec, (tokens, lengths, key, cache, logits) = _spec(config, slots, names, "begin", backend=backend)
@@ -341,6 +358,7 @@ def begin(
             context(target_params, draft_params, spec.model, gen, cache.capacity, spec.backend),
             prompt_tokens=tokens,
             prompt_lengths=lengths,
+            prefilled=prefilled,
         )
         return dataclasses.replace(state, draft=spec.drafter.init(ctx, state))
 

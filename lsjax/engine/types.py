@@ -70,6 +70,21 @@ class DraftContext:
     # Set for `init` only: the prompt as prefilled (tokens [B, P], lengths [B]).
     prompt_tokens: jax.Array | None = None
     prompt_lengths: jax.Array | None = None
+    # Set for `init` only, when the prefill ran the drafter's `prefill_hook`: what its steps left.
+    prefilled: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillHook:
+    """What a drafter asks of the prefill (`Drafter.prefill_hook`): the residual streams entering target layers
+    `layers` at every prompt position, handed chunk by chunk to `step(carry, streams, start, tokens, lengths) ->
+    carry` (streams [B, C, len * D] in the model's dtype for positions [start, start + C); tokens [B, P] and
+    lengths [B] the whole prompt), from `init(batch) -> carry`. `init` then finds the last carry in
+    `ctx.prefilled`. Prefill's own outputs are unchanged."""
+
+    layers: tuple[int, ...]
+    init: Any
+    step: Any
 
 
 @jax.tree_util.register_dataclass
@@ -143,6 +158,12 @@ class Drafter:
 
     def init(self, ctx: DraftContext, state) -> Any:
         return ()
+
+    def prefill_hook(self, ctx: DraftContext) -> PrefillHook | None:
+        """What this drafter reads while the prompt is prefilled (target streams it would otherwise compute again
+        in `init`), or None (the default: the plain prefill). `init` must still work without it
+        (`ctx.prefilled` None: a caller that prefilled on its own, `lsjax.engine.begin`)."""
+        return None
 
     def propose(self, ctx: DraftContext, state, draft_state, key: jax.Array) -> Tree:
         raise NotImplementedError

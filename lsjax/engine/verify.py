@@ -126,26 +126,13 @@ def aux_tree_forward(
     params: dict, config: ModelConfig, tree: Tree, cache: KVCache, layers: tuple[int, ...], *, backend: str = "auto"
 ):
     """`tree_forward` that also returns the residual streams entering `layers` at every node, concatenated in
-    that order: (hidden, logits, new_k, new_v, aux [B, T, len(layers) * D] in the model's dtype). The forward
-    runs in segments between the distinct layers, the same layers and shapes as the plain one."""
+    that order: (hidden, logits, new_k, new_v, aux [B, T, len(layers) * D] in the model's dtype)."""
     positions = cache.lengths[:, None] + tree.depth
     rows = config.invariant_rows
-    fwd = functools.partial(
-        target.forward_hidden, params, config, tree.tokens, positions, cache, tree_mask=tree.mask, backend=backend
+    x, new_k, new_v, aux = target.forward_streams(
+        params, config, tree.tokens, positions, cache, layers, tree.mask, backend=backend, pad_to=rows
     )
-    x, ks, vs, seen = None, [], [], {}
-    lo = 0
-    for cut in (*sorted(set(layers)), config.num_layers):
-        if cut > lo:
-            x, k, v = fwd(layers=(lo, cut), x=x, pad_to=rows)
-            ks.append(k)
-            vs.append(v)
-            lo = cut
-        if cut < config.num_layers:
-            seen[cut] = target.embed(params, tree.tokens).astype(jnp.float32) if x is None else x
-    aux = jnp.concatenate([_for_drafter(seen[i], config) for i in layers], axis=-1)
-    new_k, new_v = jnp.concatenate(ks, axis=0), jnp.concatenate(vs, axis=0)
-    return _for_drafter(x, config), target.lm_head(params, config, x, rows), new_k, new_v, aux
+    return _for_drafter(x, config), target.lm_head(params, config, x, rows), new_k, new_v, _for_drafter(aux, config)
 
 
 def _take(x: jax.Array, idx: jax.Array) -> jax.Array:

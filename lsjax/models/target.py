@@ -436,6 +436,49 @@ def forward_hidden(
     return x, new_k, new_v
 
 
+def forward_streams(
+    params: dict,
+    config: ModelConfig,
+    tokens: jax.Array,
+    positions: jax.Array,
+    cache: KVCache,
+    taps: tuple[int, ...],
+    tree_mask: jax.Array | None = None,
+    *,
+    backend: str = "auto",
+    pad_to: int = 0,
+    upto: int | None = None,
+):
+    """`forward_hidden` that also returns the residual streams entering the layers `taps` (the embeddings for
+    layer 0), concatenated in that order [B, T, len(taps) * D] (fp32): (hidden, new_k, new_v, streams). The
+    forward runs in segments between the distinct layers: the same layers and shapes as the plain one.
+    `upto=l` stops before layer l (l >= every tap): hidden is then the stream entering l, and the K/V cover
+    layers [0, l)."""
+    stop = config.num_layers if upto is None else upto
+    x, ks, vs, seen, lo = None, [], [], {}, 0
+    for cut in (*sorted(set(taps)), stop):
+        if cut > lo:
+            x, k, v = forward_hidden(
+                params,
+                config,
+                tokens,
+                positions,
+                cache,
+                tree_mask,
+                backend=backend,
+                layers=(lo, cut),
+                x=x,
+                pad_to=pad_to,
+            )
+            ks.append(k)
+            vs.append(v)
+            lo = cut
+        if cut not in seen:
+            seen[cut] = embed(params, tokens).astype(ACT_DTYPE) if x is None else x
+    streams = jnp.concatenate([seen[i] for i in taps], axis=-1)
+    return x, jnp.concatenate(ks, axis=0), jnp.concatenate(vs, axis=0), streams
+
+
 def _padded(params, config, tokens, positions, cache, tree_mask, layers, x, rows: int, backend: str):
     """`forward_hidden(..., pad_to=rows)`: the batch-invariant forward (`attention.invariant_tree_attention`,
     whose cache part is a Pallas kernel on a GPU)."""

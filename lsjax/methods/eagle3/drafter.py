@@ -29,7 +29,7 @@ import numpy as np
 
 from lsjax.cache import KVCache, commit
 from lsjax.config import ConfigError, ModelConfig
-from lsjax.engine.types import DraftContext, Drafter, Verdict
+from lsjax.engine.types import DraftContext, Drafter, PrefillHook, Verdict
 from lsjax.methods.eagle3 import model as em
 from lsjax.models import target
 from lsjax.models.layers import embed, shape_problem
@@ -146,9 +146,44 @@ class Eagle3Drafter(Drafter):
 
     # ------------------------------------------------------------------------------------------- contract
 
+    def prefill_hook(self, ctx: DraftContext) -> PrefillHook:
+        """The prompt's pairs go through the draft chunk by chunk as the prefill computes the target's streams,
+        all but the last one (its next token is the first emitted one, not known yet): the carry keeps the
+        draft's cache and the streams at each row's last prompt position for `init`."""
+        d = self.draft
+
+        def start(batch: int):
+            dcache = KVCache.zeros(d.layer, batch, ctx.capacity)
+            return dcache, jnp.zeros((batch, len(d.aux_layers) * d.target_hidden_size), jnp.dtype(ctx.config.dtype))
+
+        def step(carry, streams, start_pos, tokens, lengths):
+            dcache, last = carry
+            B, C = streams.shape[:2]
+            pos = start_pos + jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32), (B, C))
+            nxt = jnp.concatenate([tokens[:, 1:], jnp.zeros((B, 1), tokens.dtype)], axis=1).astype(jnp.int32)
+            pairs = jax.lax.dynamic_slice_in_dim(nxt, start_pos, C, axis=1)
+            count = jnp.clip(lengths - 1 - start_pos, 0, C)  # the pairs whose next token is in the prompt
+            _, dcache = self._commit_pairs(ctx, dcache, streams, pairs, pos, count)
+            at = jnp.clip(lengths - 1 - start_pos, 0, C - 1)
+            here = jnp.take_along_axis(streams, at[:, None, None], axis=1)[:, 0]
+            ends_here = (lengths - 1 >= start_pos) & (lengths - 1 < start_pos + C)
+            return dcache, jnp.where(ends_here[:, None], here, last)
+
+        return PrefillHook(d.aux_layers, start, step)
+
     def init(self, ctx: DraftContext, state) -> Eagle3State:
-        """The draft over every prompt pair (h_t, x_{t+1}), the last one pairing with the first emitted token. The
-        target's streams at the prompt come from a second pass of its first layers over the prefilled cache."""
+        """The draft over every prompt pair (h_t, x_{t+1}), the last one pairing with the first emitted token.
+        After a prefill that ran `prefill_hook` only that last pair is left; otherwise (`engine.begin` after a
+        prefill of the caller's) the target's streams at the prompt come from a second pass of its first layers
+        over the prefilled cache."""
+        if ctx.prefilled is not None:
+            dcache, last = ctx.prefilled
+            lengths = ctx.prompt_lengths.astype(jnp.int32)
+            pos = (lengths - 1)[:, None]
+            h, dcache = self._commit_pairs(
+                ctx, dcache, last[:, None], state.root[:, None].astype(jnp.int32), pos, jnp.ones_like(lengths)
+            )
+            return Eagle3State(dcache, h[:, 0])
         tokens, lengths = ctx.prompt_tokens, ctx.prompt_lengths.astype(jnp.int32)
         B, P = tokens.shape
         C = min(CHUNK, P)
@@ -249,17 +284,11 @@ class Eagle3Drafter(Drafter):
     def _streams(self, ctx: DraftContext, tokens, positions, cache: KVCache) -> jax.Array:
         """The target's residual streams entering `aux_layers` for a causal run of tokens [B, C] after `cache`:
         [B, C, A Dt] in the model's dtype (only the layers below the deepest one run)."""
-        cfg, layers = ctx.config, self.draft.aux_layers
-        x, lo, seen = None, 0, {}
-        for cut in sorted(set(layers)):
-            if cut > lo:
-                x, _, _ = target.forward_hidden(
-                    ctx.target_params, cfg, tokens, positions, cache, backend=ctx.backend, layers=(lo, cut), x=x
-                )
-                lo = cut
-            seen[cut] = target.embed(ctx.target_params, tokens).astype(jnp.float32) if x is None else x
-        dt = jnp.dtype(cfg.dtype)
-        return jnp.concatenate([seen[i].astype(dt) for i in layers], axis=-1)
+        layers = self.draft.aux_layers
+        *_, streams = target.forward_streams(
+            ctx.target_params, ctx.config, tokens, positions, cache, layers, backend=ctx.backend, upto=max(layers)
+        )
+        return streams.astype(jnp.dtype(ctx.config.dtype))
 
     def _commit_pairs(self, ctx: DraftContext, dcache: KVCache, aux, pairs, positions, count):
         """The draft on consecutive pairs (aux [B, T, A Dt], the next tokens pairs [B, T]) after its cache: (its
