@@ -307,3 +307,27 @@ def test_the_prefill_hands_its_streams_to_the_draft():
     np.testing.assert_allclose(np.asarray(fused.draft.out), np.asarray(plain.draft.out), rtol=1e-5, atol=1e-4)
     for a, b, n in zip(np.asarray(fused.draft.cache.k)[0], np.asarray(plain.draft.cache.k)[0], [37, 9]):
         np.testing.assert_allclose(a[:, :n], b[:, :n], rtol=1e-5, atol=1e-4)
+
+
+def test_aux_layers_d2t_and_truncated_files_are_one_line(written, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    from lsjax.errors import CorruptFileError, ShapeMismatchError
+    from lsjax.methods.eagle3.checkpoint import load_eagle3, random_draft, write_draft
+
+    config, path = written
+    shallow = dataclasses.replace(config, num_layers=2)  # the draft reads target layer 3 (L - 3 of 4 is 1, L // 2 2)
+    cfg, dp, _ = random_draft(config)
+    spec = write_draft(tmp_path / "spec", dataclasses.replace(cfg, aux_layers=(1, 2, 3)), dp, "speculators")
+    with pytest.raises(ShapeMismatchError, match=r"reads target layers \(1, 2, 3\); .* has 2 layers"):
+        load_eagle3(types.SimpleNamespace(config=shallow), str(spec), None)
+    tensors = load_file(str(path / "model.safetensors"))
+    tensors["d2t"] = tensors["d2t"] + 5
+    save_file(tensors, str(path / "model.safetensors"))
+    with pytest.raises(ShapeMismatchError, match="d2t maps draft ids outside the target's vocabulary of 13"):
+        read_draft(path, config)
+    data = (spec / "model.safetensors").read_bytes()
+    (spec / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CorruptFileError, match="truncated or corrupt EAGLE-3 draft weights") as e:
+        read_draft(spec, config)
+    assert str(spec / "model.safetensors") in str(e.value) and "\n" not in str(e.value)

@@ -27,7 +27,7 @@ import numpy as np
 from lsjax.config import ConfigError, ModelConfig
 from lsjax.errors import InputError, MissingTensorError, ModelNotFoundError, ShapeMismatchError, UnsupportedModelError
 from lsjax.loading.corrupt import reading
-from lsjax.loading.hf import SafetensorsDir, config_from_hf
+from lsjax.loading.hf import SafetensorsDir, SafetensorsFile, config_from_hf
 from lsjax.loading.layout import numpy_dtype
 from lsjax.methods.eagle3 import model as em
 
@@ -72,8 +72,14 @@ class _TorchBin:
         return self.tensors[name]
 
 
+WHAT = "EAGLE-3 draft weights"
+
+
 def _tensors(path: Path):
     if any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file():
+        for file in sorted(path.glob("*.safetensors")):  # a damaged header is named by its file
+            with reading(file, WHAT):
+                SafetensorsFile(file)
         return SafetensorsDir(path)
     if (path / "pytorch_model.bin").is_file():
         return _TorchBin(path / "pytorch_model.bin")
@@ -183,7 +189,8 @@ def read_draft(path: str | Path, target: ModelConfig) -> tuple[em.Eagle3Config, 
         for name, (src, convert) in _mapping(cfg, PREFIX[fmt]).items():
             if src not in st:
                 raise MissingTensorError(f"{path}: tensor {src} is missing from this {fmt}-layout EAGLE-3 draft")
-            w = np.asarray(st.get(src), np.float32)
+            with reading(st.where[src].path if isinstance(st, SafetensorsDir) else path, WHAT):
+                w = np.asarray(st.get(src), np.float32)
             w = convert(w) if convert is not None else w
             if tuple(w.shape) != specs[name].shape:
                 raise ShapeMismatchError(
