@@ -432,8 +432,9 @@ def main(argv=None, *, as_program: bool = False) -> int:
     }
     if split:
         summary.update(split)
-    if registry.get(method).describe_draft:  # which draft ran, and the layout read from its directory
-        summary["draft"] = registry.load(registry.get(method).describe_draft)(getattr(args, "draft", None))
+    entry = registry.get(method)
+    if entry.describe_draft:  # which draft ran, and the layout read from its directory
+        summary["draft"] = registry.load(entry.describe_draft)(entry.make_options(**method_options(args)))
     if result.drafter_stats:
         summary.update(result.drafter_stats)
     if baseline is not None:

@@ -77,8 +77,8 @@ def drafts(model, work: Path) -> dict[str, list[str]]:
         "auto": ["--draft", "random"],
         "streams": ["--draft", "random"],
         "tokenswift": ["--heads", "zero"],
-        "block": ["--block-draft", str(block)],
-        "dels": ["--block-draft", str(block), "--local-head", str(head)],
+        "block": ["--draft", str(block)],
+        "dels": ["--draft", str(block), "--local-head", str(head)],
     }
 
 

@@ -193,7 +193,7 @@ def test_real_smollm2_greedy_equals_ar(ours, method):
 
     ids = ours.tokenizer.encode(stdlib_code_prompt(ours.tokenizer, 1024).text)
     gen = GenerateConfig(max_new_tokens=48, ignore_eos=True)
-    drafter, dp = registry.build(method, ours, block_draft="longspec", block_size=6, local_head="gru")
+    drafter, dp = registry.build(method, ours, draft="longspec", block_size=6, local_head="gru")
     ar = Generator(ours.config, ours.params).run(ids, gen)
     sp = Generator(ours.config, ours.params, drafter, dp).run(ids, gen)
     assert sp.tokens == ar.tokens
@@ -231,7 +231,7 @@ def test_cli_missing_block_draft_or_local_head_is_one_line(tmp_path):
     from tests.test_decode_cli import decode, one_error_line
 
     missing = str(tmp_path / "none")
-    assert "no block draft" in one_error_line(decode("--prompt", "hi", "--method", "block", "--block-draft", missing))
+    assert "no block draft" in one_error_line(decode("--prompt", "hi", "--method", "block", "--draft", missing))
     line = one_error_line(
         decode("--prompt", "hi", "--method", "dels", "--block-draft", "longspec", "--local-head", missing)
     )

@@ -130,15 +130,15 @@ def test_registry_options_reach_the_config():
 
     config, params = tiny_model()
     model = type("Model", (), {"config": config, "params": params, "path": "tiny.gguf"})
-    opts = dict(heads="zero", kv_budget=64, ngram_topk=2, ngram_n=6, draft_pass="verified", ts_topk=(2, 1))
+    opts = dict(draft="zero", kv_budget=64, ngram_topk=2, ngram_n=6, draft_pass="verified", ts_topk=(2, 1))
     opts["ts_preset"] = "paper"
     drafter, dp = registry.build("tokenswift", model, **opts)
     assert drafter.cfg == TokenSwiftConfig("verified", (2, 1), 64, 16, 2, 6)
     assert drafter.tree.depth == 5 and set(dp) == {"w", "in_norm", "out_norm"}
-    paper = dict(heads="zero", ts_preset="paper")
+    paper = dict(draft="zero", ts_preset="paper")
     assert registry.build("tokenswift", model, **paper)[0].cfg == TokenSwiftConfig()
     assert registry.build("tokenswift", model, **paper, draft_pass="verified")[0].cfg.topk == (3, 3, 3)
-    cpu = registry.build("tokenswift", model, heads="zero", ts_preset="cpu", draft_pass="partial")[0].cfg
+    cpu = registry.build("tokenswift", model, draft="zero", ts_preset="cpu", draft_pass="partial")[0].cfg
     assert cpu.topk == (1, 1, 1, 1) and cpu.draft_pass == "partial"
 
 

@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     try:
         model = load_model(None)
         drafter, dels_params = registry.build(
-            "dels", model, block_draft=args.block_draft, block_size=args.block_size, local_head=args.local_head
+            "dels", model, draft=args.block_draft, block_size=args.block_size, local_head=args.local_head
         )
     except LsjaxError as e:
         print(f"error: {e}", file=sys.stderr)

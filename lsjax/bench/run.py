@@ -35,7 +35,9 @@ def _lsjax(name: str, method, draft_sampling: str | None = None, options: dict |
         from lsjax.engine.host import Generator
         from lsjax.methods import registry
 
-        opts = {"draft": ctx["draft"], "tree": ctx["tree"], **(options or {})}
+        # --draft names a LongSpec draft; a method with weights of its own kind (describe_draft) finds its own.
+        own = {} if method.describe_draft else {"draft": ctx["draft"]}
+        opts = {**own, "tree": ctx["tree"], **(options or {})}
         drafter, draft_params = registry.build(method.name, ctx["model"], cache=ctx["drafts"], **opts)
         gen = Generator(ctx["model"].config, ctx["params"], drafter, draft_params)
         return LsjaxMethod(name, gen, method.speculative, draft_sampling=draft_sampling)

@@ -180,7 +180,7 @@ def build_methods(args, model, params) -> dict:
     out = {}
     for name in args.methods:
         method, fixed = args.variants[name]
-        opts = {"heads": heads, "kv_budget": args.kv_budget, "ngram_topk": args.ngram_topk, "ngram_n": args.ngram_n}
+        opts = {"draft": heads, "kv_budget": args.kv_budget, "ngram_topk": args.ngram_topk, "ngram_n": args.ngram_n}
         opts |= {"ts_topk": topk, "ts_preset": args.ts_preset}
         drafter, dp = registry.build(method, model, **{**opts, **fixed})
         out[name] = Generator(model.config, params, drafter, dp)

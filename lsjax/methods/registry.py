@@ -75,7 +75,7 @@ class Method:
     uses_draft: bool = False  # reads a trained draft checkpoint (--draft, --tree)
     speculative: bool = True  # proposes tokens; False only for plain AR
     no_mesh: str = ""  # why it cannot decode on a mesh, for decode.py to say before the model loads; "": it can
-    # "module:function" (draft option value -> {"dir", "format"} or None): what `--json` reports as "draft"
+    # "module:function" (the method's options -> {"dir", "format"}): what `--json` reports as "draft"
     describe_draft: str = ""
 
     def options(self) -> frozenset[str]:

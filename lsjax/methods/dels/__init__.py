@@ -10,13 +10,15 @@ from lsjax.methods.registry import cached, register, register_kind
     BlockOptions,
     help="block-parallel draft: one forward drafts a chain of s tokens (DFlash's role)",
     uses_draft=True,
+    describe_draft="lsjax.methods.dels.checkpoint:draft_info",
 )
 def build_block(model, opts: BlockOptions, cache):
     from lsjax.methods.dels.checkpoint import load_block
     from lsjax.methods.dels.drafter import BlockDrafter
 
-    key = ("block", opts.block_draft, opts.block_size)
-    params, dcfg, bcfg = cached(cache, key, lambda: load_block(model, opts.block_draft, opts.block_size))
+    weights = _weights(opts)
+    key = ("block", weights, opts.block_size)
+    params, dcfg, bcfg = cached(cache, key, lambda: load_block(model, weights, opts.block_size))
     return BlockDrafter(block=bcfg, draft=dcfg, branches=opts.branches), params
 
 
@@ -25,13 +27,15 @@ def build_block(model, opts: BlockOptions, cache):
     DelsOptions,
     help="DeLS-Spec: the block draft's logits fused with a local head and a unigram prior",
     uses_draft=True,
+    describe_draft="lsjax.methods.dels.checkpoint:draft_info",
 )
 def build_dels(model, opts: DelsOptions, cache):
     from lsjax.methods.dels.checkpoint import load_block, load_dels_params
     from lsjax.methods.dels.drafter import BlockDrafter, with_weights
 
-    key = ("block", opts.block_draft, opts.block_size)
-    params, dcfg, bcfg = cached(cache, key, lambda: load_block(model, opts.block_draft, opts.block_size))
+    weights = _weights(opts)
+    key = ("block", weights, opts.block_size)
+    params, dcfg, bcfg = cached(cache, key, lambda: load_block(model, weights, opts.block_size))
     hcfg, dels_params = cached(
         cache, ("dels", *key, opts.local_head), lambda: load_dels_params(model, params, opts.local_head)
     )
@@ -41,6 +45,18 @@ def build_dels(model, opts: DelsOptions, cache):
 
 _TRAIN_CONFIG = "lsjax.train.config:TrainConfig"
 _EXPORT = "lsjax.methods.dels.export:export_kind"
+
+
+def _weights(opts: BlockOptions) -> str | None:
+    import warnings
+
+    from lsjax.errors import MethodNote
+
+    if opts.block_draft is not None and opts.draft is None:
+        warnings.warn(
+            MethodNote("--block-draft is deprecated (it goes in the next release): use --draft"), stacklevel=3
+        )
+    return opts.weights()
 
 
 @register_kind(

@@ -133,8 +133,7 @@ def with_block_heads(params, target_params: dict, config) -> DraftParams:
 def load_block(model, draft: str | None, block_size: int | None):
     """(block DraftParams with the derived head, DraftConfig, BlockConfig) for a loaded target. `draft`: a block-draft
     directory, "longspec" (the shipped LongSpec draft with a fresh mask embedding: untrained for blocks), or
-    None (the shipped block draft). The registry passes it as `block_draft`: the shared `draft` option names
-    a LongSpec draft."""
+    None (the shipped block draft)."""
     from lsjax.errors import ModelNotFoundError
     from lsjax.methods.dels.checkpoint import (
         default_block_path,
@@ -154,8 +153,8 @@ def load_block(model, draft: str | None, block_size: int | None):
             path = next((p for p in (default_block_path(model.path, s) for s in sizes) if p is not None), None)
         if path is None:
             raise ModelNotFoundError(
-                f"no shipped block draft for {target_key(model.path)}; pass --block-draft DIR, or "
-                f"--block-draft longspec (the LongSpec draft, untrained for blocks), or {TRAIN_HINT}"
+                f"no shipped block draft for {target_key(model.path)}; pass --draft DIR, or "
+                f"--draft longspec (the LongSpec draft, untrained for blocks), or {TRAIN_HINT}"
             )
         params, dcfg, bcfg, _ = load_block_draft(path, model.config)
         if block_size:
@@ -192,3 +191,12 @@ TRAIN_HINT = (
     "train one: python train.py --config configs/train/smollm2-block.yaml, then "
     "python train.py --config configs/train/smollm2-block.yaml --export lsjax/drafts/<target>/block-s8"
 )
+
+
+def draft_info(opts) -> dict:
+    """`--json`'s "draft" field for block and dels: the block draft's directory ("shipped" by default, "longspec"
+    for the LongSpec draft with an untrained mask embedding) and its layout (lsjax's own: the only one)."""
+    given = opts.weights()
+    if given is None or given == "longspec":
+        return {"dir": given or "shipped", "format": "lsjax"}
+    return {"dir": str(given), "format": "lsjax"}

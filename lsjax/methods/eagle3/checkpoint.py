@@ -296,8 +296,9 @@ def write_draft(path: str | Path, cfg: em.Eagle3Config, params: dict, fmt: str =
     return path
 
 
-def draft_info(draft: str | None) -> dict | None:
+def draft_info(opts) -> dict | None:
     """`--json`'s "draft" field: the directory and the layout found there (None without a draft)."""
+    draft = opts.draft
     if draft is None:
         return None
     if draft == "random":

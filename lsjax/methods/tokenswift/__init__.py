@@ -5,12 +5,20 @@ from lsjax.methods.tokenswift.config import TokenSwiftOptions
 
 
 @register(
-    "tokenswift", TokenSwiftOptions, help="TokenSwift: multi-token heads + n-gram reuse + a partial-KV draft pass"
+    "tokenswift",
+    TokenSwiftOptions,
+    help="TokenSwift: multi-token heads + n-gram reuse + a partial-KV draft pass",
+    describe_draft="lsjax.methods.tokenswift.checkpoint:draft_info",
 )
 def build(model, opts: TokenSwiftOptions, cache):
+    import warnings
+
+    from lsjax.errors import MethodNote
     from lsjax.methods.tokenswift.checkpoint import load_tokenswift
 
-    return load_tokenswift(model, opts.heads, opts.config())
+    if opts.heads is not None and opts.draft is None:
+        warnings.warn(MethodNote("--heads is deprecated (it goes in the next release): use --draft"), stacklevel=2)
+    return load_tokenswift(model, opts.weights(), opts.config())
 
 
 @register_kind(

@@ -95,8 +95,12 @@ def default_preset() -> str:
 
 @dataclasses.dataclass(frozen=True)
 class TokenSwiftOptions:
+    draft: str | None = option(
+        None, "a draft checkpoint (directory), or 'random' (untrained); default: the shipped one"
+    )
     heads: str | None = option(
-        None, "a heads checkpoint (directory), or 'zero' for untrained heads (default: the shipped heads, else zero)"
+        None,
+        "deprecated alias of --draft for tokenswift (a heads directory, lsjax's or a TokenSwift release, or 'zero')",
     )
     ts_preset: str | None = option(
         None,
@@ -120,9 +124,18 @@ class TokenSwiftOptions:
     )
 
     def __post_init__(self):
+        if self.draft is not None and self.heads is not None and self.draft != self.heads:
+            raise ConfigError(
+                f"--draft {self.draft} and --heads {self.heads}: give one (--heads is --draft's old name)"
+            )
         if self.ts_preset is not None and self.ts_preset not in TS_PRESETS:
             raise ConfigError(f"ts_preset: {self.ts_preset!r} is not one of {', '.join(TS_PRESETS)}")
         self.config()  # TokenSwiftConfig checks every value
+
+    def weights(self) -> str | None:
+        """The heads to load: --draft, else the deprecated --heads ("random" and "zero" both mean untrained)."""
+        given = self.draft if self.draft is not None else self.heads
+        return "zero" if given == "random" else given
 
     def config(self) -> TokenSwiftConfig:
         """The drafter's configuration: the preset, with the options given overriding it."""
