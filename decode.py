@@ -33,6 +33,12 @@ DEFAULT_PROMPT = Path(__file__).resolve().parent / "lsjax" / "assets" / "default
 LAUNCHED = time.perf_counter()  # before any heavy import: what "seconds since launch" counts from
 
 
+def _presets() -> dict:
+    from lsjax.presets import PRESETS
+
+    return PRESETS
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, tuple[str, ...]]:
     """The parser, and the dests of the method options: each method folder's options dataclass
     (`lsjax.methods.<name>.config`) declares its own flags, so a method registered anywhere brings them."""
@@ -107,6 +113,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, tuple[str, ...]]:
     )
     p.add_argument("--json", action="store_true", help="no streaming; print one JSON object with the text and timings")
     p.add_argument(
+        "--preset",
+        metavar="NAME",
+        help="a method's own published decoding settings (flags given as well win): "
+        + "; ".join(f"{name} = {text}" for name, (text, _) in _presets().items()),
+    )
+    p.add_argument(
         "--precompile",
         nargs="?",
         const="auto",
@@ -126,7 +138,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, tuple[str, ...]]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    return build_parser()[0].parse_args(argv)
+    from lsjax.config import ConfigError
+    from lsjax.presets import expand
+
+    parser = build_parser()[0]
+    try:  # a preset is the flags it stands for, before the user's own (which win)
+        argv = expand(list(sys.argv[1:] if argv is None else argv))
+    except ConfigError as e:
+        parser.error(str(e))
+    return parser.parse_args(argv)
 
 
 def ignored_flags(args: argparse.Namespace, method: str) -> list[str]:

@@ -138,3 +138,16 @@ def test_eagle3_random_draft_in_each_published_layout_matches_ar(tmp_path, fmt):
 
 def test_eagle3_without_a_draft_is_one_line():
     assert "--method eagle3 needs --draft DIR" in one_error_line(decode("--prompt", "hi", "--method", "eagle3"))
+
+
+def test_presets_expand_into_the_authors_flags_and_given_flags_win():
+    sys.path.insert(0, str(ROOT))
+    import decode as cli
+
+    args = cli.parse_args(["--preset", "tokenswift-paper", "--penalty", "1.1"])
+    assert (args.method, args.ts_preset, args.temperature, args.min_p) == ("tokenswift", "paper", 1.0, 0.1)
+    assert (args.penalty, args.penalty_window) == (1.1, 1024)
+    args = cli.parse_args(["--preset=longspec-paper", "--prompt", "hi"])
+    assert (args.method, args.tree, args.prompt) == ("longspec", "paper", "hi")
+    assert cli.parse_args(["--preset", "eagle3-paper"]).eagle_tree == "eagle3"
+    assert "--preset fast: not one of longspec-paper" in one_error_line(decode("--preset", "fast"))
