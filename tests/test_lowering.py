@@ -20,6 +20,7 @@ exported for every target too.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import re
@@ -267,3 +268,46 @@ def test_prefix_kernel_with_four_stages_lowers_for_cuda():
 
     text = export_text(fn, prefix_args(1, 69, 32768, jnp.bfloat16, False), "cuda")
     assert text.count(CUSTOM_CALL["cuda"]) == 1
+
+
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+def test_eagle3_step_lowers(platform):
+    """EAGLE-3's pieces of a step with the Pallas backend, bf16 at Llama-3.1-8B's attention shapes (4 layers, 8K
+    cache): the verify forward that also returns the three streams, the dynamic tree search over the draft's own
+    cache, and the accepted pairs' pass into it. Each uses the kernels, and no layer of either cache is copied."""
+    import types
+
+    from lsjax.engine.types import DraftContext
+    from lsjax.methods.eagle3 import model as em
+    from lsjax.methods.eagle3.drafter import Eagle3Drafter, Eagle3State, Eagle3Tree
+
+    config = ModelConfig(
+        vocab_size=4096, hidden_size=512, intermediate_size=1024, num_layers=4, num_heads=N, num_kv_heads=K,
+        head_dim=H, dtype="bfloat16",
+    )  # fmt: skip
+    dcfg = em.Eagle3Config(
+        dataclasses.replace(config, num_layers=1, name="eagle3"), 1024, config.hidden_size, (0, 2, 1)
+    )
+    drafter = Eagle3Drafter(dcfg, Eagle3Tree(15, 5, 4))
+    B, S, T = 1, 8192, drafter.num_nodes
+    params = jax.eval_shape(lambda: target.init_params(config, jax.random.key(0)))
+    dparams = jax.eval_shape(lambda: em.init_params(dcfg, jax.random.key(1)))
+    kv = (config.num_layers, B, K, S, H)
+    cache = KVCache(sds(kv, jnp.bfloat16), sds(kv, jnp.bfloat16), sds((B,), jnp.int32))
+    dkv = (1, B, K, S, H)
+    dcache = KVCache(sds(dkv, jnp.bfloat16), sds(dkv, jnp.bfloat16), sds((B,), jnp.int32))
+    ints = sds((B, T), jnp.int32)
+    tree = Tree(tokens=ints, parents=ints, depth=ints, valid=sds((B, T), jnp.bool_), mask=sds((B, T, T), jnp.bool_))
+    A = drafter.max_depth + 1
+
+    def fn(params, dparams, tree, cache, dcache, out, root, pairs, count):
+        ctx = DraftContext(params, dparams, config, BACKEND[platform], capacity=S)
+        *_, aux = verify.aux_tree_forward(params, config, tree, cache, drafter.aux_hidden_layers, backend=ctx.backend)
+        pos = dcache.lengths[:, None] + jnp.arange(A)[None]
+        _, dcache = drafter._commit_pairs(ctx, dcache, aux[:, :A], pairs, pos, count)
+        return aux, drafter.propose(ctx, types.SimpleNamespace(root=root), Eagle3State(dcache, out))
+
+    args = (params, dparams, tree, cache, dcache, sds((B, config.hidden_size), jnp.float32), sds((B,), jnp.int32))
+    text = export_text(fn, (*args, sds((B, A), jnp.int32), sds((B,), jnp.int32)), platform)
+    assert text.count(CUSTOM_CALL[platform]) >= 3, "expected the verify forward's and the draft's kernels"
+    assert not layer_copies(text, kv[1:]) and not layer_copies(text, dkv[1:])
