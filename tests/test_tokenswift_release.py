@@ -98,3 +98,27 @@ def test_neither_layout_and_other_targets_are_one_line(tmp_path):
     with pytest.raises(ShapeMismatchError, match="hidden size 48 and vocabulary 500; .* has 48 and 97") as e:
         load_heads(other, config)
     assert "\n" not in str(e.value)
+
+
+def test_draft_accept_first_level_is_head_one_on_the_accepted_node():
+    """`lsjax.bench.draft_accept.tokenswift_first_level`: at each root, head 1 on the target's hidden state at
+    the node before it: what the `verified` draft pass proposes there after a decode reached that root."""
+    from lsjax import engine
+    from lsjax.bench.draft_accept import tokenswift_first_level
+    from lsjax.engine.types import DraftContext
+
+    config, params = tiny_model()
+    hp = jax.tree.map(jnp.asarray, th.init_params(config, th.HeadsConfig(), params, key=jax.random.key(3)))
+    drafter = TokenSwiftDrafter(TokenSwiftConfig(draft_pass="verified", topk=(3, 1), ngram_topk=0))
+    prompt, new = [3, 5, 7, 9, 11, 4, 6, 8], 8
+    out = run(params, config, [np.array(prompt)], GenerateConfig(max_new_tokens=new, ignore_eos=True), ARDrafter())
+    seq = prompt + [int(t) for t in np.asarray(out.out)[0, :new]]
+    got = tokenswift_first_level(params, config, hp, drafter.heads, jnp.asarray([seq]), new - 1, 0.0)
+    first = len(seq) - (new - 1) - 1
+    for r in (first, len(seq) - 2):
+        toks = jnp.zeros((1, 32), jnp.int32).at[0, :r].set(jnp.asarray(seq[:r]))
+        gen = GenerateConfig(max_new_tokens=4)
+        state = engine.start(params, hp, config, drafter, gen, toks, jnp.array([r]), jax.random.key(0), chunk=32)
+        assert int(state.root[0]) == seq[r]
+        tree = drafter.propose(DraftContext(params, hp, config, capacity=state.cache.capacity), state, state.draft)
+        np.testing.assert_array_equal(np.asarray(got["top_ids"])[r - first, :3], np.asarray(tree.tokens)[0, 1:4])

@@ -5,7 +5,8 @@
     python -m lsjax.bench.draft_accept --method eagle3 --draft DIR --prompts my.jsonl --dump top5.jsonl
 
 `--method longspec` (default) measures LongSpec drafts, `--method eagle3` EAGLE-3 drafts in either published
-layout (`--draft random`: an untrained one). Prompts come from a suite or a JSONL file (`--prompts`, lines of
+layout (`--draft random`: an untrained one), `--method tokenswift` TokenSwift heads (lsjax's or a release;
+`--draft shipped` or `zero`). Prompts come from a suite or a JSONL file (`--prompts`, lines of
 {"id", "prompt"[, "chat"]}).
 
 Per prompt and temperature the target writes `--new-tokens` with AR (seed 0); then one target pass and a few
@@ -34,6 +35,11 @@ K/V of every earlier pair (as decoding keeps them). The proposal at root r (the 
 the target's cache) is the draft's output at the pair (streams at r - 1, token r): the first level of the tree
 `propose` would grow there. `first`/`top2` and the T > 0 keys are as above (q over the draft vocabulary, p
 restricted to it through d2t); a chain needs the draft's own outputs fed back, so `chain2`/`chain4` are not given.
+
+TokenSwift heads: one target pass gives its last hidden state h (before the final norm) at every position. The
+proposal at root r is head 1 on h at r - 1, the last node verification accepted (the `verified` draft pass: the
+target's own head there sampled the root, head 1 guesses the token after it); `first`/`top2` and the T > 0 keys as
+above over the whole vocabulary; the deeper heads' chain is not given.
 
 `--dump FILE` writes one JSON line per prompt (at T = 0): `tokens` (prompt + the target's greedy continuation),
 `roots` (the root positions), and at each root the draft's first-level `top_ids` (target token ids, best first) and
@@ -162,6 +168,42 @@ def target_streams(target_params, config, tokens, layers: tuple[int, ...]):
     return streams.astype(jnp.dtype(config.dtype)), x
 
 
+def tokenswift_first_level(
+    target_params, config, heads_params, heads, tokens, new: int, temperature: float, length=None
+):
+    """`first_level` for TokenSwift heads (`heads`: their HeadsConfig): head 1 at every root (module doc)."""
+    import jax
+    import jax.numpy as jnp
+
+    from lsjax.cache import KVCache
+    from lsjax.methods.tokenswift import model as th
+    from lsjax.models import target
+
+    del heads  # the params carry the head count
+    T = tokens.shape[1]
+    length = jnp.int32(T) if length is None else length
+    pos = jnp.arange(T)[None]
+    x, _, _ = target.forward_hidden(target_params, config, tokens, pos, KVCache.zeros(config, 1, 0))
+    first = length - new - 1
+    h = jax.lax.dynamic_slice_in_dim(x, first - 1, new, axis=1)[0].astype(jnp.dtype(config.dtype))
+    q_logits = th.heads_logits(heads_params, target_params, config, h)[:, 0]  # [new, V]
+    top_logits, top_ids = jax.lax.top_k(q_logits, DUMP_TOP)
+    dump = {"top_ids": top_ids.astype(jnp.int32), "top_logits": top_logits}
+    if temperature == 0:
+        y = jax.lax.dynamic_slice_in_dim(tokens[0], first + 1, new)
+        top2 = jnp.any(top_ids[:, :2] == y[:, None], axis=-1).astype(jnp.float32)
+        return {"first": (top_ids[:, 0] == y).astype(jnp.float32), "top2": top2} | dump
+    final = jax.lax.dynamic_slice_in_dim(x, first, new, axis=1)
+    p = jax.nn.softmax(target.lm_head(target_params, config, final)[0] / temperature, axis=-1)
+    q = jax.nn.softmax(q_logits / temperature, axis=-1)
+    best = jnp.argmax(q_logits, axis=-1)
+    return {
+        "sampled": jnp.sum(jnp.minimum(p, q), axis=-1),
+        "sampled2": two_wide(p, q),
+        "match": jnp.take_along_axis(p, best[:, None], axis=-1)[:, 0],
+    } | dump
+
+
 def eagle3_first_level(target_params, config, draft_params, draft, tokens, new: int, temperature: float, length=None):
     """`first_level` for an EAGLE-3 draft (`draft`: its Eagle3Config): per-root estimates [new] of tokens [1, T]
     whose first `length` are real, the roots at positions length - new - 1 .. length - 2 (module doc)."""
@@ -220,7 +262,9 @@ def main(argv=None) -> int:
     from lsjax.prompts import BUCKETS, TASKS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--method", choices=("longspec", "eagle3"), default="longspec", help="whose drafts (longspec)")
+    p.add_argument(
+        "--method", choices=("longspec", "eagle3", "tokenswift"), default="longspec", help="whose drafts (longspec)"
+    )
     p.add_argument(
         "--draft",
         action="append",
@@ -247,7 +291,7 @@ def main(argv=None) -> int:
     if args.method == "eagle3" and not args.draft:
         p.error("--method eagle3 needs --draft DIR (an EAGLE-3 draft in either published layout) or --draft random")
     for d in args.draft or []:  # before the model loads
-        if d not in ("shipped", "random") and not Path(d).is_dir():
+        if d not in ("shipped", "random", "zero") and not Path(d).is_dir():
             p.error(f"--draft {d}: no such directory (a draft directory, or `shipped`)")
     if args.prompts and not Path(args.prompts).is_file():
         p.error(f"--prompts {args.prompts}: no such file")
@@ -270,18 +314,21 @@ def main(argv=None) -> int:
         try:
             if args.method == "eagle3":
                 drafter, dp = registry.build("eagle3", model, draft=d)
+            elif args.method == "tokenswift":
+                drafter, dp = registry.build("tokenswift", model, draft=None if d == "shipped" else d)
+                dp = jax.tree.map(jnp.asarray, dp)
             else:
                 drafter, dp = load_longspec(model, None if d == "shipped" else d, "1")
         except LsjaxError as e:
             p.error(f"--draft {d}: {e}")
-        drafts[d] = (drafter.draft, dp)
+        drafts[d] = (drafter.heads if args.method == "tokenswift" else drafter.draft, dp)
     ar = Generator(
         model.config,
         jax.tree.map(jnp.asarray, target.prepare_for_decode(model.params, model.config)),
         *registry.build("ar", model),
     )
     tp = jax.tree.map(jnp.asarray, model.params)
-    one = first_level if args.method == "longspec" else eagle3_first_level
+    one = {"longspec": first_level, "eagle3": eagle3_first_level, "tokenswift": tokenswift_first_level}[args.method]
     measure = jax.jit(
         lambda dp, toks, n, temperature, dcfg: one(tp, model.config, dp, dcfg, toks, args.new_tokens, temperature, n),
         static_argnums=(3, 4),
