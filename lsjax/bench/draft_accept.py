@@ -187,21 +187,7 @@ def tokenswift_first_level(
     first = length - new - 1
     h = jax.lax.dynamic_slice_in_dim(x, first - 1, new, axis=1)[0].astype(jnp.dtype(config.dtype))
     q_logits = th.heads_logits(heads_params, target_params, config, h)[:, 0]  # [new, V]
-    top_logits, top_ids = jax.lax.top_k(q_logits, DUMP_TOP)
-    dump = {"top_ids": top_ids.astype(jnp.int32), "top_logits": top_logits}
-    if temperature == 0:
-        y = jax.lax.dynamic_slice_in_dim(tokens[0], first + 1, new)
-        top2 = jnp.any(top_ids[:, :2] == y[:, None], axis=-1).astype(jnp.float32)
-        return {"first": (top_ids[:, 0] == y).astype(jnp.float32), "top2": top2} | dump
-    final = jax.lax.dynamic_slice_in_dim(x, first, new, axis=1)
-    p = jax.nn.softmax(target.lm_head(target_params, config, final)[0] / temperature, axis=-1)
-    q = jax.nn.softmax(q_logits / temperature, axis=-1)
-    best = jnp.argmax(q_logits, axis=-1)
-    return {
-        "sampled": jnp.sum(jnp.minimum(p, q), axis=-1),
-        "sampled2": two_wide(p, q),
-        "match": jnp.take_along_axis(p, best[:, None], axis=-1)[:, 0],
-    } | dump
+    return _one_level(target_params, config, tokens, x, first, new, q_logits, None, temperature)
 
 
 def eagle3_first_level(target_params, config, draft_params, draft, tokens, new: int, temperature: float, length=None):
@@ -212,7 +198,6 @@ def eagle3_first_level(target_params, config, draft_params, draft, tokens, new: 
 
     from lsjax.cache import KVCache
     from lsjax.methods.eagle3 import model as em
-    from lsjax.models import target
     from lsjax.models.layers import embed
 
     T = tokens.shape[1]
@@ -226,17 +211,30 @@ def eagle3_first_level(target_params, config, draft_params, draft, tokens, new: 
     h, _, _ = em.layer(draft_params, draft, emb, em.fuse(draft_params, aux), pos, attend)
     first = length - new - 1
     q_logits = em.logits(draft_params, draft, jax.lax.dynamic_slice_in_dim(h, first - 1, new, axis=1))[0]
-    to_target = draft_params["draft_to_target"]
+    return _one_level(
+        target_params, config, tokens, x, first, new, q_logits, draft_params["draft_to_target"], temperature
+    )
+
+
+def _one_level(target_params, config, tokens, final, first, new: int, q_logits, to_target, temperature: float):
+    """The module doc's keys at the roots first .. first + new - 1 from a draft's first-level logits q_logits
+    [new, Vd] (draft id i is target id to_target[i]; None: the target's ids), the target's final hidden states
+    [1, T, D] and the tokens [1, T]; plus the dump's top ids (target ids) and logits."""
+    import jax
+    import jax.numpy as jnp
+
+    from lsjax.models import target
+
     top_logits, top_local = jax.lax.top_k(q_logits, DUMP_TOP)
-    dump = {"top_ids": jnp.take(to_target, top_local), "top_logits": top_logits}
+    ids = top_local if to_target is None else jnp.take(to_target, top_local)
+    dump = {"top_ids": ids.astype(jnp.int32), "top_logits": top_logits}
     if temperature == 0:
         y = jax.lax.dynamic_slice_in_dim(tokens[0], first + 1, new)
-        ids = dump["top_ids"]
         top2 = jnp.any(ids[:, :2] == y[:, None], axis=-1).astype(jnp.float32)
         return {"first": (ids[:, 0] == y).astype(jnp.float32), "top2": top2} | dump
-    final = jax.lax.dynamic_slice_in_dim(x, first, new, axis=1)
-    p_logits = target.lm_head(target_params, config, final)[0]  # [new, V]
-    p_in = jax.nn.softmax(p_logits / temperature, axis=-1)[:, to_target]
+    at_roots = jax.lax.dynamic_slice_in_dim(final, first, new, axis=1)
+    p = jax.nn.softmax(target.lm_head(target_params, config, at_roots)[0] / temperature, axis=-1)  # [new, V]
+    p_in = p if to_target is None else p[:, to_target]
     q = jax.nn.softmax(q_logits / temperature, axis=-1)
     best = jnp.argmax(q_logits, axis=-1)
     return {
