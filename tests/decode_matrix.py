@@ -76,9 +76,10 @@ def drafts(model, work: Path) -> dict[str, list[str]]:
         "hybrid": ["--draft", "random"],
         "auto": ["--draft", "random"],
         "streams": ["--draft", "random"],
-        "tokenswift": ["--heads", "zero"],
+        "tokenswift": ["--draft", "zero"],
         "block": ["--draft", str(block)],
         "dels": ["--draft", str(block), "--local-head", str(head)],
+        "eagle3": ["--draft", "random", "--eagle-tree", "cpu"],
     }
 
 

@@ -253,6 +253,7 @@ def test_a_pytorch_bin_reads_through_torch(written, tmp_path):
         np.testing.assert_array_equal(a[name], b[name])
 
 
+@pytest.mark.slow  # ~30 s
 def test_draft_accept_first_level_is_what_propose_drafts_there():
     """`lsjax.bench.draft_accept.eagle3_first_level` (teacher-forced, one pass) gives at each root the first level
     `propose` grows there after a decode reached it, and scores T = 0 hits against the next token."""

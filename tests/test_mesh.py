@@ -144,6 +144,7 @@ def test_mesh_equals_one_device_qwen3():
     _assert_lossless(_mesh_run("greedy", 4, "qwen3", "model=4", "oracle"), ["oracle"])
 
 
+@pytest.mark.slow  # ~35 s; the default run's decode matrix decodes eagle3 on a mesh through decode.py too
 def test_mesh_equals_one_device_eagle3():
     """An EAGLE-3 draft on SmolLM2's head shape over model=3 x data=2: the target's three streams come out of the
     split verification forward and the draft's own cache rides along; every token equals the one-device run and

@@ -100,6 +100,7 @@ def test_neither_layout_and_other_targets_are_one_line(tmp_path):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow  # ~15 s
 def test_draft_accept_first_level_is_head_one_on_the_accepted_node():
     """`lsjax.bench.draft_accept.tokenswift_first_level`: at each root, head 1 on the target's hidden state at
     the node before it: what the `verified` draft pass proposes there after a decode reached that root."""

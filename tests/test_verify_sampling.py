@@ -33,6 +33,7 @@ from lsjax.methods.auto.drafter import AutoDrafter, AutoPolicy, auto_params
 from lsjax.methods.dels import local_head
 from lsjax.methods.dels.drafter import BlockDrafter, prepare_dels_params
 from lsjax.methods.dels.model import init_block_params
+from lsjax.methods.eagle3 import model as em
 from lsjax.methods.eagle3.checkpoint import random_draft
 from lsjax.methods.eagle3.drafter import Eagle3Drafter, Eagle3Tree
 from lsjax.methods.hybrid.drafter import HybridDrafter
@@ -272,7 +273,8 @@ def draft_params_for(params, config, drafter):
     if isinstance(drafter, StreamsDrafter):
         return stream_params(config, drafter.streams)
     if isinstance(drafter, Eagle3Drafter):
-        return jax.tree.map(jnp.asarray, random_draft(config, seed=2)[1])
+        # Random weights whose trees the target accepts 2+ deep in >= 5% of the first steps (the check below).
+        return em.init_params(drafter.draft, jax.random.key(2))
     if isinstance(drafter, TokenSwiftDrafter):
         return th.init_params(config, drafter.heads, params, key=jax.random.key(2))
     if isinstance(drafter, BlockDrafter):

@@ -226,7 +226,18 @@ def random_draft(target: ModelConfig, seed: int = 0) -> tuple[em.Eagle3Config, d
         pad_token_id=0,
     )
     cfg = em.Eagle3Config(layer, target.vocab_size, target.hidden_size, em.default_aux_layers(target.num_layers))
-    params = jax.tree.map(np.asarray, em.init_params(cfg, jax.random.key(seed)))
+    # numpy, not jax.random: no device work (and no op-by-op compiles) for a draft nothing trains.
+    rng = np.random.default_rng(seed)
+    dt = numpy_dtype(target.dtype)
+    params = {}
+    for name, spec in em.param_specs(cfg).items():
+        if spec.init == "normal":
+            params[name] = (0.05 * rng.standard_normal(spec.shape, np.float32)).astype(dt)
+        else:
+            params[name] = np.full(
+                spec.shape, 1.0 if spec.init == "ones" else 0.0, np.dtype(spec.dtype) if spec.dtype == "int32" else dt
+            )
+    params["draft_to_target"] = np.arange(cfg.draft_vocab_size, dtype=np.int32)
     return cfg, params, DraftInfo("random", "random")
 
 
