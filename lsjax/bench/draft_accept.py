@@ -144,15 +144,7 @@ def first_level(
             "chain4": 1.0 + jnp.sum(run[:4], axis=0),
         } | dump
     p_logits = target_logits(target_params, config, roots(feats["hidden"]), None)[0]  # [new, V]
-    p = jax.nn.softmax(p_logits / temperature, axis=-1)
-    q = jax.nn.softmax(q_logits / temperature, axis=-1)
-    p_in = p if vocab_ids is None else p[:, jnp.asarray(vocab_ids)]
-    best = jnp.argmax(q_logits, axis=-1)
-    return {
-        "sampled": jnp.sum(jnp.minimum(p_in, q), axis=-1),
-        "sampled2": two_wide(p_in, q),
-        "match": jnp.take_along_axis(p_in, best[:, None], axis=-1)[:, 0],
-    } | dump
+    return _sampled_keys(p_logits, q_logits, None if vocab_ids is None else jnp.asarray(vocab_ids), temperature) | dump
 
 
 def target_streams(target_params, config, tokens, layers: tuple[int, ...]):
@@ -233,15 +225,26 @@ def _one_level(target_params, config, tokens, final, first, new: int, q_logits, 
         top2 = jnp.any(ids[:, :2] == y[:, None], axis=-1).astype(jnp.float32)
         return {"first": (ids[:, 0] == y).astype(jnp.float32), "top2": top2} | dump
     at_roots = jax.lax.dynamic_slice_in_dim(final, first, new, axis=1)
-    p = jax.nn.softmax(target.lm_head(target_params, config, at_roots)[0] / temperature, axis=-1)  # [new, V]
-    p_in = p if to_target is None else p[:, to_target]
+    p_logits = target.lm_head(target_params, config, at_roots)[0]  # [new, V]
+    return _sampled_keys(p_logits, q_logits, to_target, temperature) | dump
+
+
+def _sampled_keys(p_logits, q_logits, draft_ids, temperature: float) -> dict:
+    """The T > 0 keys (module doc) from the target's logits [new, V] and the draft's [new, Vd] at the roots; draft
+    id i is target id draft_ids[i] (None: the same ids). p is kept on the draft's vocabulary, its mass outside
+    left out."""
+    import jax
+    import jax.numpy as jnp
+
+    p = jax.nn.softmax(p_logits / temperature, axis=-1)
+    p_in = p if draft_ids is None else p[:, draft_ids]
     q = jax.nn.softmax(q_logits / temperature, axis=-1)
     best = jnp.argmax(q_logits, axis=-1)
     return {
         "sampled": jnp.sum(jnp.minimum(p_in, q), axis=-1),
         "sampled2": two_wide(p_in, q),
         "match": jnp.take_along_axis(p_in, best[:, None], axis=-1)[:, 0],
-    } | dump
+    }
 
 
 def summarize(rows: list[dict]) -> dict:

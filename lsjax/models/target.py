@@ -476,6 +476,8 @@ def forward_streams(
         if cut not in seen:
             seen[cut] = embed(params, tokens).astype(ACT_DTYPE) if x is None else x
     streams = jnp.concatenate([seen[i] for i in taps], axis=-1)
+    if not ks:  # `upto=0`: no layer ran
+        return x, None, None, streams
     return x, jnp.concatenate(ks, axis=0), jnp.concatenate(vs, axis=0), streams
 
 

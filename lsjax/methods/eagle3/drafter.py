@@ -160,8 +160,8 @@ class Eagle3Drafter(Drafter):
             dcache, last = carry
             B, C = streams.shape[:2]
             pos = start_pos + jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32), (B, C))
-            nxt = jnp.concatenate([tokens[:, 1:], jnp.zeros((B, 1), tokens.dtype)], axis=1).astype(jnp.int32)
-            pairs = jax.lax.dynamic_slice_in_dim(nxt, start_pos, C, axis=1)
+            idx = start_pos + 1 + jnp.arange(C)  # each position's next token (past the buffer: 0, never committed)
+            pairs = jnp.take(tokens, idx, axis=1, mode="fill", fill_value=0).astype(jnp.int32)
             count = jnp.clip(lengths - 1 - start_pos, 0, C)  # the pairs whose next token is in the prompt
             _, dcache = self._commit_pairs(ctx, dcache, streams, pairs, pos, count)
             at = jnp.clip(lengths - 1 - start_pos, 0, C - 1)
@@ -174,44 +174,32 @@ class Eagle3Drafter(Drafter):
     def init(self, ctx: DraftContext, state) -> Eagle3State:
         """The draft over every prompt pair (h_t, x_{t+1}), the last one pairing with the first emitted token.
         After a prefill that ran `prefill_hook` only that last pair is left; otherwise (`engine.begin` after a
-        prefill of the caller's) the target's streams at the prompt come from a second pass of its first layers
-        over the prefilled cache."""
-        if ctx.prefilled is not None:
-            dcache, last = ctx.prefilled
-            lengths = ctx.prompt_lengths.astype(jnp.int32)
-            pos = (lengths - 1)[:, None]
-            h, dcache = self._commit_pairs(
-                ctx, dcache, last[:, None], state.root[:, None].astype(jnp.int32), pos, jnp.ones_like(lengths)
-            )
-            return Eagle3State(dcache, h[:, 0])
+        prefill of the caller's) the hook's steps run here, on the target's streams from a second pass of its
+        first layers over the prefilled cache."""
+        dcache, last = ctx.prefilled if ctx.prefilled is not None else self._replay_prefill(ctx, state.cache)
+        lengths = ctx.prompt_lengths.astype(jnp.int32)
+        root = state.root[:, None].astype(jnp.int32)
+        h, dcache = self._commit_pairs(ctx, dcache, last[:, None], root, (lengths - 1)[:, None], jnp.ones_like(lengths))
+        return Eagle3State(dcache, h[:, 0])
+
+    def _replay_prefill(self, ctx: DraftContext, cache: KVCache):
+        """`prefill_hook`'s carry after a prefill that did not run it, from the prompt and its prefilled cache."""
+        hook = self.prefill_hook(ctx)
         tokens, lengths = ctx.prompt_tokens, ctx.prompt_lengths.astype(jnp.int32)
         B, P = tokens.shape
         C = min(CHUNK, P)
-        padded = -(-P // C) * C
-        nxt = jnp.concatenate([tokens[:, 1:], jnp.zeros((B, padded - P + 1), tokens.dtype)], axis=1)
-        nxt = nxt.at[jnp.arange(B), lengths - 1].set(state.root).astype(jnp.int32)
-        tokens = jnp.pad(tokens, ((0, 0), (0, padded - P)))
-        d = self.draft
-        dcache = KVCache.zeros(d.layer, B, ctx.capacity)
-        num_chunks = (jnp.max(lengths) + C - 1) // C
+        tokens = jnp.pad(tokens, ((0, 0), (0, -(-P // C) * C - P)))
 
         def body(carry):
-            i, dcache, out = carry
+            i, drafted = carry
             start = i * C
             toks = jax.lax.dynamic_slice_in_dim(tokens, start, C, axis=1)
             pos = start + jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32), (B, C))
-            before = KVCache(state.cache.k, state.cache.v, jnp.full((B,), start, jnp.int32))
-            aux = self._streams(ctx, toks, pos, before)
-            pairs = jax.lax.dynamic_slice_in_dim(nxt, start, C, axis=1)
-            valid = jnp.clip(lengths - start, 0, C)
-            h, dcache = self._commit_pairs(ctx, dcache, aux, pairs, pos, valid)
-            last = jnp.take_along_axis(h, jnp.clip(valid - 1, 0, C - 1)[:, None, None], axis=1)[:, 0]
-            ends_here = (lengths > start) & (lengths <= start + C)
-            return i + 1, dcache, jnp.where(ends_here[:, None], last, out)
+            before = KVCache(cache.k, cache.v, jnp.full((B,), start, jnp.int32))
+            return i + 1, hook.step(drafted, self._streams(ctx, toks, pos, before), start, tokens, lengths)
 
-        init = (jnp.int32(0), dcache, jnp.zeros((B, d.hidden_size), jnp.float32))
-        _, dcache, out = jax.lax.while_loop(lambda c: c[0] < num_chunks, body, init)
-        return Eagle3State(dcache, out)
+        num_chunks = (jnp.max(lengths) + C - 1) // C
+        return jax.lax.while_loop(lambda c: c[0] < num_chunks, body, (jnp.int32(0), hook.init(B)))[1]
 
     def propose(self, ctx: DraftContext, state, draft_state: Eagle3State, key=None) -> Tree:
         score, tok, parent, _ = self.grow(ctx, draft_state)
