@@ -31,6 +31,8 @@ def test_dry_run_writes_every_part(tmp_path, capsys):
     assert [(r["temperature"], r["identical"]) for r in e2e] == [(0.0, True), (1.0, None)]
     assert e2e[1]["prompts_identical"] == "sampled" and e2e[1]["speedup"] > 0 and e2e[1]["invariant_rows"] == 0
     assert set(parts["step"]["rows"][0]["vs_ar"]) == {"1", "4"}  # JSON keys
+    assert parts["step"]["rows"][0]["eagle3_vs_ar"] > 0  # EAGLE-3's step at the target's shapes
+    assert "eagle3 step (draft + 60-node verification)" in md
     assert "## Goals" in md and "| kernels within" in md
     assert "every T = 0 output identical to AR's; the T > 0 rows are samples, timed and not compared" in md
     assert "[kernels] prefix" in capsys.readouterr().out  # progress as it goes

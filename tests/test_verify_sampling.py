@@ -244,6 +244,16 @@ DRAFTERS = {
     # EAGLE-2's dynamic tree from an EAGLE-3 draft reading the target's (only) layer thrice: 6 nodes over 3
     # levels, which levels get how many being data.
     "eagle3": Eagle3Drafter(random_draft(model()[0])[0], Eagle3Tree(6, 3, 2)),
+    # auto over that draft (its chain, its tree, AR and a PLD chain), probing: the streams along every
+    # committed path feed the draft whichever candidate ran.
+    "auto-eagle3": AutoDrafter(
+        eagle3=Eagle3Drafter(random_draft(model()[0])[0], Eagle3Tree(6, 3, 2)),
+        pld_tokens=(3,),
+        pld_ngram=2,
+        chains=(2,),
+        hybrid_pld=0,
+        policy=AutoPolicy(shadow=False),
+    ),
 }
 SAMPLINGS = {
     "T1": SamplingConfig(temperature=1.0),
@@ -266,7 +276,10 @@ CASES = [pytest.param(d, s, N, id=f"{d}-{s}") for d, s in sorted(DEFAULT)] + [
 def draft_params_for(params, config, drafter):
     if isinstance(drafter, AutoDrafter):
         # AR priced out, so the first step drafts a tree (the depth histogram below needs one).
-        costs = [10.0] + [1.0] * (len(drafter.candidates) - 1) + [10.0]  # the last: an AR step + a shadow draft
+        costs = [10.0] + [1.0] * (len(drafter.candidates) - 1)
+        costs += [10.0] * (len(drafter.cost_names) - len(costs))  # an AR step + a shadow draft, with LongSpec's
+        if drafter.eagle3 is not None:
+            return auto_params(drafter, None, costs, draft_params_for(params, config, drafter.eagle3))
         return auto_params(drafter, longspec_params(params, config, drafter.longspec), costs)
     if isinstance(drafter, LongSpecDrafter | HybridDrafter):
         return longspec_params(params, config, getattr(drafter, "longspec", drafter))

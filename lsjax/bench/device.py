@@ -46,6 +46,7 @@ import re
 import subprocess
 import sys
 import time
+import types
 import warnings
 from pathlib import Path
 
@@ -617,6 +618,7 @@ def check_step(rep: Report, copy_bw: dict[int, float]) -> None:
                 toks, jnp.asarray(chain_parents(T))[None], jnp.ones((1, T), bool), TreeConfig((1,) * (T - 1))
             )
     repeats = 3 if cfg.dry else 10
+    e3 = _eagle3_step(config, capacity)
     for ctx in cfg.contexts:
         if rep.over_budget("step", f"context {ctx}"):
             return
@@ -625,11 +627,17 @@ def check_step(rep: Report, copy_bw: dict[int, float]) -> None:
         try:
             for T in sizes:
                 jax.block_until_ready(fwd(params, trees[T], cache))  # compiles once per size
+            e3_args = e3.args(ctx)
+            jax.block_until_ready(e3.fn(params, cache, *e3_args))
+            times["eagle3"] = []
             for _ in range(repeats):  # interleaved: machine noise hits every size alike
                 for T in sizes:
                     t = time.perf_counter()
                     jax.block_until_ready(fwd(params, trees[T], cache))
                     times[T].append(time.perf_counter() - t)
+                t = time.perf_counter()
+                jax.block_until_ready(e3.fn(params, cache, *e3_args))
+                times["eagle3"].append(time.perf_counter() - t)
         except Exception as e:  # noqa: BLE001
             rep.skip("step", f"context {ctx}: {_first_line(e)}")
             continue
@@ -637,12 +645,67 @@ def check_step(rep: Report, copy_bw: dict[int, float]) -> None:
         # bw counts a copy's reads and writes alike: the rate HBM moves bytes, which a pure read runs at too.
         read = (weight_bytes(config) + kv_bytes(config, ctx)) / bw
         ratios = {T: float(np.median(times[T])) / ar for T in sizes}
+        e3_ratio = float(np.median(times["eagle3"])) / ar
         rep.row(
             "step",
-            dict(context=ctx, ar_ms=ar * 1e3, read_ms=read * 1e3, ar_vs_read=ar / read, vs_ar=ratios),
+            dict(
+                context=ctx,
+                ar_ms=ar * 1e3,
+                read_ms=read * 1e3,
+                ar_vs_read=ar / read,
+                eagle3_vs_ar=e3_ratio,
+                vs_ar=ratios,
+            ),
             f"{ctx:>6} ctx: 1-node step {ar * 1e3:.2f} ms = {ar / read:.2f}x its read ({read * 1e3:.2f} ms); "
-            + " ".join(f"{T}:{r:.2f}x" for T, r in ratios.items()),
+            + " ".join(f"{T}:{r:.2f}x" for T, r in ratios.items())
+            + f"; eagle3 step ({e3.what}) {e3_ratio:.2f}x",
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class _E3Step:
+    fn: object  # jitted (target params, target cache, *args) -> logits
+    args: object  # context -> the draft's params, state and root at that context
+    what: str
+
+
+def _eagle3_step(config: ModelConfig, capacity: int) -> _E3Step:
+    """An EAGLE-3 step at the target's shapes with random weights, as a published Llama-3.1-8B draft is shaped
+    (one layer like the target's, a 32K draft vocabulary, EAGLE-3's 59-node, 8-level, top-10 tree): the draft's
+    tree search, the verification forward with its three streams, and the draft over 4 accepted pairs after it.
+    What `--method eagle3` pays per step beside the walk, to set against one AR step."""
+    from lsjax.cache import KVCache
+    from lsjax.engine.types import DraftContext
+    from lsjax.engine.verify import aux_tree_forward
+    from lsjax.methods.eagle3 import model as em
+    from lsjax.methods.eagle3.checkpoint import random_draft
+    from lsjax.methods.eagle3.drafter import TREE_PRESETS, Eagle3Drafter, Eagle3State
+
+    cfg = random_draft(dataclasses.replace(config, num_layers=max(config.num_layers, 1)))[0]
+    aux = em.default_aux_layers(config.num_layers)
+    cfg = dataclasses.replace(cfg, draft_vocab_size=min(32000, config.vocab_size), aux_layers=aux)
+    drafter = Eagle3Drafter(cfg, TREE_PRESETS["eagle3"])
+    dparams = em.init_params(cfg, jax.random.key(1))
+    accepted = 4
+
+    def fn(params, cache, dparams, dstate, root):
+        ctx = DraftContext(params, dparams, config, capacity=capacity)
+        tree = drafter.propose(ctx, types.SimpleNamespace(root=root), dstate)
+        _, logits, _, _, streams = aux_tree_forward(params, config, tree, cache, aux)
+        n = dstate.cache.lengths
+        pos = n[:, None] + jnp.arange(accepted, dtype=jnp.int32)[None]
+        h, _ = drafter._commit_pairs(
+            ctx, dstate.cache, streams[:, :accepted], tree.tokens[:, 1 : accepted + 1], pos, n * 0 + accepted
+        )
+        return logits, h
+
+    def args(ctx: int):
+        dcache = KVCache.zeros(cfg.layer, 1, capacity)
+        dcache = KVCache(dcache.k, dcache.v, jnp.array([ctx], jnp.int32))
+        return dparams, Eagle3State(dcache, jnp.zeros((1, cfg.hidden_size), jnp.float32)), jnp.array([7], jnp.int32)
+
+    b = drafter.budget
+    return _E3Step(jax.jit(fn), args, f"{b.nodes + 1} nodes, depth {b.depth}, top-{b.top_k}")
 
 
 # ---------------------------------------------------------------------------
@@ -857,6 +920,12 @@ def goals(rep: Report) -> list[tuple[str, str, bool | None]]:
         v = r["vs_ar"].get(69)
         if v is not None:
             out.append((f"69-node verification <= 1.3x a 1-node step at {r['context']}", f"{v:.2f}x", v <= 1.3))
+        e = r.get("eagle3_vs_ar")
+        if e is not None:
+            at = f"{r['context']}"
+            out.append(
+                (f"eagle3 step (draft + 60-node verification) <= 1.5x a 1-node step at {at}", f"{e:.2f}x", e <= 1.5)
+            )
     e2e = rep.parts.get("e2e", {}).get("rows", [])
     greedy = [r for r in e2e if r["temperature"] == 0]
     e = {r["method"]: r for r in greedy if r["dtype"] == greedy[0]["dtype"]} if greedy else {}  # the first dtype's

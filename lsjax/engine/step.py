@@ -127,6 +127,7 @@ class PathResult:
     k: jax.Array  # [L, B, A, K, H] the path's K/V
     v: jax.Array
     root_logp: jax.Array  # [B] (`SwitchExtras.root_logp`)
+    aux: jax.Array | None = None  # [B, A, X] the switching drafter's aux streams along the path (`SwitchExtras.aux`)
 
 
 def _stochastic(tree: Tree, vocab_size: int) -> Tree:
@@ -137,9 +138,10 @@ def _stochastic(tree: Tree, vocab_size: int) -> Tree:
     return dataclasses.replace(tree, logq=logq, sampled=jnp.zeros((B, T), bool))
 
 
-def _group_path(ctx, gen, variants, depth: int, operand) -> PathResult:
+def _group_path(ctx, gen, variants, depth: int, aux_layers: tuple[int, ...], operand) -> PathResult:
     """Variants with the same node count share one verification forward: an inner switch drafts the chosen
-    one's tree, one target forward over T nodes verifies it (tokens, depths and the mask are arrays)."""
+    one's tree, one target forward over T nodes verifies it (tokens, depths and the mask are arrays). With
+    `aux_layers` (the switching drafter's) the forward also returns those streams, kept along the path."""
     state, member, wanted = operand
     trees = [jax.eval_shape(functools.partial(draft_phase, ctx, v), state) for v in variants]
     stochastic = any(t.stochastic for t in trees)
@@ -153,9 +155,12 @@ def _group_path(ctx, gen, variants, depth: int, operand) -> PathResult:
     else:
         tree = jax.lax.switch(member, [functools.partial(draft, v) for v in variants], state)
         max_depth, levels = max(v.max_depth for v in variants), None  # the walk checks every node's depth
-    verdict, path_k, path_v = _verify(ctx, gen, state, tree, max_depth, levels, None, wanted)
+    verdict, path_k, path_v = _verify(ctx, gen, state, tree, max_depth, levels, None, wanted, aux_layers)
     pad = depth - max_depth
     kv_pad = ((0, 0), (0, 0), (0, pad), (0, 0), (0, 0))
+    root_logp, aux = verdict.extras
+    if aux is not None:
+        aux = jnp.pad(jnp.take_along_axis(aux, verdict.path[:, :, None], axis=1), ((0, 0), (0, pad), (0, 0)))
     return PathResult(
         jnp.pad(verdict.path_tokens, ((0, 0), (0, pad))),
         verdict.num_accepted,
@@ -163,7 +168,8 @@ def _group_path(ctx, gen, variants, depth: int, operand) -> PathResult:
         verdict.count,
         jnp.pad(path_k, kv_pad),
         jnp.pad(path_v, kv_pad),
-        verdict.extras,
+        root_logp,
+        aux,
     )
 
 
@@ -252,13 +258,16 @@ def run_variant(
         for m, i in enumerate(members):
             where[i] = (g, m)
     at = jnp.asarray(where)[index]
-    branches = [functools.partial(_group_path, ctx, gen, [variants[i] for i in members], depth) for members in groups]
+    aux = drafter.aux_hidden_layers
+    branches = [
+        functools.partial(_group_path, ctx, gen, [variants[i] for i in members], depth, aux) for members in groups
+    ]
     wanted = jnp.asarray(drafter.root_logp_wanted(ctx, state), bool)
     if group is None:
         path = jax.lax.switch(at[0], branches, (state, at[1], wanted))
     else:
         path = branches[group]((state, at[1], wanted))
-    verdict = chain_verdict(path, SwitchExtras(index, path.root_logp))
+    verdict = chain_verdict(path, SwitchExtras(index, path.root_logp, path.aux))
     return commit_phase(ctx, drafter, gen, state, (verdict, path.k, path.v))
 
 

@@ -97,6 +97,9 @@ class SwitchExtras:
     # T = 0). That token is a draw from exactly that distribution whatever the variant (verification is
     # lossless), so a drafter can score what it *would* have proposed there without bias (`auto`'s shadows).
     root_logp: jax.Array
+    # [B, A, len * D] the target's streams entering the switching drafter's `aux_hidden_layers` at the accepted
+    # path's nodes, root first (the chain verdict's order); None when it sets none.
+    aux: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -131,7 +134,8 @@ class Drafter:
     extra_hidden_layer: int | None = None
     # Target layers whose input residual streams the drafter reads at every verified node (EAGLE-3's three):
     # `verify_extras` then gets them as `taps` [B, T, len * D], concatenated in this order. () for the rest,
-    # whose verify forward is the plain one.
+    # whose verify forward is the plain one. A drafter with `step_variants` that sets them gets the streams along
+    # the accepted path in `SwitchExtras.aux`, whichever variant ran.
     aux_hidden_layers: tuple[int, ...] = ()
     stretch_limit = 0  # the longest `ar_stretch` (static: its catch-up chain has this many tokens + 1)
     no_mesh = ""  # why this drafter cannot decode on a mesh (`SpecConfig.mesh` refuses it); "": it can

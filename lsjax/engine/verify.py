@@ -292,10 +292,17 @@ def _verify(
     levels,
     drafter,
     wanted=False,
+    aux_layers: tuple[int, ...] = (),
 ):
-    """`drafter` None: a switched variant, whose drafter updates from the chain verdict; its extras are the
-    root's log-probability of the first emitted token where `wanted` ([] bool) says so."""
-    if drafter is not None and drafter.aux_hidden_layers:
+    """`drafter` None: a switched variant, whose drafter updates from the chain verdict; its extras are (the
+    root's log-probability of the first emitted token where `wanted` ([] bool) says so, the streams entering
+    `aux_layers` at every node [B, T, X] or None without them)."""
+    if drafter is None and aux_layers:
+        hidden, logits, new_k, new_v, aux = aux_tree_forward(
+            ctx.target_params, ctx.config, tree, state.cache, aux_layers, backend=ctx.backend
+        )
+        extras = aux
+    elif drafter is not None and drafter.aux_hidden_layers:
         hidden, logits, new_k, new_v, aux = aux_tree_forward(
             ctx.target_params, ctx.config, tree, state.cache, drafter.aux_hidden_layers, backend=ctx.backend
         )
@@ -304,7 +311,7 @@ def _verify(
         hidden, logits, new_k, new_v = tree_forward(
             ctx.target_params, ctx.config, tree, state.cache, backend=ctx.backend
         )
-        extras = () if drafter is None else drafter.verify_extras(ctx, tree, hidden, logits)
+        extras = None if drafter is None else drafter.verify_extras(ctx, tree, hidden, logits)
     else:  # the drafter reads the forward at a middle layer (and may prune the tree there)
         prune = functools.partial(drafter.prune, ctx)
         tree, hidden, logits, new_k, new_v, taps = tapped_tree_forward(
@@ -327,7 +334,8 @@ def _verify(
         extras=extras,
     )
     if drafter is None:  # a switched variant: the switching drafter may score the root's first token
-        verdict = dataclasses.replace(verdict, extras=_root_logp(logits, gen.sampling, penalized, verdict, wanted))
+        root_logp = _root_logp(logits, gen.sampling, penalized, verdict, wanted)
+        verdict = dataclasses.replace(verdict, extras=(root_logp, extras))
     path_k, path_v = gather_path_kv(new_k, new_v, path)
     # The commit must wait for the walk. An AR path (the root) is known before the forward ends, so XLA
     # scheduled the cache write ahead of the last layers' attention reads of that cache and then copied the

@@ -21,7 +21,7 @@ from lsjax.tree import Tree, TreeConfig, root_only
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     name: str
-    kind: str  # "ar" | "pld" | "ls" | "hybrid"
+    kind: str  # "ar" | "pld" | "ls" | "hybrid" | "e3" (an EAGLE-3 draft's chain or tree)
     drafter: Drafter
     family: int  # row of the acceptance statistics (pld: the 1-gram family; + n - 1 for an n-gram match)
     group: int  # probe group (-1: AR, never probed)
@@ -36,6 +36,10 @@ PRIORS = {
     "ls-chain": ((0.4, 0.5, 0.5, 0.5), (0.3, 0.4, 0.4, 0.4)),
     "ls-tree": ((0.5, 0.5, 0.5, 0.5), (0.4, 0.4, 0.4, 0.4)),
     "hybrid": ((0.55, 0.65, 0.7, 0.75), (0.4, 0.5, 0.55, 0.6)),
+    # An EAGLE-3 draft's: as modest as LongSpec's (published drafts report ~0.6-0.7 first-token acceptance on
+    # their targets, an untrained one ~0; the run's own probes decide).
+    "e3-chain": ((0.4, 0.5, 0.5, 0.5), (0.3, 0.4, 0.4, 0.4)),
+    "e3-tree": ((0.5, 0.5, 0.5, 0.5), (0.4, 0.4, 0.4, 0.4)),
 }
 
 
@@ -72,13 +76,16 @@ class CandidateStep(Drafter):
             return c.drafter.propose(ctx, state, draft_state.pld, key)
         if c.kind == "ls":
             return c.drafter.propose(sub_context(ctx), state, draft_state.ring, key)
+        if c.kind == "e3":
+            return c.drafter.propose(sub_context(ctx, "eagle3"), state, draft_state.ring, key)
         return c.drafter.propose(sub_context(ctx), state, (draft_state.pld, draft_state.ring), key)
 
 
-def sub_context(ctx: DraftContext) -> DraftContext:
-    """The context the LongSpec sub-drafters see: their own params, not auto's {"longspec", "costs"} dict."""
+def sub_context(ctx: DraftContext, draft: str = "longspec") -> DraftContext:
+    """The context a draft's sub-drafters see: its own params (`draft`: "longspec" or "eagle3"), not auto's
+    {draft, "costs"} dict."""
     dp = ctx.draft_params
-    return dataclasses.replace(ctx, draft_params=dp.get("longspec") if isinstance(dp, dict) else None)
+    return dataclasses.replace(ctx, draft_params=dp.get(draft) if isinstance(dp, dict) else None)
 
 
 def prior_rates(family: str, depth: int, greedy: bool) -> list[float]:
@@ -91,6 +98,8 @@ def families_of(auto: Drafter) -> tuple[str, ...]:
     out = [f"pld{min(n, 3)}" for n in range(1, auto.pld_ngram + 1)]
     if auto.longspec is not None:
         out += ["ls-chain", "ls-tree"] + (["hybrid"] if auto.hybrid_pld else [])
+    if auto.eagle3 is not None:
+        out += ["e3-chain", "e3-tree"]
     return tuple(out)
 
 
@@ -114,6 +123,18 @@ def candidates_of(auto: Drafter) -> tuple[Candidate, ...]:
         if auto.hybrid_pld:
             hyb = HybridDrafter(ls, auto._pld(auto.hybrid_pld))
             out.append(Candidate("hybrid", "hybrid", hyb, fams.index("hybrid"), groups))
+    e3 = auto.eagle3
+    if e3 is not None:
+        from lsjax.methods.eagle3.drafter import Eagle3Tree
+
+        groups = 0
+        if auto.chains:  # the draft's greedy chain: a one-wide dynamic tree
+            chain = fams.index("e3-chain")
+            for k in sorted(auto.chains):
+                budget = Eagle3Tree(k, k, 1)
+                out.append(Candidate(f"e3-chain{k}", "e3", dataclasses.replace(e3, budget=budget), chain, groups))
+            groups += 1
+        out.append(Candidate("e3-tree", "e3", e3, fams.index("e3-tree"), groups))
     return tuple(out)
 
 

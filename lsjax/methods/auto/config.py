@@ -120,7 +120,15 @@ class AutoOptions(LongSpecOptions):
         None, "prompt-lookup chain lengths among the candidates (4,8)", parse=_ints
     )
     pld_ngram: int = option(PLD_NGRAM, "longest n-gram matched")
-    chains: tuple[int, ...] | None = option(None, "LongSpec chain depths among the candidates", flag=False)
+    chains: tuple[int, ...] | None = option(None, "the draft's chain depths among the candidates", flag=False)
+    eagle3: str | None = option(
+        None,
+        "an EAGLE-3 draft's chains and dynamic tree among the candidates instead of LongSpec's (a directory in "
+        "either published layout, or 'random'); --draft DIR of an EAGLE-3 draft does the same",
+    )
+    eagle_tree: str | None = option(
+        None, "the EAGLE-3 draft's tree candidate, as for eagle3 (default: cpu on a CPU, else small)"
+    )
     hybrid_pld: int | None = option(None, "the hybrid candidate's chain length; 0 = none", flag=False)
     cost_profile: str = option(
         "cached",

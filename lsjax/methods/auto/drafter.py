@@ -9,6 +9,8 @@ verification, and candidates with equal node counts share one compiled forward):
     ls-chain1, 2, 4      the LongSpec draft's greedy (T > 0: sampled) chains
     ls-tree              a tree of the draft ((2, 1, 1) unless --tree says otherwise)
     hybrid               that tree plus a 6-token prompt-lookup chain, verified together
+    e3-chain1, 2, 4      with an EAGLE-3 draft instead of LongSpec's (`--draft DIR` in either published layout):
+    e3-tree              its greedy chains and its dynamic tree (`--eagle-tree`)
 
 Each step runs the candidate with the highest expected tokens per second,
 
@@ -49,6 +51,11 @@ Lossless whatever it picks: every candidate is a valid tree drafted without the 
 choice only looks at the committed history. Every sub-drafter's state (PLD's token history, LongSpec's ring)
 is updated once per step from the committed path, whichever candidate ran (`update`).
 
+An EAGLE-3 draft reads the target's streams at every committed token: auto then sets the draft's
+`aux_hidden_layers`, every candidate's verification returns them along the accepted path (`SwitchExtras.aux`),
+and the draft's cache takes the committed pairs whichever candidate ran. Its candidates are explored by probes
+(shadow drafts are LongSpec's), and AR stretches are off (an AR step inside one keeps no streams).
+
 Costs reach the jitted step as an array in the draft params (`draft_params["costs"]`, one entry per
 candidate, then an AR step with a shadow draft: `cost_names`), so a measured profile replaces the prior
 without recompiling (`lsjax.methods.auto.profile`).
@@ -77,6 +84,7 @@ from lsjax.methods.auto.config import AutoPolicy
 from lsjax.methods.auto.policy import PolicyRules, PolicyState
 from lsjax.methods.auto.shadow import DraftShadow, LookupShadow
 from lsjax.methods.auto.shadow import accepts as shadow_accepts
+from lsjax.methods.eagle3.drafter import Eagle3Drafter
 from lsjax.methods.longspec.drafter import LongSpecDrafter
 from lsjax.methods.pld.drafter import History, PLDDrafter, find_continuation
 from lsjax.tree import Tree, TreeConfig
@@ -86,7 +94,7 @@ from lsjax.tree import Tree, TreeConfig
 @dataclasses.dataclass(frozen=True)
 class AutoState:
     pld: History
-    ring: Any  # LongSpec's RingCache; () without a draft
+    ring: Any  # the draft's state: LongSpec's RingCache or EAGLE-3's Eagle3State; () without a draft
     policy: PolicyState
     shadow: Any  # DraftShadow; () without a draft
     match: tuple  # (n, start, avail) [B] each: `_match` of the history, kept so a step computes it once
@@ -96,6 +104,7 @@ class AutoState:
 @dataclasses.dataclass(frozen=True)
 class AutoDrafter(PolicyRules, Drafter):
     longspec: LongSpecDrafter | None = None  # the draft and its own tree; None: AR and prompt lookup only
+    eagle3: Eagle3Drafter | None = None  # an EAGLE-3 draft and its tree instead (never both)
     pld_tokens: tuple[int, ...] = (4, 8)
     pld_ngram: int = 3
     # LongSpec chain depths. One node is what the draft pays for most often on a CPU (dev, every task kind:
@@ -109,15 +118,34 @@ class AutoDrafter(PolicyRules, Drafter):
     name = "auto"
 
     def check_params(self, draft_params, config) -> str | None:
-        if self.longspec is None:
+        sub = self.sub
+        if sub is None:
             return None
-        if not isinstance(draft_params, dict) or "longspec" not in draft_params:
+        key = self.sub_key
+        if not isinstance(draft_params, dict) or key not in draft_params:
             return (
-                "auto with a LongSpec draft needs {'longspec': the draft's params, 'costs': ...} as "
+                f"auto with a {sub.name} draft needs {{'{key}': the draft's params, 'costs': ...}} as "
                 f"registry.build('auto', ...) returns it, got {type(draft_params).__name__}"
             )
-        problem = self.longspec.check_params(draft_params["longspec"], config)
-        return None if problem is None else f"['longspec']: {problem}"
+        problem = sub.check_params(draft_params[key], config)
+        return None if problem is None else f"['{key}']: {problem}"
+
+    @property
+    def sub(self) -> Drafter | None:
+        """The draft auto's draft candidates run (LongSpec's or EAGLE-3's), None without one."""
+        return self.longspec if self.longspec is not None else self.eagle3
+
+    @property
+    def sub_key(self) -> str:
+        """Where the draft's params sit in auto's draft params."""
+        return "eagle3" if self.eagle3 is not None else "longspec"
+
+    @property
+    def aux_hidden_layers(self) -> tuple[int, ...]:
+        return self.eagle3.aux_hidden_layers if self.eagle3 is not None else ()
+
+    def prefill_hook(self, ctx: DraftContext):
+        return self.eagle3.prefill_hook(sub_context(ctx, "eagle3")) if self.eagle3 is not None else None
 
     def __post_init__(self):
         for field, vals in (("pld_tokens", self.pld_tokens), ("chains", self.chains)):
@@ -129,6 +157,10 @@ class AutoDrafter(PolicyRules, Drafter):
             raise ConfigError(f"auto.hybrid_pld: must be an integer >= 0, got {self.hybrid_pld!r}")
         if self.longspec is not None and not isinstance(self.longspec, LongSpecDrafter):
             raise ConfigError(f"auto.longspec: must be a LongSpecDrafter or None, got {type(self.longspec).__name__}")
+        if self.eagle3 is not None and not isinstance(self.eagle3, Eagle3Drafter):
+            raise ConfigError(f"auto.eagle3: must be an Eagle3Drafter or None, got {type(self.eagle3).__name__}")
+        if self.longspec is not None and self.eagle3 is not None:
+            raise ConfigError("auto: one draft at a time, a LongSpec draft (longspec) or an EAGLE-3 one (eagle3)")
 
     # ------------------------------------------------------------------------------------------ layout
 
@@ -195,7 +227,7 @@ class AutoDrafter(PolicyRules, Drafter):
 
     def init(self, ctx: DraftContext, state) -> AutoState:
         pld = self._pld(max(self.pld_tokens)).init(ctx, state)
-        ring = self.longspec.init(sub_context(ctx), state) if self.longspec is not None else ()
+        ring = self.sub.init(sub_context(ctx, self.sub_key), state) if self.sub is not None else ()
         B = state.root.shape[0]
         scored = ctx.sampling.sample_drafts and self.policy.sampled_first
         V = ctx.config.vocab_size if scored else 0  # the shadow keeps q at its root
@@ -240,7 +272,7 @@ class AutoDrafter(PolicyRules, Drafter):
         out = {"steps_by_candidate": {c.name: int(u) for c, u in zip(self.candidates, uses) if u}}
         if self.shadows:
             out["shadow_drafts"] = int(draft_state.policy.shadows)
-        if self.policy.stretch:
+        if self.ar_stretches:
             out["ar_stretch_steps"] = int(draft_state.policy.stretched)
         pol = draft_state.policy
         rates = np.asarray(pol.succ[:, 0]) / np.maximum(np.asarray(pol.trials[:, 0]), 1e-6)
@@ -280,6 +312,10 @@ class AutoDrafter(PolicyRules, Drafter):
         return {**base, "ready": jnp.asarray(ready)}
 
     @property
+    def ar_stretches(self) -> bool:
+        return bool(self.policy.stretch) and self.eagle3 is None
+
+    @property
     def stretch_limit(self) -> int:
         # The catch-up writes the stretch into the draft's ring in one go: no longer than the ring.
         window = self.longspec.draft.window if self.longspec is not None else self.policy.stretch
@@ -290,7 +326,7 @@ class AutoDrafter(PolicyRules, Drafter):
         to `AutoPolicy.stretch`, while nothing might pay: no shadow waits for tokens, no exploration is due or
         affordable before the stretch ends (`quiet_steps`), and no prompt-lookup match turns up that the policy
         would run (`stretch_stop`, checked before every AR step of it). The policy step after it looks again."""
-        if not self.policy.stretch:
+        if not self.ar_stretches:
             return None
         ds: AutoState = state.draft
         pol = ds.policy
@@ -412,7 +448,13 @@ class AutoDrafter(PolicyRules, Drafter):
         tokens, the candidate that ran updates its family's rates, and prompt lookup learns from the committed
         tokens."""
         pld = self._pld(max(self.pld_tokens)).update(ctx, state, ds.pld, verdict)
-        ring = self.longspec.update(sub_context(ctx), state, ds.ring, verdict) if self.longspec is not None else ()
+        if self.eagle3 is not None:  # the draft's pairs take the target's streams along the path
+            e3_verdict = dataclasses.replace(verdict, extras=verdict.extras.aux)
+            ring = self.eagle3.update(sub_context(ctx, "eagle3"), state, ds.ring, e3_verdict)
+        elif self.longspec is not None:
+            ring = self.longspec.update(sub_context(ctx), state, ds.ring, verdict)
+        else:
+            ring = ()
         n, _, avail = ds.match  # the match the step was chosen and drafted with (old history)
         costs = self._costs(ctx)
         active = verdict.count > 0
@@ -538,9 +580,9 @@ def _window(hist: History, start: jax.Array, n: int) -> jax.Array:
     return flat.reshape(idx.shape)
 
 
-def auto_params(drafter: AutoDrafter, longspec_params=None, costs=None) -> dict:
-    """The draft params `auto` runs with: the LongSpec draft's, and the per-candidate costs (the built-in prior
-    unless given; `lsjax.methods.auto.profile` measures them)."""
+def auto_params(drafter: AutoDrafter, longspec_params=None, costs=None, eagle3_params=None) -> dict:
+    """The draft params `auto` runs with: the LongSpec (or EAGLE-3) draft's, and the per-candidate costs (the
+    built-in prior unless given; `lsjax.methods.auto.profile` measures them)."""
     from lsjax.methods.auto.profile import prior_costs
 
     if costs is not None and np.shape(costs) != (len(drafter.cost_names),):
@@ -551,6 +593,8 @@ def auto_params(drafter: AutoDrafter, longspec_params=None, costs=None) -> dict:
     out = {"costs": jnp.asarray(prior_costs(drafter) if costs is None else costs, jnp.float32)}
     if longspec_params is not None:
         out["longspec"] = longspec_params
+    if eagle3_params is not None:
+        out["eagle3"] = eagle3_params
     return out
 
 
@@ -558,10 +602,27 @@ def build_auto(model, opts, cache) -> tuple[AutoDrafter, dict]:
     """`--method auto` (`lsjax.methods.auto.config.AutoOptions`): the draft given or shipped for the target, or
     AR and prompt lookup alone where there is none."""
     from lsjax.methods import registry
+    from lsjax.methods.eagle3.checkpoint import is_eagle3_dir
     from lsjax.methods.hybrid.config import combined_tree
     from lsjax.methods.longspec.checkpoint import default_draft_path
 
     shape = {k: getattr(opts, k) for k in ("pld_tokens", "chains", "hybrid_pld") if getattr(opts, k) is not None}
+    e3 = opts.eagle3 or (opts.draft if opts.draft not in (None, "random") and is_eagle3_dir(opts.draft) else None)
+    if e3 is not None:
+        if opts.eagle3 and opts.draft:
+            raise ConfigError("auto: give one draft, --draft (LongSpec's or EAGLE-3's) or --eagle3, not both")
+        e3_tree = opts.eagle_tree or ("cpu" if jax.default_backend() == "cpu" else "small")
+        sub, sub_params = registry.build("eagle3", model, cache=cache, draft=e3, eagle_tree=e3_tree)
+        shape.pop("hybrid_pld", None)
+        drafter = AutoDrafter(
+            eagle3=sub,
+            hybrid_pld=0,
+            pld_ngram=opts.pld_ngram,
+            policy=opts.policy,
+            cost_profile=opts.cost_profile,
+            **shape,
+        )
+        return drafter, auto_params(drafter, eagle3_params=sub_params)
     if opts.draft is None and (model.path is None or default_draft_path(model.path) is None):
         import warnings
 

@@ -307,6 +307,22 @@ def write_draft(path: str | Path, cfg: em.Eagle3Config, params: dict, fmt: str =
     return path
 
 
+def is_eagle3_dir(path) -> bool:
+    """Whether a directory holds an EAGLE-3 draft in a published layout (read from its config.json alone: a
+    `draft_vocab_size`, or speculators' eagle3 type), so that a method taking several kinds of drafts (`auto`)
+    can tell them apart before reading weights."""
+    cfg = Path(path) / "config.json"
+    if not cfg.is_file():
+        return False
+    try:
+        hf = json.loads(cfg.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(hf, dict) and (
+        "draft_vocab_size" in hf or hf.get("speculators_model_type") == "eagle3" or "transformer_layer_config" in hf
+    )
+
+
 def draft_info(opts) -> dict | None:
     """`--json`'s "draft" field: the directory and the layout found there (None without a draft)."""
     draft = opts.draft
