@@ -272,9 +272,23 @@ class DraftConfig:
     # Measured on SmolLM2 (smoke config, seq 256, batch 4, lr 5e-4, 20 steps): loss 61.1 -> 10.0 at 1.0,
     # 12.3 -> 8.75 at 0.1.
     init_head_scale: float = 0.1
+    # What the released LongSpec drafts (sail-sg/LongSpec's `LlamaGlideDecoderLayer`, read by
+    # `lsjax.methods.longspec.release`) do differently; lsjax's own drafts keep the defaults.
+    # q/k/v biases on both attentions: None = as the target (`ModelConfig.qkv_bias`); True: always (released).
+    qkv_bias: bool | None = None
+    # A final RMSNorm before the LM head (lsjax's); False: the head reads the last hidden state (released).
+    final_norm: bool = True
+    # The self-attention window at tree steps. False (lsjax's): every query sees the last `window` committed
+    # keys. True (released: flash-attn's bottom-right-aligned window over the committed cache): query i of a
+    # frontier of w nodes sees w - i of the oldest keys more; the root step sees `window`, as before. The ring
+    # then holds `window` + the widest frontier.
+    frontier_window: bool = False
 
     def __post_init__(self):
         _positive_int(self.window, "window")
+        _check(self.qkv_bias in (None, True, False), "qkv_bias", f"must be None, True or False, got {self.qkv_bias!r}")
+        for name in ("final_norm", "frontier_window"):
+            _check(isinstance(getattr(self, name), bool), name, f"must be a bool, got {getattr(self, name)!r}")
         _check(0 < self.init_head_scale <= 1, "init_head_scale", f"must be in (0, 1], got {self.init_head_scale}")
         _check(
             isinstance(self.draft_vocab_size, int) and self.draft_vocab_size >= 0,

@@ -136,6 +136,49 @@ def test_eagle3_random_draft_in_each_published_layout_matches_ar(tmp_path, fmt):
     assert out["identical_to_ar"] is True and out["new_tokens"] == 24
 
 
+@pytest.mark.slow
+def test_a_released_layout_longspec_draft_matches_ar(tmp_path):
+    """A LongSpec draft for SmolLM2 in the authors' released layout (random weights from the target's last layer,
+    with the biases and without the final norm the released drafts have): decode.py reads it as it is, runs the
+    released semantics, says so in --json, and its greedy output is AR's on the bundled prompt."""
+    import jax
+
+    from lsjax.loading import load_model
+    from lsjax.methods.longspec.model import init_draft_params
+    from lsjax.methods.longspec.release import RELEASED, write_release
+
+    model = load_model()
+    dp = init_draft_params(model.config, RELEASED, jax.tree.map(jax.numpy.asarray, model.params))
+    draft = write_release(tmp_path / "released", model.config, dp)
+    proc = decode(
+        "--method", "longspec", "--draft", str(draft), "--tree", "2,2", "--max-new-tokens", "24", "--ignore-eos",
+        "--compare", "ar", "--json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["draft"] == {"dir": str(draft), "format": "released"}
+    assert out["identical_to_ar"] is True and out["new_tokens"] == 24
+
+
+@pytest.mark.slow
+def test_auto_with_an_eagle3_draft_matches_ar(tmp_path):
+    """`--draft DIR` of an EAGLE-3 draft with the default method: auto's candidates are the draft's chains and
+    tree beside AR and prompt lookup, and the output is AR's."""
+    from lsjax.loading import load_model
+    from lsjax.methods.eagle3.checkpoint import random_draft, write_draft
+
+    cfg, params, _ = random_draft(load_model().config)
+    draft = write_draft(tmp_path / "e3", cfg, params, "eagle")
+    proc = decode(
+        "--draft", str(draft), "--max-new-tokens", "24", "--ignore-eos", "--compare", "ar", "--json",
+        "--cost-profile", "prior",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["identical_to_ar"] is True and out["new_tokens"] == 24
+    assert "e3-tree" in out["first_depth_rates"] or "e3-tree" in str(out), out
+
+
 def test_eagle3_without_a_draft_is_one_line():
     assert "--method eagle3 needs --draft DIR" in one_error_line(decode("--prompt", "hi", "--method", "eagle3"))
 

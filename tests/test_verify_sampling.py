@@ -208,6 +208,10 @@ DRAFTERS = {
     "random-tree": RandomTreeDrafter(TreeConfig((3, 3, 2)), vocab=V),
     "pld": PLDDrafter(num_tokens=3, ngram_max=2),
     "longspec": LongSpecDrafter(TreeConfig((2, 3, 2)), LS),
+    # The released drafts' semantics (biases, no final norm, flash-attn's frontier window over a 4-token window).
+    "longspec-released": LongSpecDrafter(
+        TreeConfig((2, 3, 2)), DraftConfig(window=4, qkv_bias=True, final_norm=False, frontier_window=True)
+    ),
     "hybrid": HybridDrafter(LongSpecDrafter(TreeConfig((2, 2, 2)), LS), PLDDrafter(num_tokens=3, ngram_max=2)),
     # The adaptive policy over AR, a PLD chain, a draft chain, the draft's tree and the hybrid: each row's steps
     # switch between trees as the (batch-wide) estimates move.
@@ -267,7 +271,7 @@ SAMPLINGS = {
 # By default (N = 100K): the LongSpec drafter's sampled trees at T=1 (recursive rejection sampling over a real
 # draft), a sampled k-ary tree under top-p and EAGLE's dynamic tree under the contextual penalty; the slow set
 # runs every drafter with every filter at N = 400K.
-DEFAULT = {("longspec", "T1"), ("table-sampled", "topp"), ("eagle3", "T1-penalty")}
+DEFAULT = {("longspec", "T1"), ("table-sampled", "topp"), ("eagle3", "T1-penalty"), ("longspec-released", "T1")}
 CASES = [pytest.param(d, s, N, id=f"{d}-{s}") for d, s in sorted(DEFAULT)] + [
     pytest.param(d, s, N_DEEP, id=f"{d}-{s}-deep", marks=pytest.mark.slow) for d in DRAFTERS for s in SAMPLINGS
 ]
@@ -356,6 +360,25 @@ def test_recursive_rejection_accepts_one_minus_tv_and_emits_p(k):
     for tok in (tok_s, tok_d):
         counts = np.bincount(tok, minlength=len(p))
         assert stats.chisquare(counts, p / p.sum() * counts.sum()).pvalue > 1e-4
+
+
+def test_a_peaked_draft_whose_later_children_underflow_is_verified_in_log_space():
+    """A draft so sure of one token that the others' q lies below fp32's range (a logit gap of 200: released
+    LongSpec drafts have no final norm and reach such logits): once the first child is rejected, children 2 and 3
+    were drawn from the renormalised rest of q, an O(1) distribution. Verification must accept them as often as
+    the same rest with a modest gap (20) is accepted, and emit p. Before 2026-12-02 q was taken out of log space
+    and read as 0 there: acceptance fell from 0.86 to 0.60, and on whole trees (`longspec-released`) the output
+    law was off (p = 7e-30 at 400K rows)."""
+    rows = 200_000
+    p_logits = jnp.asarray([0.5, 1.0, 0.0, -0.5, 0.3])
+    p = np.asarray(jax.nn.softmax(p_logits), np.float64)
+    rates = {}
+    for gap in (20.0, 200.0):
+        acc, tok = one_level(p_logits, jnp.asarray([gap, 0.0, 0.5, 0.0, -1.0]), 3, True, rows, 3)
+        counts = np.bincount(tok, minlength=len(p))
+        assert stats.chisquare(counts, p * counts.sum()).pvalue > 1e-4, (gap, counts / rows, p)
+        rates[gap] = acc.mean()
+    assert abs(rates[200.0] - rates[20.0]) < 4 * np.sqrt(0.25 / rows), rates
 
 
 def test_a_biased_verifier_fails():

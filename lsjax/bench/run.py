@@ -34,9 +34,11 @@ def _lsjax(name: str, method, draft_sampling: str | None = None, options: dict |
         from lsjax.bench.methods import LsjaxMethod
         from lsjax.engine.host import Generator
         from lsjax.methods import registry
+        from lsjax.methods.longspec.config import LongSpecOptions
 
-        # --draft names a LongSpec draft; a method with weights of its own kind (describe_draft) finds its own.
-        own = {} if method.describe_draft else {"draft": ctx["draft"]}
+        # --draft names a LongSpec draft: for the methods whose `draft` option is one (their options are
+        # LongSpec's); a method with weights of its own kind finds its own.
+        own = {"draft": ctx["draft"]} if issubclass(method.options_class, LongSpecOptions) else {}
         opts = {**own, "tree": ctx["tree"], **(options or {})}
         drafter, draft_params = registry.build(method.name, ctx["model"], cache=ctx["drafts"], **opts)
         gen = Generator(ctx["model"].config, ctx["params"], drafter, draft_params)

@@ -198,24 +198,27 @@ def _accept_sampled(tree: Tree, logits, sampling: SamplingConfig, key, max_depth
         else:
             lo, hi = 1, T
         r = jnp.exp(_take(logp, cur))  # [B, V] residual target distribution
-        q_rem = jnp.exp(_take(tree.logq, cur))  # [B, V] q without the rejected candidates (unnormalised)
+        # log q without the rejected candidates (unnormalised). In log space: after a confident draft's first
+        # child is rejected, the rest of q can lie below fp32's range (q ~ e^-150) while its renormalised
+        # share, which the later children were drawn from, is O(1); a linear q read those children as q = 0.
+        lq_rem = _take(tree.logq, cur)
         taken = jnp.zeros((B,), bool)
         child = jnp.zeros((B,), jnp.int32)
         for j in range(lo, hi):
             cand = alive & ~taken & sampled[:, j] & (tree.parents[:, j] == cur) & (tree.depth[:, j] == d)
             tok = tree.tokens[:, j]
-            q_sum = jnp.sum(q_rem, axis=-1)
-            q_tok = q_rem[rows, tok]
+            lq_sum = jax.nn.logsumexp(lq_rem, axis=-1)
+            lq_tok = lq_rem[rows, tok]
             r_tok = r[rows, tok]
             u = jax.random.uniform(jax.random.fold_in(k_d, j), (B,))
-            # u < min(1, r/q_j) with q_j = q_rem / q_sum; q_tok > 0 for a sampled child.
-            ok = cand & (q_tok > 0) & (u * q_tok < r_tok * q_sum)
+            # u < min(1, r/q_j), q_j = q_rem / sum(q_rem): log u + log q_j(tok) < log r(tok).
+            ok = cand & jnp.isfinite(lq_tok) & (jnp.log(u) + (lq_tok - lq_sum) < jnp.log(r_tok))
             taken = taken | ok
             child = jnp.where(ok, j, child)
             rejected = cand & ~ok
-            q_j = q_rem / jnp.maximum(q_sum, 1e-30)[:, None]
+            q_j = jnp.exp(lq_rem - jnp.where(jnp.isfinite(lq_sum), lq_sum, 0.0)[:, None])
             r = jnp.where(rejected[:, None], _normalise(jnp.maximum(r - q_j, 0.0), r), r)
-            q_rem = jnp.where(rejected[:, None], q_rem.at[rows, tok].set(0.0), q_rem)
+            lq_rem = jnp.where(rejected[:, None], lq_rem.at[rows, tok].set(-jnp.inf), lq_rem)
         # Nothing accepted: a draw from the residual, matched against every child (sampled or not).
         x = draw(jax.random.fold_in(k_d, T), r)
         match = (tree.parents == cur[:, None]) & tree.valid & (tree.tokens == x[:, None]) & (tree.depth == d)

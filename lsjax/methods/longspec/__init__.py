@@ -4,7 +4,13 @@ from lsjax.methods.longspec.config import LongSpecOptions
 from lsjax.methods.registry import cached, register, register_kind
 
 
-@register("longspec", LongSpecOptions, help="the LongSpec draft model's tree", uses_draft=True)
+@register(
+    "longspec",
+    LongSpecOptions,
+    help="the LongSpec draft model's tree",
+    uses_draft=True,
+    describe_draft="lsjax.methods.longspec.checkpoint:draft_info",
+)
 def build(model, opts: LongSpecOptions, cache):
     from lsjax.methods.longspec.checkpoint import load_checked
 

@@ -77,6 +77,18 @@ def default_draft_path(model_path: str | Path) -> Path | None:
     return p if artifacts.has_weights(p, "longspec") else None
 
 
+def draft_info(opts) -> dict | None:
+    """`--json`'s "draft" field: the directory and its format ("lsjax": lsjax's own, "released": the authors'
+    layout and semantics, "random"); None for the shipped draft (the directory is found once the model loads)."""
+    from lsjax.methods.longspec.release import is_release
+
+    if opts.draft is None:
+        return None
+    if opts.draft == "random":
+        return {"dir": "random", "format": "random"}
+    return {"dir": str(opts.draft), "format": "released" if is_release(opts.draft) else "lsjax"}
+
+
 def load_longspec(model, draft: str | None, tree_spec: str | TreeConfig | None):
     """(drafter, DraftParams) for a loaded model (config, params, path): `draft` is a checkpoint directory,
     "random" (initialised from the target's last layer, untrained), or None (the shipped draft for this target).
@@ -91,8 +103,14 @@ def load_longspec(model, draft: str | None, tree_spec: str | TreeConfig | None):
             raise ModelNotFoundError(
                 f"no shipped LongSpec draft for {target_key(model.path)}; pass --draft DIR (or --draft random)"
             )
-        arrays, dcfg, meta = load_draft(path)
-        check_draft_fits(arrays, dcfg, model.config, str(path), meta.get("target", ""))
+        from lsjax.methods.longspec.release import is_release, read_release
+
+        if is_release(path):  # the authors' layout (sail/longspec-*), with its semantics
+            dcfg, arrays = read_release(path, model.config)
+            meta = {"format": "released"}
+        else:
+            arrays, dcfg, meta = load_draft(path)
+        check_draft_fits(arrays, dcfg, model.config, str(path), meta.get("target", ""), param_specs(model.config, dcfg))
         params = (
             DraftParams.from_arrays(arrays).in_dtype(model.config.dtype).with_vocab_head(model.params, model.config)
         )

@@ -50,14 +50,22 @@ class LongSpecDrafter(Drafter):
     name = "longspec"
 
     def check_params(self, draft_params, config: ModelConfig) -> str | None:
-        return weights_problem(draft_params, param_specs(config), "longspec")
+        return weights_problem(draft_params, param_specs(config, self.draft), "longspec")
+
+    @property
+    def ring_size(self) -> int:
+        """The ring's slots: the window, plus the widest queried frontier with `DraftConfig.frontier_window`
+        (whose queries see up to that many older keys)."""
+        if not self.draft.frontier_window:
+            return self.draft.window
+        return self.draft.window + max((1, *self.tree.widths)[: self.tree.depth])
 
     def init(self, ctx: DraftContext, state) -> RingCache:
-        """Fill the ring with the draft K/V of the last W prompt tokens (positions [P - W, P))."""
+        """Fill the ring with the draft K/V of the last W prompt tokens (positions [P - W, P); W the ring's size)."""
         params = DraftParams.of(ctx.draft_params).weights
         tokens, lengths = ctx.prompt_tokens, ctx.prompt_lengths
         B, P = tokens.shape
-        W = self.draft.window
+        W = self.ring_size
         n = min(W, P)
         start = jnp.maximum(lengths - W, 0)  # [B]
         idx = jnp.clip(start[:, None] + jnp.arange(n)[None], 0, P - 1)  # [B, n]
@@ -75,7 +83,14 @@ class LongSpecDrafter(Drafter):
         samples (`auto`'s shadow drafts price a sampled 1-node chain with it at T > 0)."""
         return self._propose(ctx, state, draft_state, key, root_q=True)
 
-    def _propose(self, ctx: DraftContext, state, draft_state: RingCache, key: jax.Array, root_q: bool):
+    def level_logits(self, ctx: DraftContext, state, draft_state: RingCache) -> list[jax.Array]:
+        """The draft's logits [B, w_d, Vd] at each queried level of the greedy tree `propose` builds (root first):
+        what parity tests compare with a reference implementation."""
+        levels = []
+        self._propose(ctx, state, draft_state, jax.random.key(0), root_q=False, record=levels)
+        return levels
+
+    def _propose(self, ctx: DraftContext, state, draft_state: RingCache, key: jax.Array, root_q: bool, record=None):
         dp = DraftParams.of(ctx.draft_params)
         params, vocab_ids = dp.weights, dp.vocab_ids
         cfg, tp = ctx.config, ctx.target_params
@@ -103,6 +118,10 @@ class LongSpecDrafter(Drafter):
             lo, w = offsets[d], widths[d]
             q_tokens = tokens[:, lo : lo + w]  # [B, w]
             pos = jnp.broadcast_to((n + d)[:, None], (B, w))
+            ring_lo = None
+            if self.draft.frontier_window:  # released: query i of w sees keys >= n - W - (w - i) at a tree step
+                extra = 0 if d == 0 else w - jnp.arange(w)
+                ring_lo = (n, jnp.broadcast_to((n - self.draft.window)[:, None] - extra, (B, w)))
             hidden = draft_step(
                 params,
                 tp,
@@ -118,8 +137,11 @@ class LongSpecDrafter(Drafter):
                 cache.v,
                 cache.lengths,
                 backend=ctx.backend,
+                ring_lo=ring_lo,
             )
             logits = draft_logits(dp, tp, cfg, hidden)  # [B, w, Vd]
+            if record is not None:
+                record.append(logits)
             w_next = widths[d + 1]
             if stochastic or (root_q and d == 0):
                 # q is the draft's distribution after the target's own penalty/temperature/top-k/top-p/min-p.

@@ -10,9 +10,12 @@
 Parameters (`param_specs`: a dict of weights in the target's dtype):
 
     self_norm [D]; self_wq [D, N, H]; self_wk, self_wv [D, K, H]; self_wo [N, H, D]
-    (+ self_bq [N, H], self_bk, self_bv [K, H] with config.qkv_bias)
-    cross_norm [D]; cross_wq [D, N, H]; cross_wo [N, H, D] (+ cross_bq [N, H] with qkv_bias)
-    mlp_norm [D]; w_gate, w_up [D, F]; w_down [F, D]; final_norm [D]
+    (+ self_bq [N, H], self_bk, self_bv [K, H] with q/k/v biases: the target's `qkv_bias`, or the draft's own)
+    cross_norm [D]; cross_wq [D, N, H]; cross_wo [N, H, D] (+ cross_bq [N, H] with biases)
+    mlp_norm [D]; w_gate, w_up [D, F]; w_down [F, D]; final_norm [D] (unless `DraftConfig.final_norm` is off)
+
+Which optional weights a draft has is its config's (`param_specs(config, draft)`); the functions below read them
+from the weights themselves (a bias or final norm present is applied), so one code path serves both.
 
 Random init, the draft loader's shape checks (`lsjax.methods.longspec.checkpoint`) and the sharding rules
 (`lsjax.sharding`) derive from that schema. At decode time the weights travel in a `DraftParams`
@@ -112,10 +115,14 @@ FROM_TARGET = {
 }
 
 
-def param_specs(config: ModelConfig) -> dict[str, ParamSpec]:
-    """The draft's parameter schema {name: ParamSpec} (module docstring). Random init, the loader's shape
-    checks and the sharding rules derive from it. The "normal" matrices come first, in the order random init
-    draws their keys."""
+def has_bias(config: ModelConfig, draft: DraftConfig | None) -> bool:
+    return config.qkv_bias if draft is None or draft.qkv_bias is None else draft.qkv_bias
+
+
+def param_specs(config: ModelConfig, draft: DraftConfig | None = None) -> dict[str, ParamSpec]:
+    """The draft's parameter schema {name: ParamSpec} (module docstring): `draft` says which optional weights it
+    has (None: lsjax's own layout). Random init, the loader's shape checks and the sharding rules derive from
+    it. The "normal" matrices come first, in the order random init draws their keys."""
     D, F, N, K, H, dt = (
         config.hidden_size,
         config.intermediate_size,
@@ -137,8 +144,9 @@ def param_specs(config: ModelConfig) -> dict[str, ParamSpec]:
     }
     specs = {name: ParamSpec(shape, dt, AXES[name]) for name, shape in shapes.items()}
     specs |= {name: ParamSpec((D,), dt, AXES[name], "ones") for name in ("self_norm", "cross_norm", "mlp_norm")}
-    specs["final_norm"] = ParamSpec((D,), dt, AXES["final_norm"], "ones")
-    if config.qkv_bias:
+    if draft is None or draft.final_norm:
+        specs["final_norm"] = ParamSpec((D,), dt, AXES["final_norm"], "ones")
+    if has_bias(config, draft):
         biases = {"self_bq": (N, H), "self_bk": (K, H), "self_bv": (K, H), "cross_bq": (N, H)}
         specs |= {name: ParamSpec(shape, dt, AXES[name], "zeros") for name, shape in biases.items()}
     return specs
@@ -171,27 +179,36 @@ def init_draft_params(
     if not from_target:
         if key is None:
             raise ValueError("init_draft_params(from_target=False) needs a PRNG key")
-        return random_draft_params(config, key)
+        return random_draft_params(config, key, draft=draft_config)
     if target_params is None:
         raise ValueError("init_draft_params(from_target=True) needs target_params")
     i = _layer_index(config, draft_config.init_from_target_layer)
     layer = {name: leaf[i] for name, leaf in target_params["layers"].items()}
     dtype = jnp.dtype(config.dtype)
 
-    def source(name: str):
-        return target_params["final_norm"] if name == "final_norm" else layer[FROM_TARGET[name]]
+    specs = param_specs(config, draft_config)
 
-    params = {name: jnp.array(source(name), dtype=dtype, copy=True) for name in param_specs(config)}
-    params["final_norm"] = params["final_norm"] * draft_config.init_head_scale
+    def source(name: str):
+        if name == "final_norm":
+            return target_params["final_norm"]
+        if FROM_TARGET[name] not in layer:  # a bias the draft has and the target does not (a released draft's)
+            return jnp.zeros(specs[name].shape)
+        return layer[FROM_TARGET[name]]
+
+    params = {name: jnp.array(source(name), dtype=dtype, copy=True) for name in specs}
+    if "final_norm" in params:
+        params["final_norm"] = params["final_norm"] * draft_config.init_head_scale
     if draft_config.zero_init_outputs:
         for name in ("self_wo", "cross_wo", "w_down"):
             params[name] = jnp.zeros_like(params[name])
     return params
 
 
-def random_draft_params(config: ModelConfig, key: jax.Array, scale: float = 0.02) -> dict:
+def random_draft_params(
+    config: ModelConfig, key: jax.Array, scale: float = 0.02, draft: DraftConfig | None = None
+) -> dict:
     """Random draft weights from `param_specs`: normal * scale for matrices, ones for norms, zeros for biases."""
-    specs = param_specs(config)
+    specs = param_specs(config, draft)
     normal = [name for name, s in specs.items() if s.init == "normal"]
     return init_from_specs(specs, dict(zip(normal, jax.random.split(key, len(normal)))), scale)
 
@@ -219,7 +236,8 @@ def draft_logits(
     p = DraftParams.of(draft_params)
     if vocab_ids is None:
         vocab_ids = p.vocab_ids if isinstance(draft_params, DraftParams) else None
-    h = rms_norm(hidden, p.weights["final_norm"], config.rms_norm_eps)
+    w = p.weights
+    h = rms_norm(hidden, w["final_norm"], config.rms_norm_eps) if "final_norm" in w else hidden
     if vocab_ids is not None and p.vocab_head is not None:  # gathered once at load (with_vocab_head)
         return head_logits(h, p.vocab_head).astype(jnp.float32)
     if config.tie_embeddings:
@@ -245,7 +263,7 @@ def _self_qkv(draft_params: dict, config: ModelConfig, x: jax.Array, cos, sin):
     q = jnp.einsum("btd,dnh->btnh", h, draft_params["self_wq"])
     k = jnp.einsum("btd,dkh->btkh", h, draft_params["self_wk"])
     v = jnp.einsum("btd,dkh->btkh", h, draft_params["self_wv"])
-    if config.qkv_bias:
+    if "self_bq" in draft_params:
         q, k, v = q + draft_params["self_bq"], k + draft_params["self_bk"], v + draft_params["self_bv"]
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
@@ -255,7 +273,7 @@ def _query(draft_params: dict, config: ModelConfig, x: jax.Array, cos, sin, part
     position (the cross-attention's target keys already are)."""
     h = rms_norm(x, draft_params[f"{part}_norm"], config.rms_norm_eps)
     q = jnp.einsum("btd,dnh->btnh", h, draft_params[f"{part}_wq"])
-    if config.qkv_bias:
+    if f"{part}_bq" in draft_params:
         q = q + draft_params[f"{part}_bq"]
     return apply_rope(q, cos, sin)
 
@@ -328,6 +346,16 @@ def draft_forward_train(
 # Inference mode
 
 
+def ring_positions(ring: RingCache, end: jax.Array) -> jax.Array:
+    """[B, S] the absolute position each ring slot holds when positions [0, end) [B] were written in order
+    (slot p % S keeps the last of them); -1 for a slot never written."""
+    S = ring.window
+    s = jnp.arange(S, dtype=jnp.int32)[None]
+    last = end[:, None] - 1
+    p = last - jnp.mod(last - s, S)
+    return jnp.where(p >= 0, p, -1)
+
+
 def draft_step(
     draft_params: dict,
     target_params: dict,
@@ -346,6 +374,7 @@ def draft_step(
     layer: int | None = None,
     backend: str = "auto",
     target_tail: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+    ring_lo: tuple[jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
     """The draft on T query tokens (a tree frontier): hidden [B, T, D] before the final norm.
 
@@ -358,7 +387,9 @@ def draft_step(
     target cache [L, B, K, S, H]: then `layer` (default the last) is read in
     place, with no copy of that layer. `target_tail` (k, v [B, Tt, K, H], mask [B, T, Tt]): more target keys,
     each query seeing those its mask allows, merged by LSE (queries at consecutive positions, each reading the
-    target cache up to its own position: `LongSpecDrafter.first_children`).
+    target cache up to its own position: `LongSpecDrafter.first_children`). `ring_lo` (n [B] the positions committed
+    to the ring, lo [B, T]): each query sees only the ring's keys at positions >= its lo
+    (`DraftConfig.frontier_window`); None: every filled slot.
     """
     del draft_config  # the window is the ring's size
     if target_k.ndim == 5 and layer is None:
@@ -366,7 +397,14 @@ def draft_step(
     cos, sin = _rope(config, positions)
     x = embed(target_params, tokens).astype(jnp.dtype(config.dtype))
     q = _query(draft_params, config, x, cos, sin, "self")
-    out_r, lse_r = attention.prefix_attention(q, ring.k, ring.v, ring.lengths, backend=backend)
+    if ring_lo is None:
+        out_r, lse_r = attention.prefix_attention(q, ring.k, ring.v, ring.lengths, backend=backend)
+    else:
+        n, lo = ring_lo
+        seen = ring_positions(ring, n)
+        mask = (seen[:, None, :] >= lo[:, :, None]) & (seen[:, None, :] >= 0)
+        k_r, v_r = ring.k.swapaxes(1, 2), ring.v.swapaxes(1, 2)
+        out_r, lse_r = attention.tree_attention(q, k_r, v_r, mask, backend=backend)
     out_t, lse_t = attention.tree_attention(q, tree_k, tree_v, tree_mask, backend=backend)
     o, _ = attention.merge_attention(out_r, lse_r, out_t, lse_t)
     x = x + jnp.einsum("btnh,nhd->btd", o, draft_params["self_wo"])
