@@ -11,6 +11,7 @@ from lsjax.methods.registry import register
     help="adaptive: per step, the candidate (AR, PLD, draft trees, hybrid) with the most expected tokens per "
     "second on this device",
     uses_draft=True,
+    describe_draft="lsjax.methods.auto.config:draft_info",
 )
 def build(model, opts: AutoOptions, cache):
     from lsjax.methods.auto.drafter import build_auto

@@ -164,3 +164,17 @@ class AutoOptions(LongSpecOptions):
             policy[k] = bool(v) if t == "bool" else int(v) if t == "int" else float(v)
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known}, policy=AutoPolicy(**policy))
+
+
+def draft_info(opts: AutoOptions) -> dict | None:
+    """`--json`'s "draft" field: the EAGLE-3 draft's (directory and layout) when auto runs one, else the
+    LongSpec draft's."""
+    from lsjax.methods.eagle3.checkpoint import draft_info as eagle3_info
+    from lsjax.methods.eagle3.checkpoint import is_eagle3_dir
+    from lsjax.methods.longspec.checkpoint import draft_info as longspec_info
+
+    if opts.eagle3:
+        return eagle3_info(dataclasses.replace(opts, draft=opts.eagle3))
+    if opts.draft not in (None, "random") and is_eagle3_dir(opts.draft):
+        return eagle3_info(opts)
+    return longspec_info(opts)

@@ -6,7 +6,11 @@ from lsjax.methods.registry import register
 
 
 @register(
-    "hybrid", HybridOptions, help="the draft's tree plus a prompt-lookup chain, verified together", uses_draft=True
+    "hybrid",
+    HybridOptions,
+    help="the draft's tree plus a prompt-lookup chain, verified together",
+    uses_draft=True,
+    describe_draft="lsjax.methods.longspec.checkpoint:draft_info",
 )
 def build(model, opts: HybridOptions, cache):
     from lsjax.methods.hybrid.drafter import HybridDrafter

@@ -9,6 +9,7 @@ from lsjax.methods.streams.config import NO_MESH, StreamsOptions
     StreamsOptions,
     help="Speculative Streaming: the verify forward's speculative streams draft the next tree",
     no_mesh=NO_MESH,
+    describe_draft="lsjax.methods.streams.checkpoint:draft_info",
 )
 def build(model, opts: StreamsOptions, cache):
     from lsjax.methods.streams.checkpoint import load_streams_drafter

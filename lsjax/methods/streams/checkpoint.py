@@ -63,6 +63,13 @@ def parse_stream_tree(spec) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
     return parse_tree(full).widths, (parse_tree(kept).widths if kept else None)
 
 
+def draft_info(opts) -> dict | None:
+    """`--json`'s "draft" field: the stream checkpoint given (lsjax's own format), None for the shipped one."""
+    if opts.draft is None:
+        return None
+    return {"dir": str(opts.draft), "format": "random" if opts.draft == "random" else "lsjax"}
+
+
 def load_streams_drafter(model, draft=None, num_streams=None, msa_layers=None, tree=None, streams_at="accepted"):
     """(drafter, stream params) for a loaded model: `draft` a checkpoint directory, "random" (untrained:
     lossless, accepts little) or None (the shipped checkpoint for this target)."""
