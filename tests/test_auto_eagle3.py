@@ -108,3 +108,24 @@ def test_one_draft_at_a_time():
     e3 = _setup()[3]
     with pytest.raises(ConfigError, match="one draft at a time"):
         AutoDrafter(longspec=LongSpecDrafter.__new__(LongSpecDrafter), eagle3=e3)
+
+
+def test_a_draft_directory_in_an_eagle3_layout_makes_auto_use_it(tmp_path):
+    """`--draft DIR` with auto: an EAGLE-3 directory (either layout, told apart by its config.json) gives the
+    e3 candidates and `--json` names its layout; `--eagle3 random` as well; both at once is one line."""
+    from lsjax.config import ConfigError
+    from lsjax.methods import registry
+    from lsjax.methods.auto.config import AutoOptions, draft_info
+    from lsjax.methods.eagle3.checkpoint import is_eagle3_dir, write_draft
+
+    config, params, _auto, e3, dp, *_ = _setup()
+    path = write_draft(tmp_path / "e3", e3.draft, jax.tree.map(np.asarray, dp), "speculators")
+    assert is_eagle3_dir(path) and not is_eagle3_dir(tmp_path)
+    model = type("Model", (), {"config": config, "params": params, "path": None})
+    drafter, adp = registry.build("auto", model, draft=str(path))
+    assert drafter.eagle3 is not None and drafter.longspec is None and "eagle3" in adp
+    assert draft_info(AutoOptions(draft=str(path))) == {"dir": str(path), "format": "speculators"}
+    drafter, _ = registry.build("auto", model, eagle3="random")
+    assert [c.name for c in drafter.candidates][-1] == "e3-tree"
+    with pytest.raises(ConfigError, match="give one draft"):
+        registry.build("auto", model, eagle3="random", draft=str(path))

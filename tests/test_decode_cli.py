@@ -161,6 +161,31 @@ def test_a_released_layout_longspec_draft_matches_ar(tmp_path):
 
 
 @pytest.mark.slow
+def test_released_tokenswift_heads_match_ar(tmp_path):
+    """TokenSwift heads for SmolLM2 (random, from its own head) written as the authors release them (the
+    `model.medusa_layers.*` of a full-model checkpoint): decode.py reads them, names the layout, and its greedy
+    output is AR's on the bundled prompt."""
+    import jax
+
+    from lsjax.loading import load_model
+    from lsjax.methods.tokenswift import model as th
+    from lsjax.methods.tokenswift.checkpoint import write_released
+
+    model = load_model()
+    params = jax.tree.map(jax.numpy.asarray, model.params)
+    hp = th.init_params(model.config, th.HeadsConfig(), params, key=jax.random.key(2))
+    draft = write_released(tmp_path / "release", hp, model.config.hidden_size, model.config.vocab_size)
+    proc = decode(
+        "--method", "tokenswift", "--draft", str(draft), "--max-new-tokens", "24", "--ignore-eos", "--compare", "ar",
+        "--json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["draft"] == {"dir": str(draft), "format": "tokenswift-release"}
+    assert out["identical_to_ar"] is True and out["new_tokens"] == 24
+
+
+@pytest.mark.slow
 def test_auto_with_an_eagle3_draft_matches_ar(tmp_path):
     """`--draft DIR` of an EAGLE-3 draft with the default method: auto's candidates are the draft's chains and
     tree beside AR and prompt lookup, and the output is AR's."""
