@@ -88,6 +88,17 @@ class SafetensorsDir:
         return self.where[name].get(name)
 
 
+def config_json(path) -> dict | None:
+    """A directory's config.json as a dict, or None (no file, unreadable, not a JSON object): for telling kinds
+    of checkpoint directories apart before reading any weights."""
+    f = Path(path) / "config.json"
+    try:
+        hf = json.loads(f.read_text()) if f.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return hf if isinstance(hf, dict) else None
+
+
 def config_from_hf(hf: dict, name: str = "model") -> ModelConfig:
     """A ModelConfig from an HF `config.json` dict (transformers 4.x and 5.x layouts)."""
     model_type = hf.get("model_type", "?")

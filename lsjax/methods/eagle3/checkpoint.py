@@ -27,7 +27,7 @@ import numpy as np
 from lsjax.config import ConfigError, ModelConfig
 from lsjax.errors import InputError, MissingTensorError, ModelNotFoundError, ShapeMismatchError, UnsupportedModelError
 from lsjax.loading.corrupt import reading
-from lsjax.loading.hf import SafetensorsDir, SafetensorsFile, config_from_hf
+from lsjax.loading.hf import SafetensorsDir, SafetensorsFile, config_from_hf, config_json
 from lsjax.loading.layout import numpy_dtype
 from lsjax.methods.eagle3 import model as em
 
@@ -311,14 +311,8 @@ def is_eagle3_dir(path) -> bool:
     """Whether a directory holds an EAGLE-3 draft in a published layout (read from its config.json alone: a
     `draft_vocab_size`, or speculators' eagle3 type), so that a method taking several kinds of drafts (`auto`)
     can tell them apart before reading weights."""
-    cfg = Path(path) / "config.json"
-    if not cfg.is_file():
-        return False
-    try:
-        hf = json.loads(cfg.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(hf, dict) and (
+    hf = config_json(path)
+    return hf is not None and (
         "draft_vocab_size" in hf or hf.get("speculators_model_type") == "eagle3" or "transformer_layer_config" in hf
     )
 

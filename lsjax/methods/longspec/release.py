@@ -28,6 +28,7 @@ import numpy as np
 from lsjax.config import DraftConfig, ModelConfig
 from lsjax.errors import MissingTensorError, ModelNotFoundError, ShapeMismatchError, UnsupportedModelError
 from lsjax.loading.corrupt import reading
+from lsjax.loading.hf import config_json
 from lsjax.loading.layout import numpy_dtype
 from lsjax.methods.longspec.model import param_specs
 
@@ -40,14 +41,8 @@ PREFIXES = ("", "glide.", "model.glide.", "model.")
 def is_release(path) -> bool:
     """Whether a directory holds a released draft: an HF config.json (lsjax's own drafts write theirs with a
     `draft_config`)."""
-    cfg = Path(path) / "config.json"
-    if not cfg.is_file():
-        return False
-    try:
-        hf = json.loads(cfg.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(hf, dict) and "model_type" in hf and "draft_config" not in hf
+    hf = config_json(path)
+    return hf is not None and "model_type" in hf and "draft_config" not in hf
 
 
 def _mapping(c: ModelConfig) -> dict[str, tuple[str, callable]]:
