@@ -56,6 +56,7 @@ def test_candidates_and_layout():
     assert auto.cost_names == tuple(names)  # no shadow entry: EAGLE-3's candidates are probed
 
 
+@pytest.mark.slow
 def test_every_candidate_forced_equals_ar_and_the_draft_alone():
     """Forced, each candidate emits AR's tokens; forcing e3-tree (or a chain) runs exactly the steps of the
     eagle3 method with that tree, so the draft's cache saw the same pairs through auto's path as on its own."""
@@ -71,6 +72,7 @@ def test_every_candidate_forced_equals_ar_and_the_draft_alone():
                 assert int(out.steps) < int(ar.steps)
 
 
+@pytest.mark.slow
 def test_the_policy_runs_the_draft_and_stays_lossless():
     *_, auto, e3, dp, _p, _g, ar, decode = _setup()
     adp = auto_params(auto, eagle3_params=dp, costs=np.asarray([1.0, 1.02, 1.04, 1.05, 1.08, 1.1], np.float32))

@@ -91,7 +91,7 @@ def _state(fx, r: int, kv, n: int):
     return types.SimpleNamespace(root=root, cache=KVCache(*kv, jnp.asarray([n], jnp.int32)))
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", pytest.param("qwen2", marks=pytest.mark.slow)])
 def test_draft_matches_the_authors_code(arch, tmp_path):
     """Three rounds of the authors' tree decoding (a 600-token prompt, so the 512-token window binds; beam tree
     2,3,3; after each round the root and 1-2 accepted nodes committed): the root's and every tree level's
@@ -160,7 +160,9 @@ def test_training_loss_matches_the_authors_training_forward(tmp_path):
     assert abs(loss(int(fx["train_lag"]) % 4 + 1) - want) > 3e-4 * abs(want)  # another lag: 7.7e-4 off
 
 
-@pytest.mark.parametrize("frontier", [True, False], ids=["released-window", "ring-window"])
+@pytest.mark.parametrize(
+    "frontier", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["released-window", "ring-window"]
+)
 def test_greedy_equals_ar_with_a_released_layout_draft(tmp_path, frontier):
     """A draft written in the released layout (the target's last layer, with the biases and without the final norm
     a released draft has) reads back to the same weights and decodes exactly AR's tokens, with an 8-token window

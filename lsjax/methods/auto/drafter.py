@@ -124,7 +124,8 @@ class AutoDrafter(PolicyRules, Drafter):
         key = self.sub_key
         if not isinstance(draft_params, dict) or key not in draft_params:
             return (
-                f"auto with a {sub.name} draft needs {{'{key}': the draft's params, 'costs': ...}} as "
+                f"auto with {'an EAGLE-3' if key == 'eagle3' else 'a LongSpec'} draft needs {{'{key}': the draft's "
+                "params, 'costs': ...} as "
                 f"registry.build('auto', ...) returns it, got {type(draft_params).__name__}"
             )
         problem = sub.check_params(draft_params[key], config)
