@@ -437,6 +437,7 @@ def main(argv=None, *, as_program: bool = False) -> int:
         "prefill_s": round(result.prefill_s, 3),
         "prefill_alongside_compile": result.prefill_alongside_compile,
         "bridged_steps": result.bridged_steps,
+        "declined_loads": result.declined_loads,
         # How each program this run used was made ready, and when the method's own decode program took over.
         "programs": programs_json(generator.program_log),
         "programs_compiled": sum(p.how == "compiled" for p in generator.program_log),

@@ -1,12 +1,14 @@
-"""How a warm `decode.py` start should load auto's split programs: only the groups auto asks for ("asked", the
-CPU default) or all of them, wanted first ("eager"), against `--method ar`; interleaved, same run, compilation
-and loading included (`$LSJAX_SPLIT_LOAD`, `lsjax.engine.host.SplitDecode`).
+"""How a warm `decode.py` start should load auto's split programs: the groups auto asks for where running them
+pays for loading them ("priced", the CPU default), every group it asks for ("asked") or all of them, wanted first
+("eager"), against `--method ar`; interleaved, same run, compilation and loading included (`$LSJAX_SPLIT_LOAD`,
+`lsjax.engine.host.SplitDecode`).
 
 Per prompt: one start on a sibling prompt of the same width fills each method's caches (programs and the
 width's cost profile), then `--rounds` rounds of warm starts on the prompt itself, the order rotating. One JSON
 line per run, then per prompt and variant the median wall seconds to the last token and its ratio to AR's.
 
-    python scripts/split_load_ab.py [--suite dev] [--buckets 1K-2K 2K-4K] [--tasks code] [--rounds 2] [--json F]
+    python scripts/split_load_ab.py [--suite dev] [--buckets 1K-2K 2K-4K] [--tasks code] [--rounds 2]
+        [--variants priced asked eager ar] [--json F]
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-VARIANTS = {"asked": ("auto", "asked"), "eager": ("auto", "eager"), "ar": ("ar", "")}
+VARIANTS = {"priced": ("auto", "priced"), "asked": ("auto", "asked"), "eager": ("auto", "eager"), "ar": ("ar", "")}
 
 
 def main(argv=None) -> int:
@@ -37,10 +39,12 @@ def main(argv=None) -> int:
     p.add_argument("--tasks", nargs="+", default=["code"], choices=TASKS)
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=["priced", "asked", "ar"])
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
     rows = []
+    names = list(dict.fromkeys([*args.variants, "ar"]))
     with tempfile.TemporaryDirectory(prefix="lsjax-split-load-") as tmp:
         work = Path(tmp)
         tok = load_model().tokenizer
@@ -51,9 +55,8 @@ def main(argv=None) -> int:
             sibling.write_text(pr.text[len(pr.text) // 20 :])
             for method in ("auto", "ar"):  # both auto variants share one cache: the same programs and profile
                 decode_py(sibling, method, args.max_new_tokens, work / method / "c", work / method / "p")
-            names = list(VARIANTS)
             for r in range(args.rounds):
-                for name in names[r % 3 :] + names[: r % 3]:
+                for name in names[r % len(names) :] + names[: r % len(names)]:
                     method, how = VARIANTS[name]
                     os.environ[LOAD_ENV] = how
                     row = decode_py(f, method, args.max_new_tokens, work / method / "c", work / method / "p")
@@ -64,11 +67,11 @@ def main(argv=None) -> int:
     for i in sorted({r["prompt"] for r in rows}):
         wall = {
             v: statistics.median(r["last_token_s"] for r in rows if r["prompt"] == i and r["variant"] == v)
-            for v in VARIANTS
+            for v in names
         }
         summary.append(
             {"prompt": i, **{f"{v}_last_token_s": w for v, w in wall.items()}}
-            | {f"{v}_vs_ar": round(wall[v] / wall["ar"], 3) for v in ("asked", "eager")}
+            | {f"{v}_vs_ar": round(wall[v] / wall["ar"], 3) for v in names if v != "ar"}
         )
         print(json.dumps(summary[-1]), flush=True)
     if args.json:

@@ -425,6 +425,7 @@ def _priced_out(drafter):
     return run(params, config, repetitive_prompts(), gen, drafter, draft_params=dp)
 
 
+@pytest.mark.slow  # ~1.5 min; tests/test_split_decode.py's "stretches" runs stretches against the single program
 def test_ar_stretches_leave_output_and_draft_state_as_every_step_does():
     """An all-AR run with stretches (inner loops of plain AR steps, the sub-drafters caught up once after each)
     emits AR's tokens and ends with the prompt-lookup history and the draft's ring of a run without them

@@ -93,6 +93,15 @@ def check(tmp_path: Path, selection: str, arch: str = "llama") -> list[dict]:
     return cells
 
 
+def test_the_default_on_a_mesh_with_its_profile(tmp_path):
+    """The default method on a 2-way mesh (issue 56's crash), its cost profile measured there and on one device,
+    and a method with a draft of its own on the mesh."""
+    cells = check(tmp_path, "longspec:mesh,auto:profile,auto:mesh-profile")
+    assert {(c["method"], c["mode"]) for c in cells} >= {("auto", "mesh-profile"), ("longspec", "mesh")}
+    _profiles_keyed_by_mesh(tmp_path)
+
+
+@pytest.mark.slow  # ~7 min: every method on the mesh and the default in every mode
 def test_every_method_on_a_mesh_and_the_default_in_every_mode(tmp_path):
     # auto's mesh cell is its mesh-profile one (a mesh run measures its profile unless it is cached).
     on_mesh = ",".join(f"{m}:mesh" for m in registry.names() if m != "auto")
@@ -100,6 +109,10 @@ def test_every_method_on_a_mesh_and_the_default_in_every_mode(tmp_path):
     methods = {c["method"] for c in cells if c["mode"].startswith("mesh")}
     assert methods == set(registry.names())  # read from the registry: a method added later is in the matrix
     assert {c["mode"] for c in cells if c["method"] == "auto"} >= {"profile", "mesh-profile", "sampled", "compare"}
+    _profiles_keyed_by_mesh(tmp_path)
+
+
+def _profiles_keyed_by_mesh(tmp_path):
     # The profile is keyed by the mesh: one file for one device, another for the mesh, neither read for the other.
     profiles = sorted(p.name for p in (tmp_path / "profiles").glob("*.json"))
     on_mesh = [p for p in profiles if "_mesh_model_2_data_1--" in p]

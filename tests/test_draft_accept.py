@@ -131,6 +131,7 @@ def test_greedy_chain_estimates_are_what_a_chain_proposal_accepts(setup):
     assert (bad[full] != 1.0 + accepted[full]).any()
 
 
+@pytest.mark.slow  # ~45 s
 def test_sampled_estimate_is_the_overlap_of_p_and_the_roots_q(setup):
     """T > 0: `sampled` is sum_x min(p, q) with q the draft's processed distribution at the root (as
     `propose_with_root_q` gives it) and p the target's at that temperature; `match` is p at q's argmax."""

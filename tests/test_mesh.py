@@ -139,6 +139,7 @@ def test_mesh_equals_one_device_deep_accepts():
     assert rows[0]["tau"] > 2.0
 
 
+@pytest.mark.slow  # ~40 s; Qwen3 on a mesh also runs in tests/test_decode_matrix.py's slow qwen3 matrix
 def test_mesh_equals_one_device_qwen3():
     """A Qwen3-shaped target (per-head q/k RMSNorm) split four ways: every token equals the one-device run."""
     _assert_lossless(_mesh_run("greedy", 4, "qwen3", "model=4", "oracle"), ["oracle"])

@@ -63,7 +63,9 @@ def _positional(program):
 
 
 @pytest.mark.parametrize(
-    ("gen", "costs"), [(GREEDY, CHEAP), (GREEDY, PRICED_OUT), (SAMPLED, CHEAP)], ids=["switching", "stretches", "T=1"]
+    ("gen", "costs"),
+    [(GREEDY, CHEAP), (GREEDY, PRICED_OUT), pytest.param(SAMPLED, CHEAP, marks=pytest.mark.slow)],  # T=1: ~1.5 min
+    ids=["switching", "stretches", "T=1"],
 )
 def test_split_programs_run_the_steps_of_the_single_program(gen, costs):
     config, params, ls, spec, state, programs = _setup(gen)
@@ -141,6 +143,7 @@ def test_ready_params_refuse_a_mask_without_ar():
     assert ARDrafter().ready_params((), np.ones(1, bool)) is None  # a drafter without a choice cannot restrict
 
 
+@pytest.mark.slow  # ~1 min
 def test_a_drafter_without_stretches_splits_too():
     """AR's group without the stretch branch (`AutoPolicy(stretch=0)`: `next_unit` never says STRETCH)."""
     from lsjax.methods.auto.drafter import AutoPolicy
@@ -167,7 +170,7 @@ def test_a_group_never_made_is_never_chosen():
     np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out))
 
 
-def _lazy(gen, costs, partial):
+def _lazy(gen, costs, partial, priced=False):
     """A split decode that makes each group's program only when asked for (`eager=False`), recording which."""
     config, params, ls, spec, state, programs = _setup(gen)
     made = []
@@ -178,7 +181,7 @@ def _lazy(gen, costs, partial):
         return progs[g]
 
     futures = [concurrent.futures.Future() for _ in progs]
-    split = SplitDecode(SMALL, futures, partial=partial, make=make, eager=False)
+    split = SplitDecode(SMALL, futures, partial=partial, make=make, eager=False, priced=priced)
     return split, made, params, auto_params(SMALL, ls, costs), spec, state
 
 
@@ -224,16 +227,33 @@ def test_a_partial_split_loads_what_the_drafter_wants_while_ar_bridges():
     np.testing.assert_array_equal(np.asarray(again.out), np.asarray(ref.out))
 
 
+def test_a_priced_split_loads_a_group_only_where_it_pays():
+    """`priced`: with programs that are made at once every group the drafter wants pays; with programs that take
+    an hour to make none does, and the run keeps to the groups it has (AR's) with AR's tokens."""
+    config, _ = tiny_model()
+    split, made, params, dp, spec, state = _lazy(GREEDY, CHEAP, partial=True, priced=True)
+    ref = run(params, config, repetitive_prompts(), GREEDY, ARDrafter())
+    out = split(params, dp, state(), 1000)
+    np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out))
+    assert len(made) >= 2 and split.declined == 0 and split.restricted_steps > 0
+
+    split, made, params, dp, spec, state = _lazy(GREEDY, CHEAP, partial=True, priced=True)
+    split._make_s.append(3600.0)
+    out = split(params, dp, state(), 1000)
+    np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out))
+    assert made == [0] and split.declined > 0 and split.restricted_steps == 0
+    assert np.asarray(out.draft.policy.uses)[1:].sum() == 0
+
+
 def test_split_load_env(monkeypatch):
-    from lsjax.engine.host import LOAD_ENV, _load_eagerly
+    from lsjax.engine.host import LOAD_ENV, split_loading
     from lsjax.errors import LsjaxError
 
     monkeypatch.delenv(LOAD_ENV, raising=False)
-    assert _load_eagerly(stored=False) and not _load_eagerly(stored=True)  # on a CPU: compiling, loading
-    monkeypatch.setenv(LOAD_ENV, "eager")
-    assert _load_eagerly(stored=True)
-    monkeypatch.setenv(LOAD_ENV, "asked")
-    assert not _load_eagerly(stored=False)
+    assert split_loading(stored=False) == "eager" and split_loading(stored=True) == "priced"  # on a CPU
+    for how in ("eager", "asked", "priced"):
+        monkeypatch.setenv(LOAD_ENV, how)
+        assert split_loading(stored=True) == how == split_loading(stored=False)
     monkeypatch.setenv(LOAD_ENV, "lazy")
-    with pytest.raises(LsjaxError, match=r"LSJAX_SPLIT_LOAD: expected 'asked' or 'eager', got 'lazy'"):
-        _load_eagerly(stored=True)
+    with pytest.raises(LsjaxError, match=r"LSJAX_SPLIT_LOAD: expected one of priced, asked, eager, got 'lazy'"):
+        split_loading(stored=True)

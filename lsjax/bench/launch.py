@@ -40,6 +40,7 @@ FIELDS = (
     "programs_compiled",
     "programs_loaded",
     "bridged_steps",
+    "declined_loads",
     "new_tokens",
     "mean_accepted",
 )

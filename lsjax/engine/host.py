@@ -59,6 +59,9 @@ class GenerationResult:
     # Steps a split decode ran with the drafter restricted to the groups loaded so far while it wanted another
     # (`SplitDecode`: AR, or a smaller tree, bridging); they are part of decode_s and target_forwards.
     bridged_steps: int = 0
+    # Times a split decode did not load a group its drafter wanted: what the group would save over the tokens
+    # left did not pay for loading it (`SplitDecode.priced`).
+    declined_loads: int = 0
     # `time.perf_counter()` when the speculative program could first run as it would with everything loaded
     # (after its host tuning; for a split decode, after the last step the drafter ran restricted): "seconds
     # until the speculative program is in use" (`decode.py --json`).
@@ -129,17 +132,21 @@ def group_name(drafter: Drafter, group: int) -> str:
     return f"decode-{drafter.step_variants()[variant_groups(drafter)[group][0]].num_nodes}n"
 
 
-LOAD_ENV = "LSJAX_SPLIT_LOAD"  # "asked" or "eager": how a split decode loads its groups (for A/B timing)
+LOAD_ENV = "LSJAX_SPLIT_LOAD"  # "priced", "asked" or "eager": how a split decode loads its groups (for A/B timing)
+LOADINGS = ("priced", "asked", "eager")
 
 
-def _load_eagerly(stored: bool) -> bool:
-    """Whether a split decode makes every group, not only those its drafter asks for (`SplitDecode`): when
-    compiling (the next start loads them), and beside an accelerator (a host thread the device does not wait
-    for); `$LSJAX_SPLIT_LOAD` ("asked", "eager") overrides, to time one against the other."""
+def split_loading(stored: bool) -> str:
+    """How a split decode makes its groups (`SplitDecode`): "eager", every group, when compiling (the next start
+    loads them) and beside an accelerator (a host thread the device does not wait for); else "priced", the groups
+    the drafter asks for where running them pays for loading them ("asked": every group it asks for).
+    `$LSJAX_SPLIT_LOAD` overrides, to time one against another."""
     how = os.environ.get(LOAD_ENV, "")
-    if how not in ("", "asked", "eager"):
-        raise LsjaxError(f"${LOAD_ENV}: expected 'asked' or 'eager', got {how!r}")
-    return how == "eager" or (not how and (not stored or compiler_beside_device()))
+    if how and how not in LOADINGS:
+        raise LsjaxError(f"${LOAD_ENV}: expected one of {', '.join(LOADINGS)}, got {how!r}")
+    if how:
+        return how
+    return "eager" if not stored or compiler_beside_device() else "priced"
 
 
 def _pending(program) -> bool:
@@ -174,7 +181,13 @@ class SplitDecode:
 
     With `partial`, a call runs the drafter restricted to the groups ready so far (`Drafter.ready_params`),
     looking again every `poll` steps; else it waits for each group it has to run (the choices, and so the
-    output, never depend on what has loaded when)."""
+    output, never depend on what has loaded when).
+
+    With `priced` (and `partial`), a group the drafter wants is asked for only where what running it would save
+    over the tokens left pays for making it: the drafter's own rates (`Drafter.choice_rates`: the wanted
+    variant's against the best ready one's) at this run's seconds per token so far, against the seconds the
+    groups made so far took each, which on a CPU are taken from the decode's cores. A prompt where the
+    drafter's best tree beats AR by 10% over the last 60 tokens does not load a program for it."""
 
     poll = 8  # steps between looks at what has loaded, while something may still load
 
@@ -186,6 +199,7 @@ class SplitDecode:
         make: Callable[[int], object] | None = None,
         order: list[int] | None = None,
         eager: bool = True,
+        priced: bool = False,
     ):
         self.drafter = drafter
         self.groups = variant_groups(drafter)
@@ -203,6 +217,10 @@ class SplitDecode:
         self._make = make
         self.order = list(order) if order is not None else list(range(len(self.programs)))
         self.eager = eager
+        self.priced = priced
+        self.declined = 0  # times a wanted group was not asked for: its load would cost more than it saves
+        self._make_s: list[float] = []  # seconds each program made in the background took
+        self._pace = [0.0, 0]  # [seconds, tokens] of this run's calls so far (`priced`)
         self._asked: list[int] = []  # groups asked for, made first come first served
         self._taken: set[int] = set()  # groups the background thread has begun to make
         self._lock = threading.Lock()
@@ -264,7 +282,10 @@ class SplitDecode:
                     return
                 self._taken.add(g)
             try:
-                self.programs[g].set_result(self._make(g))
+                t = time.perf_counter()
+                program = self._make(g)
+                self._make_s.append(time.perf_counter() - t)
+                self.programs[g].set_result(program)
             except BaseException as e:  # raised where the program is waited for  # noqa: BLE001
                 self.programs[g].set_exception(e)
                 self._give_up(e)
@@ -311,27 +332,58 @@ class SplitDecode:
             self._params = {key: (draft_params, draft_params if restricted is None else restricted)}
         return self._params[key][1]
 
+    def _pays(self, g: int, left: int, rates: np.ndarray, ready: np.ndarray, wanted: int) -> bool:
+        """Whether making group g (for variant `wanted`) saves more seconds over the `left` tokens than it
+        costs (`priced`); yes where anything it needs is unknown."""
+        if not self.priced or not self._make_s or self._pace[1] == 0:
+            return True
+        usable = ready & np.isfinite(rates)
+        best = float(np.max(rates[usable])) if usable.any() else 0.0
+        if not (best > 0 and np.isfinite(rates[wanted])):
+            return True
+        make_s = float(np.mean(self._make_s))
+        per_token = self._pace[0] / self._pace[1]
+        left_after = left - make_s / per_token  # the tokens still to come once it is made
+        saved = left_after * per_token * (1.0 - best / float(rates[wanted]))
+        return saved > make_s
+
     def __call__(self, params, draft_params, state, step_limit):
         from lsjax.engine.step import PLAN
 
         limit = int(step_limit)
         nxt, fresh, steps = PLAN, True, int(state.steps)
         every = np.ones(len(self.group_of), bool)
+        left_before = None
+        if self.priced and self.partial:  # the pace counts from here
+            live = ~np.asarray(state.done)
+            left_before = int(np.max(np.where(live, np.asarray(state.limit) - np.asarray(state.num_out), 0)))
         while True:
             watch = self.partial and not self.complete  # a group may still come: look again every `poll` steps
             ready = self.ready() if self.partial else every
             g = 0 if nxt < 0 else int(self.group_of[nxt])
             bound = min(limit, steps + self.poll) if watch else limit
             dp = self._restricted(draft_params, ready)
-            before = steps
-            state, info = self._program(g)(params, dp, state, jnp.int32(nxt), jnp.bool_(fresh), jnp.int32(bound))
-            nxt, fresh, over, steps, wanted = (int(x) for x in np.asarray(info))
+            before, program = steps, self._program(g)
+            t = time.perf_counter()
+            state, info, rates = program(params, dp, state, jnp.int32(nxt), jnp.bool_(fresh), jnp.int32(bound))
+            nxt, fresh, over, steps, wanted, left = (int(x) for x in np.asarray(info))
             fresh = bool(fresh)
-            if wanted >= 0 and not ready[wanted]:  # the drafter chose among the ready groups only
-                self.restricted_steps += steps - before
-                self.restricted_until = time.perf_counter()
-            if wanted >= 0 and not over:
-                self.request(int(self.group_of[wanted]))  # made beside the decode, if not yet
+            if left_before is not None and left_before > left:
+                self._pace[0] += time.perf_counter() - t
+                self._pace[1] += left_before - left
+            left_before = left
+            if wanted >= 0 and not ready[wanted]:
+                wanted_g = int(self.group_of[wanted])
+                if not over and self._to_make(wanted_g) and wanted_g not in self._asked:
+                    if self._pays(wanted_g, left, np.asarray(rates), ready, wanted):
+                        self.request(wanted_g)  # made beside the decode
+                    else:
+                        self.declined += 1
+                if not self._to_make(wanted_g) or wanted_g in self._asked:  # it is coming: AR bridged these steps
+                    self.restricted_steps += steps - before
+                    self.restricted_until = time.perf_counter()
+            elif wanted >= 0 and not over:
+                self.request(int(self.group_of[wanted]))  # (not `partial`: made before a call needs it)
             if fresh and (over or steps >= limit):
                 return state
 
@@ -474,13 +526,15 @@ class Generator:
             # device does not wait for), also the rest, smallest trees first: the cheapest steps are the ones a
             # CPU runs most (ls-chain1 on prose). On a CPU a group nobody asks for is never read from disk.
             order = sorted(range(len(names)), key=lambda g: drafter.step_variants()[groups[g][0]].num_nodes)
+            loading = split_loading(stored)
             split = SplitDecode(
                 drafter,
                 [concurrent.futures.Future() for _ in names],
                 self.partial(gen),
                 make=lambda g: build(names[g], lowers[g]),
                 order=order,
-                eager=_load_eagerly(stored),
+                eager=loading == "eager",
+                priced=loading == "priced",
             )
             split.from_disk = stored
             self._compiled[sig] = (start, split, drafter)
@@ -651,7 +705,7 @@ class Generator:
         aside = time.perf_counter() - aside
         decode_at = time.perf_counter()
         if split is not None:
-            split.restricted_until, restricted = None, split.restricted_steps
+            split.restricted_until, restricted, declined = None, split.restricted_steps, split.declined
 
         if on_tokens is None:
             state = decode(self.params, draft_params, state, jnp.int32(gen.max_new_tokens))
@@ -664,8 +718,9 @@ class Generator:
                 limit += stream_every
                 state = decode(self.params, draft_params, state, jnp.int32(limit))
         jax.block_until_ready(state.num_out)
-        bridged = 0
+        bridged = declined_loads = 0
         if split is not None:
+            declined_loads = split.declined - declined
             # Waiting for a group (a forced one, or one a call that cannot run restricted must run) is loading.
             compile_s += split.waited - waited
             aside += split.waited - waited
@@ -687,6 +742,7 @@ class Generator:
             prefill_s=prefill_s,
             prefill_alongside_compile=alongside,
             bridged_steps=bridged,
+            declined_loads=declined_loads,
             decode_program_at=decode_at,
             first_token_at=first_token_at,
             decode_s=decode_s,

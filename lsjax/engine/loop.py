@@ -224,21 +224,29 @@ def decode_pinned(state_shardings):
 def group_decode_jit(target_params, draft_params, spec: SpecConfig, state, nxt, fresh, step_limit, group: int):
     """One node-count group's share of a switched drafter's decode loop (`step.group_loop`): a program as small
     as one method's, so the host loads the groups one by one and switches between them (`SplitDecode`).
-    Returns (state, [nxt, fresh, every row done, steps, wanted] int32): what the host needs, in one transfer.
-    `wanted`: the variant the drafter would choose now with every group loaded (-1 for a drafter whose choice
-    cannot be restricted), so that the host loads the group the drafter asks for next."""
+    Returns (state, [nxt, fresh, every row done, steps, wanted, tokens left] int32, rates [V] float32): what the
+    host needs. `wanted`: the variant the drafter would choose now with every group loaded (-1 for a drafter
+    whose choice cannot be restricted), so that the host loads the group the drafter asks for next; `tokens
+    left`: the most any live row may still emit; `rates`: `Drafter.choice_rates` with every group loaded (ones
+    where the drafter has none), so that the host can price a load against what it would save."""
     drafter = spec.drafter
+    V = len(drafter.step_variants())
     with mesh_lib.scope(spec.mesh):
         ctx = context(target_params, draft_params, spec.model, spec.gen, state.cache.capacity, spec.backend)
         state, nxt, fresh = group_loop(ctx, drafter, spec.gen, state, nxt, fresh, step_limit, group)
-        every = drafter.ready_params(draft_params, np.ones(len(drafter.step_variants()), bool))
+        every = drafter.ready_params(draft_params, np.ones(V, bool))
+        rates = None
         if every is None:
             wanted = jnp.int32(-1)
         else:
             unrestricted = context(target_params, every, spec.model, spec.gen, state.cache.capacity, spec.backend)
             wanted = drafter.choose(unrestricted, state).astype(jnp.int32)
-        info = jnp.stack([nxt, fresh.astype(jnp.int32), jnp.all(state.done).astype(jnp.int32), state.steps, wanted])
-        return state, info
+            rates = drafter.choice_rates(unrestricted, state)
+        rates = jnp.ones((V,), jnp.float32) if rates is None else jnp.asarray(rates, jnp.float32)
+        left = jnp.max(jnp.where(state.done, 0, state.limit - state.num_out)).astype(jnp.int32)
+        done = jnp.all(state.done).astype(jnp.int32)
+        info = jnp.stack([nxt, fresh.astype(jnp.int32), done, state.steps, wanted, left])
+        return state, info, rates
 
 
 def decode(target_params, draft_params, config, drafter=None, gen=None, state=None, step_limit=None, backend="auto"):

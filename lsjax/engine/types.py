@@ -192,6 +192,13 @@ class Drafter:
     def root_logp_wanted(self, ctx: DraftContext, state) -> jax.Array | bool:
         return False
 
+    def choice_rates(self, ctx: DraftContext, state) -> jax.Array | None:
+        """[V] float32: each variant's expected tokens per unit of time as `choose` weighs them (-inf where none
+        can run; any unit, only ratios are read), for the host to price loading a variant's program against
+        what running it would save (`lsjax.engine.host.SplitDecode`). None (the default): unknown, and the
+        host loads whatever `choose` wants."""
+        return None
+
     def ready_params(self, draft_params, ready) -> Any:
         """Draft params under which `choose` picks only the variants `ready` ([V] bool; the first is) marks:
         the host decodes with a switched drafter while the programs of its other variants still load

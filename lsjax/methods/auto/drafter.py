@@ -303,6 +303,13 @@ class AutoDrafter(PolicyRules, Drafter):
         active = (~state.done).astype(jnp.float32)
         return self.decide(ds.policy, self._costs(ctx), n, avail, active, state.steps, _ready(ctx))
 
+    def choice_rates(self, ctx: DraftContext, state) -> jax.Array:
+        """`Drafter.choice_rates`: the policy's expected tokens per second of every candidate (no optimism)."""
+        ds: AutoState = state.draft
+        n, _, avail = ds.match
+        active = (~state.done).astype(jnp.float32)
+        return self._scores(self._costs(ctx), ds.policy, n, avail, active)
+
     def ready_params(self, draft_params, ready) -> dict:
         """`Drafter.ready_params`: `ready` rides in the params (`draft_params["ready"]`), so the same programs
         serve every mask."""
