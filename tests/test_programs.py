@@ -258,9 +258,12 @@ def test_a_split_decode_runs_with_the_groups_loaded_so_far_and_takes_the_rest_as
     """A second start of `auto`: its first group (AR's) loads before decoding, the other group's program loads
     on a host thread once auto asks for it (held here until 3 tokens have streamed); auto runs on AR meanwhile,
     then uses it. Greedy output equals AR's; every step is counted as one candidate's."""
+    from lsjax.engine.host import LOAD_ENV
     from lsjax.methods.auto.drafter import AutoDrafter, auto_params
 
     monkeypatch.setenv("LSJAX_PROFILE_DIR", str(tmp_path / "profiles"))
+    # Every group asked for is loaded: a tiny model's 40 tokens would not pay for a load (`priced`).
+    monkeypatch.setenv(LOAD_ENV, "asked")
     config, params = tiny_model()
     drafter = dataclasses.replace(AutoDrafter(pld_tokens=(3,)), cost_profile="prior")
     ids = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]

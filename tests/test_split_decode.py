@@ -238,11 +238,20 @@ def test_a_priced_split_loads_a_group_only_where_it_pays():
     assert len(made) >= 2 and split.declined == 0 and split.restricted_steps > 0
 
     split, made, params, dp, spec, state = _lazy(GREEDY, CHEAP, partial=True, priced=True)
-    split._make_s.append(3600.0)
+    split._make_s[-1] = 3600.0  # as if a program had taken an hour to make
     out = split(params, dp, state(), 1000)
     np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out))
     assert made == [0] and split.declined > 0 and split.restricted_steps == 0
     assert np.asarray(out.draft.policy.uses)[1:].sum() == 0
+
+
+def test_a_load_is_priced_by_the_size_of_its_program():
+    n = len(variant_groups(SMALL))
+    split = SplitDecode(SMALL, [object()] * n, partial=True, priced=True, sizes=[10_000_000] + [4_000_000] * (n - 1))
+    split._make_s = {0: 3.0}  # AR's group, 10 MB, in 3 s
+    assert split._make_estimate(1) == pytest.approx(1.2)
+    split.sizes = None
+    assert split._make_estimate(1) == 3.0  # unknown sizes: as long as those made so far took
 
 
 def test_split_load_env(monkeypatch):

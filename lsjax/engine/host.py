@@ -186,7 +186,8 @@ class SplitDecode:
     With `priced` (and `partial`), a group the drafter wants is asked for only where what running it would save
     over the tokens left pays for making it: the drafter's own rates (`Drafter.choice_rates`: the wanted
     variant's against the best ready one's) at this run's seconds per token so far, against the seconds the
-    groups made so far took each, which on a CPU are taken from the decode's cores. A prompt where the
+    groups made so far took per byte of their stored programs (`sizes`; else each), which on a CPU are taken
+    from the decode's cores. A prompt where the
     drafter's best tree beats AR by 10% over the last 60 tokens does not load a program for it."""
 
     poll = 8  # steps between looks at what has loaded, while something may still load
@@ -200,6 +201,7 @@ class SplitDecode:
         order: list[int] | None = None,
         eager: bool = True,
         priced: bool = False,
+        sizes: list[int | None] | None = None,
     ):
         self.drafter = drafter
         self.groups = variant_groups(drafter)
@@ -219,7 +221,8 @@ class SplitDecode:
         self.eager = eager
         self.priced = priced
         self.declined = 0  # times a wanted group was not asked for: its load would cost more than it saves
-        self._make_s: list[float] = []  # seconds each program made in the background took
+        self._make_s: dict[int, float] = {}  # group -> seconds its program took to make in the background
+        self.sizes = sizes  # bytes of each group's stored program (None: unknown), to price its load
         self._pace = [0.0, 0]  # [seconds, tokens] of this run's calls so far (`priced`)
         self._asked: list[int] = []  # groups asked for, made first come first served
         self._taken: set[int] = set()  # groups the background thread has begun to make
@@ -284,7 +287,7 @@ class SplitDecode:
             try:
                 t = time.perf_counter()
                 program = self._make(g)
-                self._make_s.append(time.perf_counter() - t)
+                self._make_s[g] = time.perf_counter() - t
                 self.programs[g].set_result(program)
             except BaseException as e:  # raised where the program is waited for  # noqa: BLE001
                 self.programs[g].set_exception(e)
@@ -332,6 +335,14 @@ class SplitDecode:
             self._params = {key: (draft_params, draft_params if restricted is None else restricted)}
         return self._params[key][1]
 
+    def _make_estimate(self, g: int) -> float:
+        """Seconds group g's program will take to make: at the seconds per byte of those made so far where the
+        sizes are known (AR's group is the largest and loads beside the prefill), else as long as they took."""
+        sized = [h for h in self._make_s if self.sizes and self.sizes[h]]
+        if self.sizes and self.sizes[g] and sized:
+            return self.sizes[g] * sum(self._make_s[h] for h in sized) / sum(self.sizes[h] for h in sized)
+        return float(np.mean(list(self._make_s.values())))
+
     def _pays(self, g: int, left: int, rates: np.ndarray, ready: np.ndarray, wanted: int) -> bool:
         """Whether making group g (for variant `wanted`) saves more seconds over the `left` tokens than it
         costs (`priced`); yes where anything it needs is unknown."""
@@ -341,7 +352,7 @@ class SplitDecode:
         best = float(np.max(rates[usable])) if usable.any() else 0.0
         if not (best > 0 and np.isfinite(rates[wanted])):
             return True
-        make_s = float(np.mean(self._make_s))
+        make_s = self._make_estimate(g)
         per_token = self._pace[0] / self._pace[1]
         left_after = left - make_s / per_token  # the tokens still to come once it is made
         saved = left_after * per_token * (1.0 - best / float(rates[wanted]))
@@ -374,12 +385,13 @@ class SplitDecode:
             left_before = left
             if wanted >= 0 and not ready[wanted]:
                 wanted_g = int(self.group_of[wanted])
-                if not over and self._to_make(wanted_g) and wanted_g not in self._asked:
+                if not over and self._make is not None and self._to_make(wanted_g) and wanted_g not in self._asked:
                     if self._pays(wanted_g, left, np.asarray(rates), ready, wanted):
                         self.request(wanted_g)  # made beside the decode
                     else:
                         self.declined += 1
-                if not self._to_make(wanted_g) or wanted_g in self._asked:  # it is coming: AR bridged these steps
+                # It is coming (made here, or by whoever gave the Futures): these steps bridged until it does.
+                if self._make is None or wanted_g in self._taken or wanted_g in self._asked:
                     self.restricted_steps += steps - before
                     self.restricted_until = time.perf_counter()
             elif wanted >= 0 and not over:
@@ -504,7 +516,8 @@ class Generator:
             groups = variant_groups(drafter)
             names = [group_name(drafter, g) for g in range(len(groups))]
             lowers = [functools.partial(lower_group, g) for g in range(len(names))]
-            stored = all(self.programs.holds(n, spec, (args, kwargs)) for n in names[1:])
+            sizes = [self.programs.size(n, spec, (args, kwargs)) for n in names]
+            stored = all(s is not None for s in sizes[1:])
             # Loading from disk is one thread, beside the prefill and the decode. Compiling uses the cores they
             # run on (on a CPU), so it goes there only where decoding can start with AR's group alone (`partial`):
             # the run's tokens come at about AR's pace instead of after every group (~70 s on 2 cores).
@@ -535,6 +548,7 @@ class Generator:
                 order=order,
                 eager=loading == "eager",
                 priced=loading == "priced",
+                sizes=sizes,
             )
             split.from_disk = stored
             self._compiled[sig] = (start, split, drafter)

@@ -209,6 +209,15 @@ class ProgramCache:
         key = program_key(name, static, args)
         return key is not None and (self.root / f"{name}-{key}{SUFFIX}").is_file()
 
+    def size(self, name: str, static, args) -> int | None:
+        """Bytes of program `name`'s file, None where this cache does not hold it (what a load will read: a
+        split decode prices a load by it)."""
+        key = program_key(name, static, args)
+        try:
+            return None if key is None else (self.root / f"{name}-{key}{SUFFIX}").stat().st_size
+        except OSError:
+            return None
+
     def get(self, name: str, static, args, lower: Callable[[], jax.stages.Lowered]) -> jax.stages.Compiled:
         """Program `name` for `args`: loaded when this cache holds it, else `lower().compile()`, stored."""
         return self.fetch(name, static, args, lower)[0]
