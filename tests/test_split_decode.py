@@ -259,7 +259,7 @@ def test_split_load_env(monkeypatch):
     from lsjax.errors import LsjaxError
 
     monkeypatch.delenv(LOAD_ENV, raising=False)
-    assert split_loading(stored=False) == "eager" and split_loading(stored=True) == "priced"  # on a CPU
+    assert split_loading(stored=False) == "eager" and split_loading(stored=True) == "asked"  # on a CPU
     for how in ("eager", "asked", "priced"):
         monkeypatch.setenv(LOAD_ENV, how)
         assert split_loading(stored=True) == how == split_loading(stored=False)

@@ -138,15 +138,16 @@ LOADINGS = ("priced", "asked", "eager")
 
 def split_loading(stored: bool) -> str:
     """How a split decode makes its groups (`SplitDecode`): "eager", every group, when compiling (the next start
-    loads them) and beside an accelerator (a host thread the device does not wait for); else "priced", the groups
-    the drafter asks for where running them pays for loading them ("asked": every group it asks for).
-    `$LSJAX_SPLIT_LOAD` overrides, to time one against another."""
+    loads them) and beside an accelerator (a host thread the device does not wait for); else "asked", every group
+    the drafter asks for ("priced": only where running it pays for loading it, by the drafter's own estimates;
+    on dev prompts it measured no better than "asked", docs/CHANGELOG.md 2026-12-02). `$LSJAX_SPLIT_LOAD`
+    overrides, to time one against another."""
     how = os.environ.get(LOAD_ENV, "")
     if how and how not in LOADINGS:
         raise LsjaxError(f"${LOAD_ENV}: expected one of {', '.join(LOADINGS)}, got {how!r}")
     if how:
         return how
-    return "eager" if not stored or compiler_beside_device() else "priced"
+    return "eager" if not stored or compiler_beside_device() else "asked"
 
 
 def _pending(program) -> bool:
@@ -185,7 +186,10 @@ class SplitDecode:
 
     With `priced` (and `partial`), a group the drafter wants is asked for only where what running it would save
     over the tokens left pays for making it: the drafter's own rates (`Drafter.choice_rates`: the wanted
-    variant's against the best ready one's) at this run's seconds per token so far, against the seconds the
+    variant's against the best ready one's) at this run's seconds per token so far, over the share of the
+    looks so far that wanted the group (a rate is the step's: prompt lookup's after a match holds for that
+    step, not for the rest of the run; two trees a 1165-token prompt wanted now and then cost 1.15-1.2x AR's
+    wall time when priced as if every step would run them), against the seconds the
     groups made so far took per byte of their stored programs (`sizes`; else each), which on a CPU are taken
     from the decode's cores. A prompt where the
     drafter's best tree beats AR by 10% over the last 60 tokens does not load a program for it."""
@@ -224,6 +228,7 @@ class SplitDecode:
         self._make_s: dict[int, float] = {}  # group -> seconds its program took to make in the background
         self.sizes = sizes  # bytes of each group's stored program (None: unknown), to price its load
         self._pace = [0.0, 0]  # [seconds, tokens] of this run's calls so far (`priced`)
+        self._looks = np.zeros(len(self.groups), np.int64)  # calls that ended wanting each group (`priced`)
         self._asked: list[int] = []  # groups asked for, made first come first served
         self._taken: set[int] = set()  # groups the background thread has begun to make
         self._lock = threading.Lock()
@@ -355,7 +360,8 @@ class SplitDecode:
         make_s = self._make_estimate(g)
         per_token = self._pace[0] / self._pace[1]
         left_after = left - make_s / per_token  # the tokens still to come once it is made
-        saved = left_after * per_token * (1.0 - best / float(rates[wanted]))
+        share = self._looks[g] / max(int(self._looks.sum()), 1)  # of the steps to come, those that would run it
+        saved = left_after * per_token * share * (1.0 - best / float(rates[wanted]))
         return saved > make_s
 
     def __call__(self, params, draft_params, state, step_limit):
@@ -383,6 +389,8 @@ class SplitDecode:
                 self._pace[0] += time.perf_counter() - t
                 self._pace[1] += left_before - left
             left_before = left
+            if wanted >= 0 and self.priced:
+                self._looks[self.group_of[wanted]] += 1
             if wanted >= 0 and not ready[wanted]:
                 wanted_g = int(self.group_of[wanted])
                 if not over and self._make is not None and self._to_make(wanted_g) and wanted_g not in self._asked:

@@ -304,7 +304,7 @@ class AutoDrafter(PolicyRules, Drafter):
         return self.decide(ds.policy, self._costs(ctx), n, avail, active, state.steps, _ready(ctx))
 
     def choice_rates(self, ctx: DraftContext, state) -> jax.Array:
-        """`Drafter.choice_rates`: the policy's expected tokens per second of every candidate (no optimism)."""
+        """`Drafter.choice_rates`: the policy's expected tokens per second of every candidate now."""
         ds: AutoState = state.draft
         n, _, avail = ds.match
         active = (~state.done).astype(jnp.float32)
