@@ -188,11 +188,8 @@ class SplitDecode:
     over the tokens left pays for making it: the drafter's own rates (`Drafter.choice_rates`: the wanted
     variant's against the best ready one's) at this run's seconds per token so far, over the share of the
     looks so far that wanted the group (a rate is the step's: prompt lookup's after a match holds for that
-    step, not for the rest of the run; two trees a 1165-token prompt wanted now and then cost 1.15-1.2x AR's
-    wall time when priced as if every step would run them), against the seconds the
-    groups made so far took per byte of their stored programs (`sizes`; else each), which on a CPU are taken
-    from the decode's cores. A prompt where the
-    drafter's best tree beats AR by 10% over the last 60 tokens does not load a program for it."""
+    step, not for the rest of the run), against the seconds the groups made so far took per byte of their
+    stored programs (`sizes`; else each), which on a CPU are taken from the decode's cores."""
 
     poll = 8  # steps between looks at what has loaded, while something may still load
 
