@@ -87,6 +87,60 @@ class SafetensorsDir:
     def get(self, name: str) -> np.ndarray:
         return self.where[name].get(name)
 
+    def names(self) -> list[str]:
+        return list(self.where)
+
+    def file_of(self, name: str) -> Path:
+        """The shard holding tensor `name` (a damaged one is named by its file)."""
+        return self.where[name].path
+
+
+class TorchBin:
+    """A `pytorch_model.bin` through torch's weights-only loader, as the SafetensorsDir interface (floats as
+    float32)."""
+
+    def __init__(self, path: Path):
+        try:
+            import torch
+        except ImportError:
+            raise UnsupportedModelError(
+                f"{path} is a PyTorch pickle and torch is not installed; install torch, or convert it to "
+                "model.safetensors (safetensors.torch.save_file(torch.load(path, weights_only=True), ...))"
+            ) from None
+        self.path = path
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        self.tensors = {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.tensors[name].shape)
+
+    def get(self, name: str) -> np.ndarray:
+        return self.tensors[name]
+
+    def names(self) -> list[str]:
+        return list(self.tensors)
+
+    def file_of(self, name: str) -> Path:
+        return self.path
+
+
+def checkpoint_tensors(path: Path, what: str) -> SafetensorsDir | TorchBin:
+    """The tensors of a draft checkpoint directory as published: single or sharded safetensors (through
+    `model.safetensors.index.json`), else a `pytorch_model.bin` (torch's weights-only loader, when torch is
+    installed). `what` names the weights in a damaged file's message."""
+    path = Path(path)
+    if any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file():
+        for file in sorted(path.glob("*.safetensors")):  # a damaged header is named by its file
+            with reading(file, what):
+                SafetensorsFile(file)
+        return SafetensorsDir(path)
+    if (path / "pytorch_model.bin").is_file():
+        return TorchBin(path / "pytorch_model.bin")
+    raise ModelNotFoundError(f"{path}: no model.safetensors (or shards with their index) and no pytorch_model.bin")
+
 
 def config_json(path) -> dict | None:
     """A directory's config.json as a dict, or None (no file, unreadable, not a JSON object): for telling kinds

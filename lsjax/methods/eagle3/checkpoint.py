@@ -27,7 +27,7 @@ import numpy as np
 from lsjax.config import ConfigError, ModelConfig
 from lsjax.errors import InputError, MissingTensorError, ModelNotFoundError, ShapeMismatchError, UnsupportedModelError
 from lsjax.loading.corrupt import reading
-from lsjax.loading.hf import SafetensorsDir, SafetensorsFile, config_from_hf, config_json
+from lsjax.loading.hf import checkpoint_tensors, config_from_hf, config_json
 from lsjax.loading.layout import numpy_dtype
 from lsjax.methods.eagle3 import model as em
 
@@ -48,42 +48,7 @@ class DraftInfo:
         return {"dir": self.path, "format": self.format}
 
 
-class _TorchBin:
-    """A `pytorch_model.bin` through torch's weights-only loader, as the SafetensorsDir interface."""
-
-    def __init__(self, path: Path):
-        try:
-            import torch
-        except ImportError:
-            raise UnsupportedModelError(
-                f"{path} is a PyTorch pickle and torch is not installed; install torch, or convert it to "
-                "model.safetensors (safetensors.torch.save_file(torch.load(path, weights_only=True), ...))"
-            ) from None
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        self.tensors = {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.tensors
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self.tensors[name].shape)
-
-    def get(self, name: str) -> np.ndarray:
-        return self.tensors[name]
-
-
 WHAT = "EAGLE-3 draft weights"
-
-
-def _tensors(path: Path):
-    if any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file():
-        for file in sorted(path.glob("*.safetensors")):  # a damaged header is named by its file
-            with reading(file, WHAT):
-                SafetensorsFile(file)
-        return SafetensorsDir(path)
-    if (path / "pytorch_model.bin").is_file():
-        return _TorchBin(path / "pytorch_model.bin")
-    raise ModelNotFoundError(f"{path}: no model.safetensors (or shards with their index) and no pytorch_model.bin")
 
 
 def detect(hf: dict, names) -> str:
@@ -174,8 +139,8 @@ def read_draft(path: str | Path, target: ModelConfig) -> tuple[em.Eagle3Config, 
         raise ModelNotFoundError(f"--draft {path}: no config.json (an EAGLE-3 draft directory has one)")
     with reading(path, "EAGLE-3 draft (config.json or weights)"):
         hf = json.loads((path / "config.json").read_text())
-        st = _tensors(path)
-        names = st.where if isinstance(st, SafetensorsDir) else st.tensors
+        st = checkpoint_tensors(path, WHAT)
+        names = st.names()
         fmt = detect(hf, names)
         cfg = draft_config(hf, fmt, target)
         if "lm_head.weight" in st:  # the draft vocabulary is the head's rows, whatever the config says
@@ -189,7 +154,7 @@ def read_draft(path: str | Path, target: ModelConfig) -> tuple[em.Eagle3Config, 
         for name, (src, convert) in _mapping(cfg, PREFIX[fmt]).items():
             if src not in st:
                 raise MissingTensorError(f"{path}: tensor {src} is missing from this {fmt}-layout EAGLE-3 draft")
-            with reading(st.where[src].path if isinstance(st, SafetensorsDir) else path, WHAT):
+            with reading(st.file_of(src), WHAT):
                 w = np.asarray(st.get(src), np.float32)
             w = convert(w) if convert is not None else w
             if tuple(w.shape) != specs[name].shape:
@@ -327,8 +292,8 @@ def draft_info(opts) -> dict | None:
     path = Path(draft)
     with reading(path, "EAGLE-3 draft (config.json or weights)"):
         hf = json.loads((path / "config.json").read_text())
-        st = _tensors(path)
-        names = st.where if isinstance(st, SafetensorsDir) else st.tensors
+        st = checkpoint_tensors(path, WHAT)
+        names = st.names()
         return DraftInfo(str(path), detect(hf, names)).as_dict()
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from lsjax.config import DraftConfig, ModelConfig
 from lsjax.errors import MissingTensorError, ModelNotFoundError, ShapeMismatchError, UnsupportedModelError
 from lsjax.loading.corrupt import reading
-from lsjax.loading.hf import config_json
+from lsjax.loading.hf import checkpoint_tensors, config_json
 from lsjax.loading.layout import numpy_dtype
 from lsjax.methods.longspec.model import param_specs
 
@@ -75,12 +75,6 @@ def _mapping(c: ModelConfig) -> dict[str, tuple[str, callable]]:
     return out
 
 
-def _tensors(path: Path):
-    from lsjax.methods.eagle3.checkpoint import _tensors as tensors  # the same file handling as EAGLE-3 drafts
-
-    return tensors(path)
-
-
 def read_release(path: str | Path, target: ModelConfig, dcfg: DraftConfig = RELEASED) -> tuple[DraftConfig, dict]:
     """(the draft's config, its weights as numpy in the target's dtype, lsjax's layout) of a released directory.
     A draft for another target (hidden size, heads, MLP) is one line naming both shapes."""
@@ -101,8 +95,8 @@ def read_release(path: str | Path, target: ModelConfig, dcfg: DraftConfig = RELE
                 f"--draft {path}: this released draft has hidden size, heads, MLP width {mine}; "
                 f"{target.name} has {theirs} (it is another target's draft)"
             )
-        st = _tensors(path)
-        names = set(st.where if hasattr(st, "where") else st.tensors)
+        st = checkpoint_tensors(path, WHAT)
+        names = set(st.names())
         prefix = next((p for p in PREFIXES if f"{p}cross_attn.q_proj.weight" in names), None)
         if prefix is None:
             raise MissingTensorError(
