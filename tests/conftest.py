@@ -14,8 +14,21 @@ def ours():
 
 
 @pytest.fixture(scope="session")
+def hf_gguf_tokenizer():
+    """transformers' tokenizer and config from the default GGUF (~15 s: once per session)."""
+    pytest.importorskip("torch")
+    import transformers
+
+    from lsjax.loading import default_model_path
+
+    path = default_model_path()
+    tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return tok, transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+
+
+@pytest.fixture(scope="session")
 def hf_gguf():
-    """transformers' model (eval, fp32) and tokenizer from the same GGUF (~20 s: once per session)."""
+    """transformers' model (eval, fp32) from the same GGUF (~60 s on 2 cores: its dequantization; slow tests)."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("accelerate")
     import transformers
@@ -24,8 +37,7 @@ def hf_gguf():
 
     path = default_model_path()
     model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    return model.eval(), tok
+    return model.eval()
 
 
 @pytest.fixture(autouse=True, scope="module")

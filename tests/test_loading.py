@@ -265,11 +265,11 @@ def test_load_gguf_roundtrip_quantized(tmp_path, quant):
 # (b) the real SmolLM2 GGUF against transformers' own GGUF loading
 
 
-# `ours` and `hf_gguf` are session fixtures (tests/conftest.py).
+# `ours`, `hf_gguf_tokenizer` and `hf_gguf` are session fixtures (tests/conftest.py).
 
 
-def test_real_gguf_config(ours, hf_gguf):
-    hf = hf_gguf[0].config
+def test_real_gguf_config(ours, hf_gguf_tokenizer):
+    hf = hf_gguf_tokenizer[1]
     cfg = ours.config
     assert cfg.arch == hf.model_type
     assert (cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size) == (
@@ -294,8 +294,9 @@ def test_real_gguf_config(ours, hf_gguf):
     )
 
 
+@pytest.mark.slow  # transformers' dequantization of the whole model: ~60 s on 2 cores
 def test_real_gguf_params_match_transformers(ours, hf_gguf):
-    sd = _state_dict_np(hf_gguf[0])
+    sd = _state_dict_np(hf_gguf)
     assert _shapes(ours.params) == _expected_shapes(ours.config)
     _check_against_state_dict(ours.config, ours.params, sd, atol=1e-4, rtol=1e-5)
     # elementwise too: dequantization is deterministic, the two loaders must agree to float rounding
@@ -366,8 +367,8 @@ def _all_texts():
     return _stdlib_texts() + _UNICODE + _SPECIAL + _BLANK
 
 
-def test_tokenizer_encode_matches_transformers(ours, hf_gguf):
-    hf_tok, tok = hf_gguf[1], ours.tokenizer
+def test_tokenizer_encode_matches_transformers(ours, hf_gguf_tokenizer):
+    hf_tok, tok = hf_gguf_tokenizer[0], ours.tokenizer
     for text in _all_texts():
         assert tok.encode(text) == hf_tok(text)["input_ids"], text[:80]
         assert tok.encode(text, add_special_tokens=False) == hf_tok(text, add_special_tokens=False)["input_ids"]
@@ -376,8 +377,8 @@ def test_tokenizer_encode_matches_transformers(ours, hf_gguf):
     assert tok.pad_token_id == hf_tok.pad_token_id
 
 
-def test_tokenizer_decode_matches_transformers(ours, hf_gguf):
-    hf_tok, tok = hf_gguf[1], ours.tokenizer
+def test_tokenizer_decode_matches_transformers(ours, hf_gguf_tokenizer):
+    hf_tok, tok = hf_gguf_tokenizer[0], ours.tokenizer
     for text in _all_texts():
         ids = hf_tok(text)["input_ids"]
         for skip in (False, True):
@@ -385,8 +386,8 @@ def test_tokenizer_decode_matches_transformers(ours, hf_gguf):
         assert tok.decode(ids) == text  # byte-level BPE is lossless
 
 
-def test_chat_template_matches_transformers(ours, hf_gguf):
-    hf_tok, tok = hf_gguf[1], ours.tokenizer
+def test_chat_template_matches_transformers(ours, hf_gguf_tokenizer):
+    hf_tok, tok = hf_gguf_tokenizer[0], ours.tokenizer
     for chat in _CHATS:
         for gen in (True, False):
             want = hf_tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=gen)
@@ -394,10 +395,10 @@ def test_chat_template_matches_transformers(ours, hf_gguf):
     assert "<|im_start|>system" in tok.apply_chat_template(_CHATS[0])  # the template's default system message
 
 
-def test_tokenizer_from_hf_dir_matches_transformers(tmp_path, hf_gguf):
+def test_tokenizer_from_hf_dir_matches_transformers(tmp_path, hf_gguf_tokenizer):
     import transformers
 
-    hf_gguf[1].save_pretrained(tmp_path)
+    hf_gguf_tokenizer[0].save_pretrained(tmp_path)
     hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
     tok = Tokenizer.from_hf_dir(tmp_path)
     for text in _UNICODE + _SPECIAL + _BLANK + _stdlib_texts()[:2]:
@@ -529,13 +530,13 @@ def test_missing_tensor_hf(tmp_path):
         load_hf(tmp_path)
 
 
-def test_load_model_hf_dir_end_to_end(tmp_path, hf_gguf):
+def test_load_model_hf_dir_end_to_end(tmp_path, hf_gguf_tokenizer):
     model = _tiny_hf_model("qwen2", False)
     model.save_pretrained(tmp_path)
-    hf_gguf[1].save_pretrained(tmp_path)
+    hf_gguf_tokenizer[0].save_pretrained(tmp_path)
     loaded = load_model(tmp_path)
     assert loaded.path == tmp_path and loaded.config.arch == "qwen2"
     _check_against_state_dict(loaded.config, loaded.params, _state_dict_np(model), atol=1e-5, rtol=1e-5)
     text = _SPECIAL[0] + _UNICODE[0]
-    assert loaded.tokenizer.encode(text) == hf_gguf[1](text)["input_ids"]
+    assert loaded.tokenizer.encode(text) == hf_gguf_tokenizer[0](text)["input_ids"]
     assert 2 in loaded.tokenizer.eos_token_ids

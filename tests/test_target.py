@@ -281,7 +281,7 @@ def test_no_recompilation_per_token_or_prompt_length(tiny):
 
 @pytest.fixture(scope="module")
 def real(ours, hf_gguf):  # session fixtures from conftest.py
-    return ours, hf_gguf[0]
+    return ours, hf_gguf
 
 
 @pytest.mark.slow  # ~100 s; the tiny HF-parity configs above run by default
