@@ -1,14 +1,14 @@
-"""How a warm `decode.py` start should load auto's split programs: the groups auto asks for where running them
-pays for loading them ("priced", the CPU default), every group it asks for ("asked") or all of them, wanted first
-("eager"), against `--method ar`; interleaved, same run, compilation and loading included (`$LSJAX_SPLIT_LOAD`,
-`lsjax.engine.host.SplitDecode`).
+"""How a warm `decode.py` start should load auto's split programs: every group auto asks for, those after the first
+in the CPU time the decode leaves idle ("idle", decode.py's CPU default), at normal priority ("asked"), only where
+running them pays for loading them ("priced") or all of them, wanted first ("eager"), against `--method ar`;
+interleaved, same run, compilation and loading included (`$LSJAX_SPLIT_LOAD`, `lsjax.engine.host.SplitDecode`).
 
 Per prompt: one start on a sibling prompt of the same width fills each method's caches (programs and the
 width's cost profile), then `--rounds` rounds of warm starts on the prompt itself, the order rotating. One JSON
 line per run, then per prompt and variant the median wall seconds to the last token and its ratio to AR's.
 
     python scripts/split_load_ab.py [--suite dev] [--buckets 1K-2K 2K-4K] [--tasks code] [--rounds 2]
-        [--variants priced asked eager ar] [--json F]
+        [--variants idle priced asked eager ar] [--json F]
 """
 
 from __future__ import annotations
@@ -23,7 +23,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-VARIANTS = {"priced": ("auto", "priced"), "asked": ("auto", "asked"), "eager": ("auto", "eager"), "ar": ("ar", "")}
+VARIANTS = {
+    "idle": ("auto", "idle"),
+    "priced": ("auto", "priced"),
+    "asked": ("auto", "asked"),
+    "eager": ("auto", "eager"),
+    "ar": ("ar", ""),
+}
 
 
 def main(argv=None) -> int:
@@ -39,7 +45,7 @@ def main(argv=None) -> int:
     p.add_argument("--tasks", nargs="+", default=["code"], choices=TASKS)
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=["priced", "asked", "ar"])
+    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=["idle", "asked", "ar"])
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 

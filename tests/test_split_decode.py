@@ -7,6 +7,9 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import os
+import subprocess
+import sys
 import threading
 
 import jax
@@ -260,9 +263,52 @@ def test_split_load_env(monkeypatch):
 
     monkeypatch.delenv(LOAD_ENV, raising=False)
     assert split_loading(stored=False) == "eager" and split_loading(stored=True) == "asked"  # on a CPU
-    for how in ("eager", "asked", "priced"):
+    assert split_loading(stored=True, idle=True) == "idle" and split_loading(stored=False, idle=True) == "eager"
+    for how in ("eager", "asked", "priced", "idle"):
         monkeypatch.setenv(LOAD_ENV, how)
-        assert split_loading(stored=True) == how == split_loading(stored=False)
+        assert split_loading(stored=True) == how == split_loading(stored=False, idle=True)
     monkeypatch.setenv(LOAD_ENV, "lazy")
-    with pytest.raises(LsjaxError, match=r"LSJAX_SPLIT_LOAD: expected one of priced, asked, eager, got 'lazy'"):
+    with pytest.raises(LsjaxError, match=r"LSJAX_SPLIT_LOAD: expected one of idle, priced, asked, eager, got 'lazy'"):
         split_loading(stored=True)
+
+
+def test_an_idle_split_loads_the_groups_after_the_first_at_idle_priority(monkeypatch):
+    from lsjax.engine import host
+
+    lowered = []
+    monkeypatch.setattr(host, "idle_priority", lambda: lowered.append(True) or True)
+    monkeypatch.setattr(host, "_idled", [])
+    made = []  # (group, whether the priority was lowered before it was made)
+    n = len(variant_groups(SMALL))
+    futures = [concurrent.futures.Future() for _ in range(n)]
+    split = SplitDecode(SMALL, futures, partial=True, make=lambda g: made.append((g, bool(lowered))), idle=True)
+    split.wait()
+    assert made[0] == (0, False) and sorted(g for g, _ in made) == list(range(n))
+    assert all(low for _, low in made[1:]) and lowered == [True]  # once for the process
+
+
+IDLE_CHECK = """
+import os, threading, time
+import jax.numpy as jnp
+from lsjax.engine.host import COMPUTE_THREADS, idle_priority
+jnp.ones(2).block_until_ready()  # XLA's thread pools exist
+base = os.getpriority(os.PRIO_PROCESS, os.getpid())
+seen, go = [], threading.Event()
+worker = threading.Thread(target=lambda: (seen.append(threading.get_native_id()), go.wait()))
+worker.start()
+while not seen:
+    time.sleep(0.01)
+assert idle_priority()
+names = {int(t): open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")}
+compute = [t for t, n in names.items() if n.startswith(COMPUTE_THREADS)]
+assert compute and all(os.getpriority(os.PRIO_PROCESS, t) == base for t in compute), "the decode's threads"
+assert os.getpriority(os.PRIO_PROCESS, os.getpid()) == base, "the main thread"
+assert os.getpriority(os.PRIO_PROCESS, seen[0]) == 19, "another thread"
+go.set()
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="Linux threads")
+def test_idle_priority_lowers_every_thread_but_the_main_one_and_xlas_compute_pool():
+    # In a process of its own: the priority cannot be raised again, and this worker's other tests would load slower.
+    subprocess.run([sys.executable, "-c", IDLE_CHECK], check=True, timeout=120)

@@ -9,6 +9,7 @@ Used by `decode.py` and the benchmarks.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import os
@@ -132,22 +133,54 @@ def group_name(drafter: Drafter, group: int) -> str:
     return f"decode-{drafter.step_variants()[variant_groups(drafter)[group][0]].num_nodes}n"
 
 
-LOAD_ENV = "LSJAX_SPLIT_LOAD"  # "priced", "asked" or "eager": how a split decode loads its groups (for A/B timing)
-LOADINGS = ("priced", "asked", "eager")
+LOAD_ENV = "LSJAX_SPLIT_LOAD"  # how a split decode loads its groups (`LOADINGS`), to time one against another
+LOADINGS = ("idle", "priced", "asked", "eager")
 
 
-def split_loading(stored: bool) -> str:
+def split_loading(stored: bool, idle: bool = False) -> str:
     """How a split decode makes its groups (`SplitDecode`): "eager", every group, when compiling (the next start
     loads them) and beside an accelerator (a host thread the device does not wait for); else "asked", every group
-    the drafter asks for ("priced": only where running it pays for loading it, by the drafter's own estimates;
-    on dev prompts it measured no better than "asked", docs/CHANGELOG.md 2026-12-02). `$LSJAX_SPLIT_LOAD`
-    overrides, to time one against another."""
+    the drafter asks for, and with `idle` (`Generator.idle_loads`: decode.py) "idle", those after the first in
+    the CPU time the decode leaves unused (`idle_priority`). "priced": only where running a group pays for
+    loading it, by the drafter's own estimates (no better than "asked" on dev prompts). Measured:
+    docs/CHANGELOG.md 2026-12-02. `$LSJAX_SPLIT_LOAD` overrides."""
     how = os.environ.get(LOAD_ENV, "")
     if how and how not in LOADINGS:
         raise LsjaxError(f"${LOAD_ENV}: expected one of {', '.join(LOADINGS)}, got {how!r}")
     if how:
         return how
-    return "eager" if not stored or compiler_beside_device() else "asked"
+    if not stored or compiler_beside_device():
+        return "eager"
+    return "idle" if idle else "asked"
+
+
+COMPUTE_THREADS = "tf_XLAEigen"  # the name of XLA:CPU's compute pool threads, which run every program
+
+
+def idle_priority() -> bool:
+    """Gives every thread of this process but the main thread and XLA:CPU's compute pool the lowest CPU priority
+    (nice 19), so that what they do (XLA deserializes a loaded program on a thread of its own pool) takes only
+    the cycles the decode leaves unused. For the whole process, and not undone: an unprivileged process cannot
+    raise a priority again. Linux only; returns whether it applied."""
+    tasks = "/proc/self/task"
+    names = {}
+    try:
+        for tid in os.listdir(tasks):
+            with contextlib.suppress(OSError), open(f"{tasks}/{tid}/comm") as f:  # (one that ended: skipped)
+                names[int(tid)] = f.read().strip()
+    except OSError:  # not Linux
+        return False
+    if not any(n.startswith(COMPUTE_THREADS) for n in names.values()):
+        return False  # (another XLA's names: the decode's own threads must not be the ones slowed)
+    main = os.getpid()
+    for tid, name in names.items():
+        if tid != main and not name.startswith(COMPUTE_THREADS):
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, tid, 19)
+    return True
+
+
+_idled: list = []  # `idle_priority` has run in this process (once is enough: new threads inherit it)
 
 
 def _pending(program) -> bool:
@@ -184,6 +217,11 @@ class SplitDecode:
     looking again every `poll` steps; else it waits for each group it has to run (the choices, and so the
     output, never depend on what has loaded when).
 
+    With `idle` (a CPU, loading from disk), the groups after the first load at the lowest CPU priority
+    (`idle_priority`): in the cycles the decode leaves unused, so that a load never slows the steps running
+    meanwhile (it bridges longer). On 2 cores a load at normal priority took ~1.2-3.7 s of a core from the
+    decode, which on a prompt where the trees pay little cost more than they saved (docs/CHANGELOG.md).
+
     With `priced` (and `partial`), a group the drafter wants is asked for only where what running it would save
     over the tokens left pays for making it: the drafter's own rates (`Drafter.choice_rates`: the wanted
     variant's against the best ready one's) at this run's seconds per token so far, over the share of the
@@ -203,6 +241,7 @@ class SplitDecode:
         eager: bool = True,
         priced: bool = False,
         sizes: list[int | None] | None = None,
+        idle: bool = False,
     ):
         self.drafter = drafter
         self.groups = variant_groups(drafter)
@@ -221,6 +260,7 @@ class SplitDecode:
         self.order = list(order) if order is not None else list(range(len(self.programs)))
         self.eager = eager
         self.priced = priced
+        self.idle = idle
         self.declined = 0  # times a wanted group was not asked for: its load would cost more than it saves
         self._make_s: dict[int, float] = {}  # group -> seconds its program took to make in the background
         self.sizes = sizes  # bytes of each group's stored program (None: unknown), to price its load
@@ -287,6 +327,8 @@ class SplitDecode:
                     return
                 self._taken.add(g)
             try:
+                if self.idle and g != 0 and not _idled:
+                    _idled.append(idle_priority())
                 t = time.perf_counter()
                 program = self._make(g)
                 self._make_s[g] = time.perf_counter() - t
@@ -438,6 +480,10 @@ class Generator:
         self._loaded_buckets: set[int] = set()  # prompt buckets whose decode program came from the program cache
         self.loading_decode = False  # the decode program left to the background is loaded from disk, not compiled
         self.compile_workers = 0  # threads compiling a split decode's programs side by side (0: one per core)
+        # A split decode's later groups load in the CPU time its decode leaves unused (`split_loading`): lowers
+        # the priority of the process's other threads for good, so only for a process that runs one decode
+        # (decode.py).
+        self.idle_loads = False
         self._unsettled: set = set()  # (bucket, sampling) whose host params were taken before their programs were
         self._finish: list = []  # (prompt_ids, gen, seed) of runs that left something to `finish`
 
@@ -544,7 +590,7 @@ class Generator:
             # device does not wait for), also the rest, smallest trees first: the cheapest steps are the ones a
             # CPU runs most (ls-chain1 on prose). On a CPU a group nobody asks for is never read from disk.
             order = sorted(range(len(names)), key=lambda g: drafter.step_variants()[groups[g][0]].num_nodes)
-            loading = split_loading(stored)
+            loading = split_loading(stored, self.idle_loads)
             split = SplitDecode(
                 drafter,
                 [concurrent.futures.Future() for _ in names],
@@ -554,6 +600,7 @@ class Generator:
                 eager=loading == "eager",
                 priced=loading == "priced",
                 sizes=sizes,
+                idle=loading == "idle",
             )
             split.from_disk = stored
             self._compiled[sig] = (start, split, drafter)
