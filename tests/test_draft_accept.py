@@ -87,6 +87,7 @@ def _at(setup, m, sampling):
     return _state_at(config, params, drafter, dp, *_padded(seq), jnp.int32(m), sampling)
 
 
+@pytest.mark.slow  # ~45 s: a bench estimator (the decode paths it estimates are tested for losslessness)
 def test_greedy_chain_estimates_are_what_a_chain_proposal_accepts(setup):
     """T = 0: at every root, depth d of the estimate is accepted exactly when the 4-token chain proposed there
     matches the continuation through depth d (the draft at the d-th successor with the target d tokens

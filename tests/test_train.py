@@ -586,6 +586,7 @@ def test_cli_rerun_over_checkpoints_needs_resume_or_overwrite(tmp_path, capsys):
     assert summary["steps"] == 3 and summary["last_checkpoint"] == 3
 
 
+@pytest.mark.slow  # ~25 s: a training run to interrupt; the bad-config exit runs by default
 def test_cli_ctrl_c_is_one_line_and_exit_130(tmp_path):
     """Ctrl-C in the step loop: no KeyboardInterrupt traceback, one line with the steps done and the
     checkpoint to resume from, exit status 130."""
