@@ -1,14 +1,16 @@
 """How a warm `decode.py` start should load auto's split programs: every group auto asks for, those after the first
 in the CPU time the decode leaves idle ("idle", decode.py's CPU default), at normal priority ("asked"), only where
-running them pays for loading them ("priced") or all of them, wanted first ("eager"), against `--method ar`;
+running them pays for loading them ("priced"), all of them, wanted first ("eager"), or none but AR's group
+("first": what auto costs where it never leaves AR), against `--method ar`;
 interleaved, same run, compilation and loading included (`$LSJAX_SPLIT_LOAD`, `lsjax.engine.host.SplitDecode`).
 
 Per prompt: one start on a sibling prompt of the same width fills each method's caches (programs and the
 width's cost profile), then `--rounds` rounds of warm starts on the prompt itself, the order rotating. One JSON
-line per run, then per prompt and variant the median wall seconds to the last token and its ratio to AR's.
+line per run, then per prompt and variant the medians of the seconds to the first token, from it to the last, and
+to the last, and the last's ratio to AR's.
 
     python scripts/split_load_ab.py [--suite dev] [--buckets 1K-2K 2K-4K] [--tasks code] [--rounds 2]
-        [--variants idle priced asked eager ar] [--json F]
+        [--variants idle priced asked eager first ar] [--json F]
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ VARIANTS = {
     "priced": ("auto", "priced"),
     "asked": ("auto", "asked"),
     "eager": ("auto", "eager"),
+    "first": ("auto", "first"),
     "ar": ("ar", ""),
 }
 
@@ -71,12 +74,16 @@ def main(argv=None) -> int:
                     print(json.dumps(row), flush=True)
     summary = []
     for i in sorted({r["prompt"] for r in rows}):
-        wall = {
-            v: statistics.median(r["last_token_s"] for r in rows if r["prompt"] == i and r["variant"] == v)
-            for v in names
-        }
+
+        def median(v, of, i=i):
+            return round(statistics.median(of(r) for r in rows if r["prompt"] == i and r["variant"] == v), 3)
+
+        # Not the process's end: with --json, decode.py times a prefill/decode split after the output (auto).
+        wall = {v: median(v, lambda r: r["last_token_s"]) for v in names}
         summary.append(
-            {"prompt": i, **{f"{v}_last_token_s": w for v, w in wall.items()}}
+            {"prompt": i, **{f"{v}_first_token_s": median(v, lambda r: r["first_token_s"]) for v in names}}
+            | {f"{v}_decoding_s": median(v, lambda r: r["last_token_s"] - r["first_token_s"]) for v in names}
+            | {f"{v}_last_token_s": w for v, w in wall.items()}
             | {f"{v}_vs_ar": round(wall[v] / wall["ar"], 3) for v in names if v != "ar"}
         )
         print(json.dumps(summary[-1]), flush=True)

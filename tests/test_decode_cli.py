@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -219,3 +220,17 @@ def test_presets_expand_into_the_authors_flags_and_given_flags_win():
     assert (args.method, args.tree, args.prompt) == ("longspec", "paper", "hi")
     assert cli.parse_args(["--preset", "eagle3-paper"]).eagle_tree == "eagle3"
     assert "--preset fast: not one of longspec-paper" in one_error_line(decode("--preset", "fast"))
+
+
+def test_the_process_ends_when_its_output_is_out():
+    """decode.py's process ends with the status its main returned, its output flushed, without waiting for a
+    background thread Python's exit would join (a split program still loading: `exit_now`)."""
+    code = (
+        "import sys, threading, time; sys.path.insert(0, '.'); import decode; "
+        "threading.Thread(target=time.sleep, args=(120,)).start(); "
+        "print('{\"out\": 1}'); sys.stderr.write('said\\n'); decode.exit_now(3)"
+    )
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=100)
+    assert time.perf_counter() - t < 60  # no join of the 120 s thread
+    assert (out.returncode, json.loads(out.stdout), out.stderr) == (3, {"out": 1}, "said\n")

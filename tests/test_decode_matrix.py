@@ -94,10 +94,10 @@ def check(tmp_path: Path, selection: str, arch: str = "llama") -> list[dict]:
 
 
 def test_the_default_on_a_mesh_with_its_profile(tmp_path):
-    """The default method on a 2-way mesh (issue 56's crash), its cost profile measured there and on one device,
-    and a method with a draft of its own on the mesh."""
-    cells = check(tmp_path, "longspec:mesh,auto:profile,auto:mesh-profile")
-    assert {(c["method"], c["mode"]) for c in cells} >= {("auto", "mesh-profile"), ("longspec", "mesh")}
+    """The default method on a 2-way mesh (issue 56's crash; its trees run LongSpec's draft there), its cost
+    profile measured there and on one device. Every other method on the mesh: the slow set (below)."""
+    cells = check(tmp_path, "auto:profile,auto:mesh-profile")
+    assert {(c["method"], c["mode"]) for c in cells} >= {("auto", "mesh-profile"), ("auto", "profile")}
     _profiles_keyed_by_mesh(tmp_path)
 
 

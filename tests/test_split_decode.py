@@ -173,7 +173,7 @@ def test_a_group_never_made_is_never_chosen():
     np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out))
 
 
-def _lazy(gen, costs, partial, priced=False):
+def _lazy(gen, costs, partial, priced=False, first_only=False):
     """A split decode that makes each group's program only when asked for (`eager=False`), recording which."""
     config, params, ls, spec, state, programs = _setup(gen)
     made = []
@@ -184,7 +184,7 @@ def _lazy(gen, costs, partial, priced=False):
         return progs[g]
 
     futures = [concurrent.futures.Future() for _ in progs]
-    split = SplitDecode(SMALL, futures, partial=partial, make=make, eager=False, priced=priced)
+    split = SplitDecode(SMALL, futures, partial=partial, make=make, eager=False, priced=priced, first_only=first_only)
     return split, made, params, auto_params(SMALL, ls, costs), spec, state
 
 
@@ -248,6 +248,16 @@ def test_a_priced_split_loads_a_group_only_where_it_pays():
     assert np.asarray(out.draft.policy.uses)[1:].sum() == 0
 
 
+def test_a_split_kept_to_its_first_group_loads_no_other():
+    """ "first" (a timing baseline): where the drafter wants a tree it keeps to AR's group, with AR's tokens."""
+    config, _ = tiny_model()
+    split, made, params, dp, spec, state = _lazy(GREEDY, CHEAP, partial=True, first_only=True)
+    out = split(params, dp, state(), 1000)
+    ref = run(params, config, repetitive_prompts(), GREEDY, ARDrafter())
+    np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out))
+    assert made == [0] and split.declined > 0 and np.asarray(out.draft.policy.uses)[1:].sum() == 0
+
+
 def test_a_load_is_priced_by_the_size_of_its_program():
     n = len(variant_groups(SMALL))
     split = SplitDecode(SMALL, [object()] * n, partial=True, priced=True, sizes=[10_000_000] + [4_000_000] * (n - 1))
@@ -264,11 +274,12 @@ def test_split_load_env(monkeypatch):
     monkeypatch.delenv(LOAD_ENV, raising=False)
     assert split_loading(stored=False) == "eager" and split_loading(stored=True) == "asked"  # on a CPU
     assert split_loading(stored=True, idle=True) == "idle" and split_loading(stored=False, idle=True) == "eager"
-    for how in ("eager", "asked", "priced", "idle"):
+    for how in ("eager", "asked", "priced", "idle", "first"):
         monkeypatch.setenv(LOAD_ENV, how)
         assert split_loading(stored=True) == how == split_loading(stored=False, idle=True)
     monkeypatch.setenv(LOAD_ENV, "lazy")
-    with pytest.raises(LsjaxError, match=r"LSJAX_SPLIT_LOAD: expected one of idle, priced, asked, eager, got 'lazy'"):
+    named = r"LSJAX_SPLIT_LOAD: expected one of idle, priced, asked, eager, first, got 'lazy'"
+    with pytest.raises(LsjaxError, match=named):
         split_loading(stored=True)
 
 

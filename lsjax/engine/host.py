@@ -134,7 +134,7 @@ def group_name(drafter: Drafter, group: int) -> str:
 
 
 LOAD_ENV = "LSJAX_SPLIT_LOAD"  # how a split decode loads its groups (`LOADINGS`), to time one against another
-LOADINGS = ("idle", "priced", "asked", "eager")
+LOADINGS = ("idle", "priced", "asked", "eager", "first")
 
 
 def split_loading(stored: bool, idle: bool = False) -> str:
@@ -142,8 +142,9 @@ def split_loading(stored: bool, idle: bool = False) -> str:
     loads them) and beside an accelerator (a host thread the device does not wait for); else "asked", every group
     the drafter asks for, and with `idle` (`Generator.idle_loads`: decode.py) "idle", those after the first in
     the CPU time the decode leaves unused (`idle_priority`). "priced": only where running a group pays for
-    loading it, by the drafter's own estimates (no better than "asked" on dev prompts). Measured:
-    docs/CHANGELOG.md 2026-12-02. `$LSJAX_SPLIT_LOAD` overrides."""
+    loading it, by the drafter's own estimates (no better than "asked" on dev prompts). "first": AR's group
+    only, never another (greedy: what the drafter costs with no tree loaded; a timing baseline). Measured:
+    docs/CHANGELOG.md 2026-12-02 and 2026-12-03. `$LSJAX_SPLIT_LOAD` overrides."""
     how = os.environ.get(LOAD_ENV, "")
     if how and how not in LOADINGS:
         raise LsjaxError(f"${LOAD_ENV}: expected one of {', '.join(LOADINGS)}, got {how!r}")
@@ -242,6 +243,7 @@ class SplitDecode:
         priced: bool = False,
         sizes: list[int | None] | None = None,
         idle: bool = False,
+        first_only: bool = False,
     ):
         self.drafter = drafter
         self.groups = variant_groups(drafter)
@@ -261,6 +263,7 @@ class SplitDecode:
         self.eager = eager
         self.priced = priced
         self.idle = idle
+        self.first_only = first_only  # asks for no group but the first (`partial`: the drafter keeps to it)
         self.declined = 0  # times a wanted group was not asked for: its load would cost more than it saves
         self._make_s: dict[int, float] = {}  # group -> seconds its program took to make in the background
         self.sizes = sizes  # bytes of each group's stored program (None: unknown), to price its load
@@ -390,6 +393,8 @@ class SplitDecode:
     def _pays(self, g: int, left: int, rates: np.ndarray, ready: np.ndarray, wanted: int) -> bool:
         """Whether making group g (for variant `wanted`) saves more seconds over the `left` tokens than it
         costs (`priced`); yes where anything it needs is unknown."""
+        if self.first_only:
+            return False
         if not self.priced or not self._make_s or self._pace[1] == 0:
             return True
         usable = ready & np.isfinite(rates)
@@ -601,6 +606,7 @@ class Generator:
                 priced=loading == "priced",
                 sizes=sizes,
                 idle=loading == "idle",
+                first_only=loading == "first",
             )
             split.from_disk = stored
             self._compiled[sig] = (start, split, drafter)
