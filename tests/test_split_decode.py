@@ -249,7 +249,8 @@ def test_a_priced_split_loads_a_group_only_where_it_pays():
 
 
 def test_a_split_kept_to_its_first_group_loads_no_other():
-    """ "first" (a timing baseline): where the drafter wants a tree it keeps to AR's group, with AR's tokens."""
+    """The "first" loading (a timing baseline): where the drafter wants a tree it keeps to AR's group, with AR's
+    tokens."""
     config, _ = tiny_model()
     split, made, params, dp, spec, state = _lazy(GREEDY, CHEAP, partial=True, first_only=True)
     out = split(params, dp, state(), 1000)
