@@ -135,6 +135,21 @@ def test_a_forced_group_still_loading_is_waited_for():
         assert split.waited > 0.1
 
 
+def test_the_first_groups_program_holds_one_target_forward(monkeypatch):
+    """A stretch's AR steps and AR's own switched step run in one loop over one target forward: the first
+    group's program is what a start loads beside its prefill, and two forwards made it ~1.7x the size."""
+    from lsjax.engine import step, verify
+
+    config, params, ls, spec, state, _ = _setup(GREEDY)
+    calls = []
+    real = verify.tree_forward
+    monkeypatch.setattr(verify, "tree_forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ctx = step.context(params, auto_params(SMALL, ls, PRICED_OUT), config, GREEDY, spec.capacity)
+    assert SMALL.ar_stretch(ctx, state()) is not None  # the drafter stretches
+    jax.eval_shape(lambda s: step.group_loop(ctx, SMALL, GREEDY, s, step.PLAN, True, 0, 0), state())
+    assert len(calls) == 1
+
+
 def test_group_names_say_the_node_count():
     names = [group_name(SMALL, g) for g in range(len(variant_groups(SMALL)))]
     assert names[0] == "decode-1n" and len(set(names)) == len(names), names

@@ -43,7 +43,7 @@ import numpy as np
 
 from lsjax.cache import commit
 from lsjax.config import GenerateConfig, ModelConfig
-from lsjax.engine.types import ARDrafter, DecodeState, DraftContext, Drafter, SwitchExtras, Verdict, step_keys
+from lsjax.engine.types import DecodeState, DraftContext, Drafter, SwitchExtras, Verdict, step_keys
 from lsjax.engine.verify import _levels, _verify, verify_phase
 from lsjax.tree import Tree, chain_parents
 
@@ -104,6 +104,8 @@ def commit_phase(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state
         draft=state.draft,
         limit=state.limit,
     )
+    if drafter is None:  # the caller updates the draft state (`run_variant` with a traced `update`)
+        return new_state
     draft = drafter.update(ctx, new_state, state.draft, verdict)
     return dataclasses.replace(new_state, draft=draft)
 
@@ -189,34 +191,32 @@ def chain_verdict(path: PathResult, extras=()) -> Verdict:
     return Verdict(tree, jnp.where(valid, idx, 0), path.num_accepted, path.bonus, path.count, extras)
 
 
-def ar_stretch(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState, n) -> DecodeState:
-    """Up to n [] plain AR steps (`fixed_step` with `ARDrafter`: exactly what `--method ar` runs, the draft
-    state carried untouched), then one `drafter.catch_up` over the tokens they committed, as a chain verdict.
-
-    Why: a switched step that runs AR still pays for choosing, the switch, padding its path to the deepest
-    variant and every sub-drafter's update (3-4% of an AR step on a CPU for auto); a stretch pays that once.
-    At most the drafter's `stretch_limit` steps: the chain it catches up with has static length."""
-    limit = drafter.stretch_limit
-    start, steps0, since = state, state.steps, state.num_out
-    ar = ARDrafter()
-    n = jnp.minimum(n, limit)
+def _stretch_begin(ctx: DraftContext, drafter: Drafter, start: DecodeState, n):
+    """(n capped to the drafter's `stretch_limit`, the plan its `stretch_stop` reads) for a stretch begun at
+    `start`. Most switched steps run no stretch (n = 0): the plan is only worked out for one that does."""
+    n = jnp.minimum(n, drafter.stretch_limit)
 
     def planned(_):
         return drafter.stretch_plan(ctx, start)
 
-    # Most switched steps run no stretch (n = 0): the plan is only worked out for one that does.
     blank = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(planned, None))
-    plan = jax.lax.cond(n > 0, planned, lambda _: blank, None)
+    return n, jax.lax.cond(n > 0, planned, lambda _: blank, None)
 
-    def more(s):
-        # The last token is left to the step after the stretch, which runs anyway: ending the run inside the
-        # stretch would make that step a forward over finished rows.
-        last = jnp.any(~s.done & (s.num_out >= s.limit - 1))
-        stop = jnp.asarray(drafter.stretch_stop(ctx, start, plan, s), bool)
-        return (s.steps - steps0 < n) & ~jnp.all(s.done) & ~last & ~stop
 
-    state = jax.lax.while_loop(more, lambda s: fixed_step(ctx, ar, gen, s), state)
-    ran = state.steps - steps0
+def _stretch_more(ctx: DraftContext, drafter: Drafter, start: DecodeState, plan, n, s: DecodeState) -> jax.Array:
+    """Whether the stretch begun at `start` runs another AR step from `s`. The last token is left to the step
+    after the stretch, which runs anyway: ending the run inside the stretch would make that step a forward over
+    finished rows."""
+    last = jnp.any(~s.done & (s.num_out >= s.limit - 1))
+    stop = jnp.asarray(drafter.stretch_stop(ctx, start, plan, s), bool)
+    return (s.steps - start.steps < n) & ~jnp.all(s.done) & ~last & ~stop
+
+
+def _stretch_end(ctx: DraftContext, drafter: Drafter, start: DecodeState, state: DecodeState, ran) -> DecodeState:
+    """After `ran` [] AR steps of a stretch begun at `start`: one `drafter.catch_up` over the tokens they
+    committed, as a chain verdict (none where ran = 0)."""
+    limit = drafter.stretch_limit
+    since = start.num_out
 
     def catch_up(state):
         B = state.root.shape[0]
@@ -234,6 +234,36 @@ def ar_stretch(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: 
     return dataclasses.replace(state, draft=draft)
 
 
+def ar_index(drafter: Drafter) -> int:
+    """The variant a stretch's AR steps run (with no draft update): the first group's only member, one node.
+    The first group's program then holds one target forward for both (`group_loop`)."""
+    variants = drafter.step_variants()
+    first = variant_groups(drafter)[0]
+    if len(first) != 1 or variants[first[0]].num_nodes != 1:
+        raise TypeError(f"{drafter.name}: a drafter that stretches needs AR (one node) alone in its first group")
+    return first[0]
+
+
+def stretch_step(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState) -> DecodeState:
+    """One AR step of a stretch: the AR variant's switched step with the draft state left as it was (the
+    forward, the walk and the commit of `--method ar`'s step; the path padded as every variant's is)."""
+    return run_variant(ctx, drafter, gen, state, ar_index(drafter), 0, update=False)
+
+
+def ar_stretch(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState, n) -> DecodeState:
+    """Up to n [] AR steps (`stretch_step`: no choosing, no draft update), then one `drafter.catch_up` over the
+    tokens they committed, as a chain verdict.
+
+    Why: a switched step that runs AR still pays for choosing and every sub-drafter's update (3-4% of an AR
+    step on a CPU for auto); a stretch pays that once. At most the drafter's `stretch_limit` steps: the chain
+    it catches up with has static length."""
+    start = state
+    n, plan = _stretch_begin(ctx, drafter, start, n)
+    more = functools.partial(_stretch_more, ctx, drafter, start, plan, n)
+    state = jax.lax.while_loop(more, functools.partial(stretch_step, ctx, drafter, gen), state)
+    return _stretch_end(ctx, drafter, start, state, state.steps - start.steps)
+
+
 def variant_groups(drafter: Drafter) -> list[list[int]]:
     """A switched drafter's variants grouped by node count (first-seen order): each group shares one target
     forward, and is one program when the host switches between groups (`group_loop`)."""
@@ -243,10 +273,17 @@ def variant_groups(drafter: Drafter) -> list[list[int]]:
 
 
 def run_variant(
-    ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState, index, group: int | None = None
+    ctx: DraftContext,
+    drafter: Drafter,
+    gen: GenerateConfig,
+    state: DecodeState,
+    index,
+    group: int | None = None,
+    update=True,
 ) -> DecodeState:
     """Variant `index` [] of a switched drafter drafts, verifies (inside a `lax.switch` over the node-count
-    groups, or only `group`'s when given: `index` must then be one of its members) and commits."""
+    groups, or only `group`'s when given: `index` must then be one of its members) and commits. `update`: whether
+    the drafter updates its state from the step (False: a stretch's AR step; a [] bool: decided at run time)."""
     variants = drafter.step_variants()
     for v in variants:
         if type(v).verify_extras is not Drafter.verify_extras:
@@ -268,7 +305,17 @@ def run_variant(
     else:
         path = branches[group]((state, at[1], wanted))
     verdict = chain_verdict(path, SwitchExtras(index, path.root_logp, path.aux))
-    return commit_phase(ctx, drafter, gen, state, (verdict, path.k, path.v))
+    if update is True:
+        return commit_phase(ctx, drafter, gen, state, (verdict, path.k, path.v))
+    new_state = commit_phase(ctx, None, gen, state, (verdict, path.k, path.v))
+    if update is False:
+        return new_state
+
+    def updated(c):  # a `while_loop` of 0 or 1 trips, not a `cond`: its carry (the cache too) stays in place
+        s, _ = c
+        return dataclasses.replace(s, draft=drafter.update(ctx, s, s.draft, verdict)), jnp.bool_(False)
+
+    return jax.lax.while_loop(lambda c: c[1], updated, (new_state, jnp.asarray(update, bool)))[0]
 
 
 def switched_step(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState) -> DecodeState:
@@ -319,12 +366,28 @@ def group_loop(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: 
         state, unit, _ = c
         is_stretch = unit == STRETCH
         if first and stretches:
-            state = ar_stretch(ctx, drafter, gen, state, jnp.where(is_stretch, drafter.ar_stretch(ctx, state), 0))
+            # One loop, one target forward in the program: a stretch's AR steps (no draft update), or the unit's
+            # own AR step (with it). Two loops each held one: the first program was ~1.7x the size, and loaded
+            # that much slower beside the prefill (2026-12-03).
+            start = state
+            n, plan = _stretch_begin(ctx, drafter, start, jnp.where(is_stretch, drafter.ar_stretch(ctx, state), 0))
 
-        def one_step(s):
-            return run_variant(ctx, drafter, gen, s[0], unit, group), jnp.bool_(True)
+            def go(m):
+                s, pending = m
+                return pending | _stretch_more(ctx, drafter, start, plan, n, s)
 
-        state = jax.lax.while_loop(lambda s: ~s[1], one_step, (state, is_stretch))[0]
+            def ar_step(m):
+                s, pending = m
+                return run_variant(ctx, drafter, gen, s, ar_index(drafter), group, update=pending), jnp.bool_(False)
+
+            state = jax.lax.while_loop(go, ar_step, (state, ~is_stretch))[0]
+            state = _stretch_end(ctx, drafter, start, state, jnp.where(is_stretch, state.steps - start.steps, 0))
+        else:
+
+            def one_step(s):
+                return run_variant(ctx, drafter, gen, s[0], unit, group), jnp.bool_(True)
+
+            state = jax.lax.while_loop(lambda s: ~s[1], one_step, (state, is_stretch))[0]
         # After a stretch: the choice of the step it began (runs next, whatever the limit); else the next unit.
         chosen = drafter.choose(ctx, state).astype(jnp.int32)
         return state, jnp.where(is_stretch, chosen, next_unit(ctx, drafter, state, chosen)), ~is_stretch
