@@ -273,6 +273,11 @@ def test_auto_time_split_is_ms_per_step_of_each_candidate(tmp_path, monkeypatch)
     assert all(ms > 0 for ms in split["step_ms_by_candidate"].values())
     g = Generator(config, params, drafter, auto_params(drafter))  # cost_profile "cached"
     g.run(ids, gen)  # measures the profile once (written under LSJAX_PROFILE_DIR)
+
+    def no_prefill(*a, **k):  # the run read the costs: `decode.py --json` must not prefill again to report them
+        raise AssertionError("prefilled again")
+
+    monkeypatch.setattr("lsjax.engine.profiling.prefilled", no_prefill)
     split = time_split(g, ids, gen)
     assert split["step_ms_source"] == "profile" and split["step_ms_by_candidate"]["ar"] > 0
 

@@ -824,6 +824,11 @@ class Generator:
             drafter_stats=self.drafter.summary(state.draft) if isinstance(self.drafter, Summarized) else None,
         )
 
+    def known_draft_params(self, prompt_ids: list[int], gen: GenerateConfig):
+        """A `HostTuned` drafter's params a run of this prompt's bucket and sampling found, or None (not found
+        yet, or found before the programs were all made: `finish` finds them)."""
+        return self._host_params.get((loop.prompt_bucket(len(prompt_ids)), gen.sampling))
+
     def _draft_params(self, gen: GenerateConfig, bucket: int, state, decode):
         """The draft params for this prompt: a `HostTuned` drafter's are found on the host before the timed
         decode, once per (bucket, sampling), and kept (with the decode program, which a `SplitDecode` may still

@@ -373,6 +373,9 @@ def candidate_split(generator, prompt_ids: list[int], gen, seed: int = 0) -> dic
     from lsjax.engine.profiling import prefilled
 
     drafter = generator.drafter
+    known = generator.known_draft_params(prompt_ids, gen) if drafter.cost_profile != "prior" else None
+    if known is not None:  # the run read them: no second prefill (seconds after the output, on a long prompt)
+        return _split(drafter, known["costs"], "profile")
     gen, bucket, state, (_, decode, _) = prefilled(generator, prompt_ids, gen, seed)
     if bool(state.done[0]):
         return {}  # prefill ended the row: no step to time
@@ -380,8 +383,12 @@ def candidate_split(generator, prompt_ids: list[int], gen, seed: int = 0) -> dic
         prior = prior_costs(drafter)
         secs, source = measure_costs(decode, generator.params, generator.draft_params, state, prior, False), "measured"
     else:
-        secs, source = np.asarray(generator._draft_params(gen, bucket, state, decode)["costs"]), "profile"
+        secs, source = generator._draft_params(gen, bucket, state, decode)["costs"], "profile"
+    return _split(drafter, secs, source)
+
+
+def _split(drafter, secs, source: str) -> dict:
     return {
-        "step_ms_by_candidate": {n: round(float(s) * 1e3, 3) for n, s in zip(drafter.cost_names, secs)},
+        "step_ms_by_candidate": {n: round(float(s) * 1e3, 3) for n, s in zip(drafter.cost_names, np.asarray(secs))},
         "step_ms_source": source,
     }
