@@ -137,7 +137,7 @@ def test_a_forced_group_still_loading_is_waited_for():
 
 def test_the_first_groups_program_holds_one_target_forward(monkeypatch):
     """A stretch's AR steps and AR's own switched step run in one loop over one target forward: the first
-    group's program is what a start loads beside its prefill, and two forwards made it ~1.7x the size."""
+    group's program is what a start loads beside its prefill, and two forwards made it ~1.5x the size."""
     from lsjax.engine import step, verify
 
     config, params, ls, spec, state, _ = _setup(GREEDY)

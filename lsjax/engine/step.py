@@ -367,8 +367,8 @@ def group_loop(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: 
         is_stretch = unit == STRETCH
         if first and stretches:
             # One loop, one target forward in the program: a stretch's AR steps (no draft update), or the unit's
-            # own AR step (with it). Two loops each held one: the first program was ~1.7x the size, and loaded
-            # that much slower beside the prefill (2026-12-03).
+            # own AR step (with it). Two loops each held one: the first program was ~1.5x the size, and loaded
+            # 2.3x slower (2026-12-03).
             start = state
             n, plan = _stretch_begin(ctx, drafter, start, jnp.where(is_stretch, drafter.ar_stretch(ctx, state), 0))
 
