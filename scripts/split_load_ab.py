@@ -78,7 +78,8 @@ def main(argv=None) -> int:
         def median(v, of, i=i):
             return round(statistics.median(of(r) for r in rows if r["prompt"] == i and r["variant"] == v), 3)
 
-        # Not the process's end: with --json, decode.py times a prefill/decode split after the output (auto).
+        # What a user waits for: the last token. (Until 2026-12-03 auto's --json process also prefilled again
+        # after its output; the process's end is in the rows as process_s.)
         wall = {v: median(v, lambda r: r["last_token_s"]) for v in names}
         summary.append(
             {"prompt": i, **{f"{v}_first_token_s": median(v, lambda r: r["first_token_s"]) for v in names}}
