@@ -191,32 +191,52 @@ def chain_verdict(path: PathResult, extras=()) -> Verdict:
     return Verdict(tree, jnp.where(valid, idx, 0), path.num_accepted, path.bonus, path.count, extras)
 
 
-def _stretch_begin(ctx: DraftContext, drafter: Drafter, start: DecodeState, n):
-    """(n capped to the drafter's `stretch_limit`, the plan its `stretch_stop` reads) for a stretch begun at
-    `start`. Most switched steps run no stretch (n = 0): the plan is only worked out for one that does."""
-    n = jnp.minimum(n, drafter.stretch_limit)
+def ar_index(drafter: Drafter) -> int:
+    """The variant a stretch's AR steps run (with no draft update): the first group's only member, one node."""
+    variants = drafter.step_variants()
+    first = variant_groups(drafter)[0]
+    if len(first) != 1 or variants[first[0]].num_nodes != 1:
+        raise TypeError(f"{drafter.name}: a drafter that stretches needs AR (one node) alone in its first group")
+    return first[0]
+
+
+def ar_stretch(
+    ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState, n, own=False
+) -> DecodeState:
+    """Up to n [] AR steps (AR's switched step with no draft update: no choosing, no bookkeeping), then one
+    `drafter.catch_up` over the tokens they committed, as a chain verdict. `own` ([] bool, n = 0 with it): AR's
+    own switched step instead, with its update, in the same loop: `group_loop`'s first program then holds one
+    target forward for both (two made it ~1.5x the size and its load 2.3x slower, 2026-12-03).
+
+    Why: a switched step that runs AR still pays for choosing and every sub-drafter's update (3-4% of an AR
+    step on a CPU for auto); a stretch pays that once. At most the drafter's `stretch_limit` steps: the chain
+    it catches up with has static length."""
+    limit = drafter.stretch_limit
+    start, steps0, since = state, state.steps, state.num_out
+    n = jnp.minimum(n, limit)
 
     def planned(_):
         return drafter.stretch_plan(ctx, start)
 
+    # Most switched steps run no stretch (n = 0): the plan is only worked out for one that does.
     blank = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(planned, None))
-    return n, jax.lax.cond(n > 0, planned, lambda _: blank, None)
+    plan = jax.lax.cond(n > 0, planned, lambda _: blank, None)
 
+    def more(m):
+        s, pending = m
+        # The last token is left to the step after the stretch, which runs anyway: ending the run inside the
+        # stretch would make that step a forward over finished rows.
+        last = jnp.any(~s.done & (s.num_out >= s.limit - 1))
+        stop = jnp.asarray(drafter.stretch_stop(ctx, start, plan, s), bool)
+        return pending | ((s.steps - steps0 < n) & ~jnp.all(s.done) & ~last & ~stop)
 
-def _stretch_more(ctx: DraftContext, drafter: Drafter, start: DecodeState, plan, n, s: DecodeState) -> jax.Array:
-    """Whether the stretch begun at `start` runs another AR step from `s`. The last token is left to the step
-    after the stretch, which runs anyway: ending the run inside the stretch would make that step a forward over
-    finished rows."""
-    last = jnp.any(~s.done & (s.num_out >= s.limit - 1))
-    stop = jnp.asarray(drafter.stretch_stop(ctx, start, plan, s), bool)
-    return (s.steps - start.steps < n) & ~jnp.all(s.done) & ~last & ~stop
+    def step(m):
+        s, pending = m
+        update = False if own is False else pending
+        return run_variant(ctx, drafter, gen, s, ar_index(drafter), 0, update=update), jnp.bool_(False)
 
-
-def _stretch_end(ctx: DraftContext, drafter: Drafter, start: DecodeState, state: DecodeState, ran) -> DecodeState:
-    """After `ran` [] AR steps of a stretch begun at `start`: one `drafter.catch_up` over the tokens they
-    committed, as a chain verdict (none where ran = 0)."""
-    limit = drafter.stretch_limit
-    since = start.num_out
+    state = jax.lax.while_loop(more, step, (state, jnp.asarray(own, bool)))[0]
+    ran = jnp.where(own, 0, state.steps - steps0)
 
     def catch_up(state):
         B = state.root.shape[0]
@@ -232,36 +252,6 @@ def _stretch_end(ctx: DraftContext, drafter: Drafter, start: DecodeState, state:
 
     draft = jax.lax.cond(ran > 0, catch_up, lambda state: state.draft, state)
     return dataclasses.replace(state, draft=draft)
-
-
-def ar_index(drafter: Drafter) -> int:
-    """The variant a stretch's AR steps run (with no draft update): the first group's only member, one node.
-    The first group's program then holds one target forward for both (`group_loop`)."""
-    variants = drafter.step_variants()
-    first = variant_groups(drafter)[0]
-    if len(first) != 1 or variants[first[0]].num_nodes != 1:
-        raise TypeError(f"{drafter.name}: a drafter that stretches needs AR (one node) alone in its first group")
-    return first[0]
-
-
-def stretch_step(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState) -> DecodeState:
-    """One AR step of a stretch: the AR variant's switched step with the draft state left as it was (the
-    forward, the walk and the commit of `--method ar`'s step; the path padded as every variant's is)."""
-    return run_variant(ctx, drafter, gen, state, ar_index(drafter), 0, update=False)
-
-
-def ar_stretch(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: DecodeState, n) -> DecodeState:
-    """Up to n [] AR steps (`stretch_step`: no choosing, no draft update), then one `drafter.catch_up` over the
-    tokens they committed, as a chain verdict.
-
-    Why: a switched step that runs AR still pays for choosing and every sub-drafter's update (3-4% of an AR
-    step on a CPU for auto); a stretch pays that once. At most the drafter's `stretch_limit` steps: the chain
-    it catches up with has static length."""
-    start = state
-    n, plan = _stretch_begin(ctx, drafter, start, n)
-    more = functools.partial(_stretch_more, ctx, drafter, start, plan, n)
-    state = jax.lax.while_loop(more, functools.partial(stretch_step, ctx, drafter, gen), state)
-    return _stretch_end(ctx, drafter, start, state, state.steps - start.steps)
 
 
 def variant_groups(drafter: Drafter) -> list[list[int]]:
@@ -365,23 +355,9 @@ def group_loop(ctx: DraftContext, drafter: Drafter, gen: GenerateConfig, state: 
     def body(c):
         state, unit, _ = c
         is_stretch = unit == STRETCH
-        if first and stretches:
-            # One loop, one target forward in the program: a stretch's AR steps (no draft update), or the unit's
-            # own AR step (with it). Two loops each held one: the first program was ~1.5x the size, and loaded
-            # 2.3x slower (2026-12-03).
-            start = state
-            n, plan = _stretch_begin(ctx, drafter, start, jnp.where(is_stretch, drafter.ar_stretch(ctx, state), 0))
-
-            def go(m):
-                s, pending = m
-                return pending | _stretch_more(ctx, drafter, start, plan, n, s)
-
-            def ar_step(m):
-                s, pending = m
-                return run_variant(ctx, drafter, gen, s, ar_index(drafter), group, update=pending), jnp.bool_(False)
-
-            state = jax.lax.while_loop(go, ar_step, (state, ~is_stretch))[0]
-            state = _stretch_end(ctx, drafter, start, state, jnp.where(is_stretch, state.steps - start.steps, 0))
+        if first and stretches:  # a stretch, or AR's own step: one loop, one target forward (`ar_stretch`)
+            n = jnp.where(is_stretch, drafter.ar_stretch(ctx, state), 0)
+            state = ar_stretch(ctx, drafter, gen, state, n, own=~is_stretch)
         else:
 
             def one_step(s):
