@@ -391,7 +391,9 @@ def main(argv=None, *, as_program: bool = False) -> int:
             return precompile(generator, ids, gen, args, method)
         stream = tok.stream_decoder(skip_special_tokens=True)
         on_tokens = None if args.json else (lambda new: print(stream.push(new), end="", flush=True))
-        with Ticker(compiling_label(drafter, decode_programs(generator))) as ticker:
+        stand_in = generator.stands_in(ids, gen, seed=args.seed)
+        label = STAND_IN_LABEL if stand_in else compiling_label(drafter, decode_programs(generator))
+        with Ticker(label) as ticker:
             # The decode program compiles on a host thread while the prompt is prefilled.
             compile_s = generator.compile(ids, gen, seed=args.seed, background=True)
             if generator.compiling:
@@ -409,7 +411,7 @@ def main(argv=None, *, as_program: bool = False) -> int:
         if args.compare == "ar":
             baseline = Generator(model.config, model.params, backend=args.backend, mesh=mesh)
             baseline = baseline.run(ids, gen, seed=args.seed)
-        if args.json and method != "ar":
+        if args.json and method != "ar" and not result.ar_stand_in:
             from lsjax.engine.profiling import time_split
 
             split = time_split(generator, ids, gen, seed=args.seed)
@@ -438,6 +440,8 @@ def main(argv=None, *, as_program: bool = False) -> int:
         "prefill_s": round(result.prefill_s, 3),
         "prefill_alongside_compile": result.prefill_alongside_compile,
         "bridged_steps": result.bridged_steps,
+        # A first start at this prompt width decoded with AR's own programs (`Generator.stands_in`).
+        "ar_stand_in": result.ar_stand_in,
         "declined_loads": result.declined_loads,
         # How each program this run used was made ready, and when the method's own decode program took over.
         "programs": programs_json(generator.program_log),
@@ -508,7 +512,13 @@ def main(argv=None, *, as_program: bool = False) -> int:
             f"{prefill_rate}, decode {result.tokens_per_s:.1f} tok/s, "
             f"{result.target_forwards} target forwards (tau {result.mean_accepted:.2f}), "
             f"compile {result.compile_s:.1f}s"
-            + (f" ({result.bridged_steps} steps restricted to the loaded programs)" if result.bridged_steps else "")
+            + (
+                " (decoded as AR: this prompt width's first start)"
+                if result.ar_stand_in
+                else f" ({result.bridged_steps} steps restricted to the loaded programs)"
+                if result.bridged_steps
+                else ""
+            )
             + f"; programs: {programs_said(generator.program_log)}",
             file=sys.stderr,
         )
@@ -522,7 +532,7 @@ def finish(generator) -> None:
     still loading is not needed."""
     if generator.owes:
         print(
-            "[lsjax] compiling the rest of the method's programs and measuring its costs at this prompt width, "
+            "[lsjax] compiling the method's programs and measuring its costs at this prompt width, "
             "for the next start (Ctrl-C skips)...",
             file=sys.stderr,
             flush=True,
@@ -607,6 +617,11 @@ def loading_label(drafter, programs: int = 1) -> str:
         return f"loading auto's first program from the compile cache ({programs - 1} more as it asks for them)"
     what = f"auto's program ({len(names)} candidates)" if names else "the decode program"
     return f"loading {what} from the compile cache"
+
+
+# A first start at a prompt width on a CPU, at T = 0 (`Generator.stands_in`): AR's programs compile in ~AR's
+# time and the method's after the output.
+STAND_IN_LABEL = "compiling AR's programs (this prompt width's first start; auto's compile after the output)"
 
 
 def compiling_label(drafter, programs: int = 1) -> str:

@@ -305,10 +305,7 @@ def test_a_split_decode_runs_with_the_groups_loaded_so_far_and_takes_the_rest_as
     assert g.programs.hits == 3 and not g.compiling  # start and both groups, all loaded
 
 
-def test_a_first_start_decodes_from_ars_group_while_the_rest_compiles_and_finishes_after(tmp_path, monkeypatch):
-    """A start with nothing stored (greedy, exact): AR's group compiles beside the prefill and decodes while the
-    others compile; the costs are the prior meanwhile (measuring would wait for every program). `finish` then
-    compiles the rest and measures the width's costs, so the next start loads everything and reads them."""
+def _first_start_setup(tmp_path, monkeypatch):
     from lsjax.methods.auto import profile
     from lsjax.methods.auto.drafter import AutoDrafter, auto_params
 
@@ -319,14 +316,83 @@ def test_a_first_start_decodes_from_ars_group_while_the_rest_compiles_and_finish
     ids = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
     gen = GenerateConfig(max_new_tokens=40, ignore_eos=True)
     ar = Generator(config, params).run(ids, gen)
-    g = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path / "p"))
+
+    def generator():
+        return Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path / "p"))
+
+    return ids, gen, ar, generator
+
+
+def test_a_first_start_decodes_with_ars_programs_and_compiles_the_methods_after(tmp_path, monkeypatch):
+    """A start with nothing stored (greedy, exact, on a CPU) decodes with AR's own programs, which compile in
+    AR's time, and leaves the method's to `finish` (its costs measured with them), so the next start loads
+    everything and reads them; a second run in the same process runs the method's own programs."""
+    from lsjax.engine.host import LOAD_ENV
+
+    monkeypatch.delenv(LOAD_ENV, raising=False)
+    ids, gen, ar, generator = _first_start_setup(tmp_path, monkeypatch)
+    g = generator()
+    assert g.stands_in(ids, gen)
+    g.compile(ids, gen, background=True)
+    assert not g.compiling and [p.name for p in g.program_log] == ["start", "decode"]
+    result = g.run(ids, gen)
+    assert result.tokens == ar.tokens and result.ar_stand_in and result.drafter_stats is None
+    assert result.bridged_steps == result.target_forwards - 1 and result.decode_program_at == 0.0
+    assert not list((tmp_path / "profiles").glob("*.json")) and not g.stands_in(ids, gen)
+    assert g.owes and g.finish() > 0 and not g.owes
+    assert list((tmp_path / "profiles").glob("*.json"))  # this width's costs, measured after the output
+    assert {"decode-1n", "decode-4n"} <= {p.name for p in g.program_log}
+    again = g.run(ids, gen)  # the same process: the method's own programs now
+    assert again.tokens == ar.tokens and not again.ar_stand_in and again.drafter_stats is not None
+    nxt = generator()  # the next start loads everything
+    assert not nxt.stands_in(ids, gen)
+    nxt.compile(ids, gen, background=True)
+    assert nxt.loading_decode
+    assert nxt.run(ids, gen).tokens == ar.tokens and not nxt.owes
+    assert all(p.how == "loaded" for p in nxt.program_log)
+    nxt.close()
+
+
+def test_a_first_start_with_ars_group_stored_keeps_to_it_and_compiles_the_rest_after(tmp_path, monkeypatch):
+    """AR's group stored, a tree's not: the run keeps to AR's group (compiling beside the decode takes the cores
+    it runs on) and `finish` compiles the tree for the next start."""
+    from lsjax.engine.host import LOAD_ENV
+
+    monkeypatch.delenv(LOAD_ENV, raising=False)
+    ids, gen, ar, generator = _first_start_setup(tmp_path, monkeypatch)
+    full = generator()
+    full.run(ids, gen)  # (foreground: every program compiled and stored)
+    for f in (tmp_path / "p").glob("decode-4n-*"):
+        f.unlink()
+    g = generator()
+    assert not g.stands_in(ids, gen)
+    g.compile(ids, gen, background=True)
+    result = g.run(ids, gen)
+    assert result.tokens == ar.tokens and not result.ar_stand_in
+    assert set(result.drafter_stats["steps_by_candidate"]) == {"ar"}
+    assert "decode-4n" not in {p.name for p in g.program_log}
+    assert g.owes and g.finish() > 0 and not g.owes
+    assert [p.how for p in g.program_log if p.name == "decode-4n"] == ["compiled"]
+    assert list((tmp_path / "p").glob("decode-4n-*"))
+
+
+def test_a_first_start_can_compile_beside_the_decode(tmp_path, monkeypatch):
+    """`$LSJAX_SPLIT_LOAD=eager` (for timing the two): AR's group compiles beside the prefill and decodes while
+    the others compile; the costs are the prior meanwhile (measuring would wait for every program). `finish`
+    then compiles the rest and measures the width's costs, so the next start loads everything and reads them."""
+    from lsjax.engine.host import LOAD_ENV
+
+    monkeypatch.setenv(LOAD_ENV, "eager")
+    ids, gen, ar, generator = _first_start_setup(tmp_path, monkeypatch)
+    g = generator()
+    assert not g.stands_in(ids, gen)
     g.compile(ids, gen, background=True)
     assert g.compiling and not g.loading_decode  # compiling, in the background
     result = g.run(ids, gen)
     assert result.tokens == ar.tokens and not list((tmp_path / "profiles").glob("*.json"))
     assert g.owes and g.finish() > 0 and not g.owes
     assert list((tmp_path / "profiles").glob("*.json"))  # this width's costs, measured after the output
-    again = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path / "p"))
+    again = generator()
     again.compile(ids, gen, background=True)
     assert again.loading_decode
     assert again.run(ids, gen).tokens == ar.tokens and not again.owes

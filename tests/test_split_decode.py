@@ -288,8 +288,8 @@ def test_split_load_env(monkeypatch):
     from lsjax.errors import LsjaxError
 
     monkeypatch.delenv(LOAD_ENV, raising=False)
-    assert split_loading(stored=False) == "eager" and split_loading(stored=True) == "asked"  # on a CPU
-    assert split_loading(stored=True, idle=True) == "idle" and split_loading(stored=False, idle=True) == "eager"
+    assert split_loading(stored=False) == "first" and split_loading(stored=True) == "asked"  # on a CPU
+    assert split_loading(stored=True, idle=True) == "idle" and split_loading(stored=False, idle=True) == "first"
     for how in ("eager", "asked", "priced", "idle", "first"):
         monkeypatch.setenv(LOAD_ENV, how)
         assert split_loading(stored=True) == how == split_loading(stored=False, idle=True)

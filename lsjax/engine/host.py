@@ -68,6 +68,9 @@ class GenerationResult:
     # until the speculative program is in use" (`decode.py --json`).
     decode_program_at: float = 0.0
     first_token_at: float = 0.0  # `time.perf_counter()` when the first new token was ready (after the prefill)
+    # The run decoded with AR's own programs while the method's were not compiled (`Generator.stands_in`): its
+    # steps all count as bridged, and `decode_program_at` stays 0.
+    ar_stand_in: bool = False
 
     @property
     def new_tokens(self) -> int:
@@ -139,19 +142,23 @@ LOADINGS = ("idle", "priced", "asked", "eager", "first")
 
 def split_loading(stored: bool, idle: bool = False) -> str:
     """How a split decode makes its groups (`SplitDecode`): "eager", every group, when compiling (the next start
-    loads them) and beside an accelerator (a host thread the device does not wait for); else "asked", every group
+    loads them) beside an accelerator (a host thread the device does not wait for); "first" when compiling on a
+    CPU: AR's group only, the rest compiled after the output (`Generator.finish`: beside the decode, XLA took the
+    cores it runs on, and a tree compiled during a 200-token run never repaid it); else "asked", every group
     the drafter asks for, and with `idle` (`Generator.idle_loads`: decode.py) "idle", those after the first in
     the CPU time the decode leaves unused (`idle_priority`). "priced": only where running a group pays for
-    loading it, by the drafter's own estimates (no better than "asked" on dev prompts). "first": AR's group
-    only, never another (greedy: what the drafter costs with no tree loaded; a timing baseline). Measured:
+    loading it, by the drafter's own estimates (no better than "asked" on dev prompts). "first" is also, with
+    everything stored, a timing baseline (greedy: what the drafter costs with no tree loaded). Measured:
     docs/CHANGELOG.md 2026-12-02 and 2026-12-03. `$LSJAX_SPLIT_LOAD` overrides."""
     how = os.environ.get(LOAD_ENV, "")
     if how and how not in LOADINGS:
         raise LsjaxError(f"${LOAD_ENV}: expected one of {', '.join(LOADINGS)}, got {how!r}")
     if how:
         return how
-    if not stored or compiler_beside_device():
+    if compiler_beside_device():
         return "eager"
+    if not stored:
+        return "first"
     return "idle" if idle else "asked"
 
 
@@ -491,6 +498,7 @@ class Generator:
         self.idle_loads = False
         self._unsettled: set = set()  # (bucket, sampling) whose host params were taken before their programs were
         self._finish: list = []  # (prompt_ids, gen, seed) of runs that left something to `finish`
+        self._stood_in: set = set()  # sigs whose first run decoded with AR's programs (`stands_in`)
 
     def splits(self) -> bool:
         """Whether the decode loop is one program per node-count group (`SplitDecode`): a switched drafter with
@@ -546,6 +554,18 @@ class Generator:
             )
             return loop.decode_pinned(shardings).lower(*args, spec, placed, jnp.int32(0))
 
+        if self._stands_in(sig, spec, args, kwargs, background):
+            # AR's own programs, as `--method ar` makes them.
+            ar = dataclasses.replace(spec, drafter=ARDrafter())
+            ar_fn, ar_args = functools.partial(loop.start, config=ar), (self.params, ())
+            ar_state = jax.eval_shape(ar_fn, *ar_args, **kwargs)
+            ar_start = self._build("start", ar, (ar_args, kwargs), lambda: jax.jit(ar_fn).lower(*ar_args, **kwargs))
+            ar_decode = self._build(
+                "decode", ar, (ar_args, kwargs), lambda: loop.decode_jit.lower(*ar_args, ar, ar_state, jnp.int32(0))
+            )
+            self._compiled[sig] = (ar_start, ar_decode, ARDrafter())
+            return sig, time.perf_counter() - t0
+
         def lower_group(g: int):
             from lsjax.engine.step import PLAN
 
@@ -555,15 +575,8 @@ class Generator:
             return loop.group_decode_jit.lower(self.params, dp, spec, state_shape(), *flags, g)
 
         def build(name, lower):
-            t = time.perf_counter()
-            if self.programs is None:
-                program, how = lower().compile(), "compiled"
-            else:
-                # Every program is determined by the spec and the start arguments (the state the decode programs
-                # take is start's output).
-                program, how = self.programs.fetch(name, spec, (args, kwargs), lower)
-            self.program_log.append(ProgramReady(name, how, time.perf_counter() - t))
-            if name.startswith("decode") and how == "loaded":
+            program = self._build(name, spec, (args, kwargs), lower)
+            if name.startswith("decode") and self.program_log[-1].how == "loaded":
                 self._loaded_buckets.add(bucket)
             return program
 
@@ -638,6 +651,45 @@ class Generator:
         self._compiled[sig] = (start, build("decode", lower_decode), drafter)
         return sig, time.perf_counter() - t0
 
+    def _build(self, name: str, spec: SpecConfig, start_args, lower):
+        """Program `name`, loaded from the program cache or compiled (and stored there), logged."""
+        t = time.perf_counter()
+        if self.programs is None:
+            program, how = lower().compile(), "compiled"
+        else:
+            # Every program is determined by the spec and the start arguments (the state the decode programs
+            # take is start's output).
+            program, how = self.programs.fetch(name, spec, start_args, lower)
+        self.program_log.append(ProgramReady(name, how, time.perf_counter() - t))
+        return program
+
+    def _stands_in(self, sig, spec: SpecConfig, args, kwargs, background: bool) -> bool:
+        """Whether this start decodes with AR's own programs (the first at this width, greedy, on a CPU), its own
+        programs compiled after the output (`finish`) for the next start: a split decode's first program (AR's
+        group with the stretches and the policy) compiles ~2.3x as long as AR's decode program, and the trees
+        after it, on the cores the decode runs on (a first start at a new width was 1.4-1.8x AR's wall time
+        for the same tokens, 2026-12-02). Only where the output cannot change (`partial`: T = 0, exact) and
+        once per width and process; `$LSJAX_SPLIT_LOAD` other than "first" keeps the method's own programs."""
+        if not (background and self.splits() and self.partial(spec.gen)) or self.warming_up or sig in self._stood_in:
+            return False
+        if split_loading(stored=False, idle=self.idle_loads) != "first":
+            return False
+        return self.programs.size(group_name(self.drafter, 0), spec, (args, kwargs)) is None
+
+    def stands_in(self, prompt_ids: list[int], gen: GenerateConfig, seed: int = 0) -> bool:
+        """Whether `compile(..., background=True)` and the next `run` of this prompt decode with AR's own
+        programs (`_stands_in`), for a caller that says what it is compiling (`decode.py`)."""
+        _, bucket, capacity, width = self._shapes(prompt_ids, gen)
+        sig = (bucket, capacity, width)
+        if sig in self._compiled:
+            return self._compiled[sig][2] is not self.drafter
+        spec = SpecConfig(self.config, width, self.drafter, capacity=capacity, backend=self.backend, mesh=self.mesh)
+        tokens = jax.ShapeDtypeStruct((1, bucket), jnp.int32)
+        lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
+        max_new = jax.ShapeDtypeStruct((1,), jnp.int32)
+        kwargs = {"tokens": tokens, "lengths": lengths, "key": jax.random.key(seed), "max_new": max_new}
+        return self._stands_in(sig, spec, (self.params, self.draft_params), kwargs, True)
+
     @property
     def compiling(self) -> bool:
         """Whether a decode program is compiling (or loading) in the background (`compile(background=True)`)."""
@@ -700,13 +752,8 @@ class Generator:
         `start`'s `max_new`). Returns (gen, P, buf [1, bucket], key, sig, compile_s), the programs in
         `self._compiled[sig]`; `wait=False` leaves a decode program compiling in the background as it is, and
         `background=True` compiles a new one there."""
-        max_new = check_prompt(self.config, prompt_ids, gen.max_new_tokens)
-        if max_new != gen.max_new_tokens:
-            gen = dataclasses.replace(gen, max_new_tokens=max_new)
+        gen, bucket, capacity, width = self._shapes(prompt_ids, gen)
         P = len(prompt_ids)
-        bucket = loop.prompt_bucket(P)
-        width = dataclasses.replace(gen, max_new_tokens=loop.new_tokens_bucket(max_new, self.config.max_position))
-        capacity = loop.required_capacity(bucket, width, self.drafter)
         key = jax.random.key(seed)
         sig, compile_s = self._compile(bucket, capacity, width, key, background)
         if wait:
@@ -714,6 +761,16 @@ class Generator:
         buf = np.zeros((1, bucket), np.int32)
         buf[0, :P] = prompt_ids
         return gen, P, buf, key, sig, compile_s
+
+    def _shapes(self, prompt_ids: list[int], gen: GenerateConfig):
+        """(gen capped to the context, the prompt's bucket, the cache capacity, gen at its output width): what
+        a prompt compiles for (once per prompt bucket and output width)."""
+        max_new = check_prompt(self.config, prompt_ids, gen.max_new_tokens)
+        if max_new != gen.max_new_tokens:
+            gen = dataclasses.replace(gen, max_new_tokens=max_new)
+        bucket = loop.prompt_bucket(len(prompt_ids))
+        width = dataclasses.replace(gen, max_new_tokens=loop.new_tokens_bucket(max_new, self.config.max_position))
+        return gen, bucket, loop.required_capacity(bucket, width, self.drafter), width
 
     def programs_for(self, prompt_ids: list[int], gen: GenerateConfig, seed: int = 0):
         """(gen capped to the context, P, buf [1, bucket], key, (start, decode, drafter), compile_s): the
@@ -747,9 +804,10 @@ class Generator:
         gen, P, buf, key, sig, compile_s = self._prepare(prompt_ids, gen, seed, wait=False)
         if max_new is not None and max_new < gen.max_new_tokens:
             gen = dataclasses.replace(gen, max_new_tokens=max(max_new, 1))
-        start = self._compiled[sig][0]
+        start, _, drafter = self._compiled[sig]
+        stand_in = drafter is not self.drafter  # AR's programs (`_stands_in`)
         t0 = time.perf_counter()
-        state = start(self.params, self.draft_params, **start_args(buf, P, key, gen))
+        state = start(self.params, () if stand_in else self.draft_params, **start_args(buf, P, key, gen))
         jax.block_until_ready(state.num_out)
         first_token_at = time.perf_counter()  # the prefill emits the first token
         prefill_s = first_token_at - t0
@@ -773,7 +831,7 @@ class Generator:
         if on_ready is not None:
             on_ready()
         waited = split.waited if split is not None else 0.0
-        draft_params = self._draft_params(gen, buf.shape[1], state, decode)
+        draft_params = () if stand_in else self._draft_params(gen, buf.shape[1], state, decode)
         aside = time.perf_counter() - aside
         decode_at = time.perf_counter()
         if split is not None:
@@ -804,6 +862,11 @@ class Generator:
 
         if (buf.shape[1], gen.sampling) in self._unsettled:
             self._finish.append((prompt_ids, gen, seed))
+        if stand_in:  # the method's own programs next: compiled by `finish`, or by the next run
+            del self._compiled[sig]
+            self._stood_in.add(sig)
+            self._finish.append((prompt_ids, gen, seed))
+            bridged = int(state.steps)
         n = int(state.num_out[0])
         tokens = np.asarray(state.out[0, :n]).tolist()
         stops = set(stop_ids(self.config, gen))
@@ -815,13 +878,14 @@ class Generator:
             prefill_alongside_compile=alongside,
             bridged_steps=bridged,
             declined_loads=declined_loads,
-            decode_program_at=decode_at,
+            decode_program_at=0.0 if stand_in else decode_at,
             first_token_at=first_token_at,
             decode_s=decode_s,
             target_forwards=1 + int(state.steps),
             stop_reason="eos" if tokens and tokens[-1] in stops else "max_new_tokens",
             method=self.drafter.name,
-            drafter_stats=self.drafter.summary(state.draft) if isinstance(self.drafter, Summarized) else None,
+            drafter_stats=self.drafter.summary(state.draft) if isinstance(drafter, Summarized) else None,
+            ar_stand_in=stand_in,
         )
 
     def known_draft_params(self, prompt_ids: list[int], gen: GenerateConfig):
