@@ -449,7 +449,8 @@ def main(argv=None, *, as_program: bool = False) -> int:
         "programs_loaded": sum(p.how != "compiled" for p in generator.program_log),
         # Seconds since launch (the process's start for `python decode.py`): what a user waits.
         "first_token_s": round(result.first_token_at - launched, 3),
-        "decode_program_in_use_s": round(result.decode_program_at - launched, 3),
+        # (None: a first start that decoded with AR's programs, `ar_stand_in`: the method's never ran.)
+        "decode_program_in_use_s": round(result.decode_program_at - launched, 3) if result.decode_program_at else None,
         "last_token_s": round(done_at - launched, 3),
         "decode_s": round(result.decode_s, 3),
         "tokens_per_s": round(result.tokens_per_s, 2),

@@ -40,6 +40,7 @@ FIELDS = (
     "programs_compiled",
     "programs_loaded",
     "bridged_steps",
+    "ar_stand_in",
     "declined_loads",
     "new_tokens",
     "mean_accepted",
@@ -135,7 +136,8 @@ def summarize(rows: list[dict], method: str) -> list[dict]:
             line = {"prompt": prompt, "start": start}
             for m, rs in cell.items():
                 for k in ("first_token_s", "decode_program_in_use_s", "last_token_s", "programs_compiled"):
-                    line[f"{m}_{k}"] = statistics.median(r[k] for r in rs)
+                    known = [r[k] for r in rs if r.get(k) is not None]  # (None: an AR stand-in's program in use)
+                    line[f"{m}_{k}"] = statistics.median(known) if known else None
             line["wall_vs_ar"] = round(line[f"{method}_last_token_s"] / line["ar_last_token_s"], 3)
             line["identical_to_ar"] = all(a["text"] == b["text"] for a, b in zip(cell[method], cell["ar"]))
             line[f"{method}_prompt_tokens"] = cell[method][0].get("prompt_tokens")

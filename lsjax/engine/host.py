@@ -529,13 +529,8 @@ class Generator:
             return sig, 0.0
         t0 = time.perf_counter()
         drafter = self.drafter
-        tokens = jax.ShapeDtypeStruct((1, bucket), jnp.int32)
-        lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
-        spec = SpecConfig(self.config, gen, drafter, capacity=capacity, backend=self.backend, mesh=self.mesh)
+        spec, args, kwargs = self._start_spec(bucket, capacity, gen, key)
         start_fn = functools.partial(loop.start, config=spec)
-        args = (self.params, self.draft_params)
-        max_new = jax.ShapeDtypeStruct((1,), jnp.int32)
-        kwargs = {"tokens": tokens, "lengths": lengths, "key": key, "max_new": max_new}
 
         def lower_start():
             return jax.jit(start_fn).lower(*args, **kwargs)
@@ -683,12 +678,17 @@ class Generator:
         sig = (bucket, capacity, width)
         if sig in self._compiled:
             return self._compiled[sig][2] is not self.drafter
-        spec = SpecConfig(self.config, width, self.drafter, capacity=capacity, backend=self.backend, mesh=self.mesh)
+        return self._stands_in(sig, *self._start_spec(bucket, capacity, width, jax.random.key(seed)), True)
+
+    def _start_spec(self, bucket: int, capacity: int, gen: GenerateConfig, key):
+        """(the spec, the start program's positional and keyword arguments, abstract where they vary): what
+        determines the programs of a prompt bucket and output width (the program cache's key)."""
+        spec = SpecConfig(self.config, gen, self.drafter, capacity=capacity, backend=self.backend, mesh=self.mesh)
         tokens = jax.ShapeDtypeStruct((1, bucket), jnp.int32)
         lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
         max_new = jax.ShapeDtypeStruct((1,), jnp.int32)
-        kwargs = {"tokens": tokens, "lengths": lengths, "key": jax.random.key(seed), "max_new": max_new}
-        return self._stands_in(sig, spec, (self.params, self.draft_params), kwargs, True)
+        kwargs = {"tokens": tokens, "lengths": lengths, "key": key, "max_new": max_new}
+        return spec, (self.params, self.draft_params), kwargs
 
     @property
     def compiling(self) -> bool:
