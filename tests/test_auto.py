@@ -570,6 +570,17 @@ def test_profile_is_keyed_by_device_model_backend_and_candidates(tmp_path, monke
     )
 
 
+def test_profiles_live_beside_the_program_cache_unless_placed(tmp_path, monkeypatch):
+    from lsjax import compile_cache
+
+    monkeypatch.delenv("LSJAX_PROFILE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert auto_profile.profile_dir() == tmp_path / "xdg" / "lsjax" / "profiles"
+    assert auto_profile.profile_dir().parent == compile_cache.default_dir().parent
+    monkeypatch.setenv("LSJAX_PROFILE_DIR", str(tmp_path / "mine"))
+    assert auto_profile.profile_dir() == tmp_path / "mine"
+
+
 def test_a_cpu_profile_names_the_processor_and_its_cores(monkeypatch):
     class Dev:
         def __init__(self, platform, kind):

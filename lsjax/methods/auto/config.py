@@ -133,7 +133,7 @@ class AutoOptions(LongSpecOptions):
     cost_profile: str = option(
         "cached",
         "per-candidate step costs of this device; cached = measured once per prompt bucket (~15 s, in "
-        "$LSJAX_PROFILE_DIR or ~/.cache/lsjax/profiles) then reused; measure = measure again; prior = the "
+        "$LSJAX_PROFILE_DIR or $XDG_CACHE_HOME/lsjax/profiles) then reused; measure = measure again; prior = the "
         "built-in estimate, never measure",
         choices=("cached", "measure", "prior"),
     )

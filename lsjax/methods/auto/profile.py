@@ -6,10 +6,10 @@
 A profile is measured with the very program that decodes: the compiled `auto` loop run with one candidate
 forced (`PolicyState.force`) for a few steps on a copy of the prefilled state, candidates interleaved and
 repeated, median per candidate. So it costs no compile and sees the real context length, cache layout and
-sampling. Files live in `$LSJAX_PROFILE_DIR` (default `~/.cache/lsjax/profiles/`), one per device kind (on a
-CPU its model and core count: `device_name`), model configuration (shapes and dtype: a bf16 step costs other
-ratios than an fp32 one), backend and candidate set, holding one entry per context bucket and sampling mode
-(greedy or sampled trees verify differently).
+sampling. Files live in `$LSJAX_PROFILE_DIR` (default `$XDG_CACHE_HOME/lsjax/profiles/`, `~/.cache/...`), one
+per device kind (on a CPU its model and core count: `device_name`), model configuration (shapes and dtype: a
+bf16 step costs other ratios than an fp32 one), backend and candidate set, holding one entry per context bucket
+and sampling mode (greedy or sampled trees verify differently).
 
 A profile is never used silently where it may not hold: a corrupt file, one of another format, candidate set
 or lsjax version, and an entry whose AR step no longer takes what it took when measured (checked at every
@@ -65,7 +65,11 @@ def prior_costs(drafter) -> np.ndarray:
 
 
 def profile_dir() -> Path:
-    return Path(os.environ.get("LSJAX_PROFILE_DIR") or Path.home() / ".cache" / "lsjax" / "profiles")
+    # Beside the program cache (`lsjax.compile_cache.default_dir`): one XDG_CACHE_HOME moves both, so a fresh
+    # cache never meets a profile measured with another one's programs.
+    if os.environ.get("LSJAX_PROFILE_DIR"):
+        return Path(os.environ["LSJAX_PROFILE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lsjax" / "profiles"
 
 
 def device_name(device) -> str:
