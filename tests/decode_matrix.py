@@ -125,10 +125,14 @@ def cells(selection: str, methods: tuple[str, ...]) -> list[tuple[str, str]]:
 def main(devices: int, work: Path, selection: str) -> None:
     import decode
     import lsjax.loading
+    from lsjax.compile_cache import enable
     from lsjax.loading import LoadedModel
     from lsjax.methods import registry
     from tests.tiny import tiny_model
 
+    # A cell's second start (the profile modes) reads its programs from JAX's cache as a user's would; without
+    # one it compiled auto's whole program again (~35 s of the default suite's ~3 min here).
+    enable(str(work / "jax-cache"), "decode_matrix")
     config, params = tiny_model(arch=os.environ.get("LSJAX_MATRIX_ARCH", "llama"))
     model = LoadedModel(config, params, id_tokenizer(), work / "tiny.gguf")
     lsjax.loading.load_model = lambda path=None, dtype="auto": model

@@ -3,8 +3,7 @@ top-p, --compare ar, auto's cost profile measured then read from its cache, on o
 through decode.py's own `main()` on a tiny target with fake CPU devices (tests/decode_matrix.py). A cell runs,
 and at T = 0 writes AR's tokens, or is refused before anything compiles with one line; none may crash.
 
-The default suite runs the mesh column for every method and the default method (auto) at T = 1, with --compare
-ar and with its profile (one device and mesh), ~3 min;
+The default suite runs the default method (auto) with its profile, on one device and on the mesh (~2 min);
 the whole matrix (~7 min) is `slow`: pytest -m slow tests/test_decode_matrix.py."""
 
 from __future__ import annotations
