@@ -558,7 +558,7 @@ class Generator:
             ar_decode = self._build(
                 "decode", ar, (ar_args, kwargs), lambda: loop.decode_jit.lower(*ar_args, ar, ar_state, jnp.int32(0))
             )
-            self._compiled[sig] = (ar_start, ar_decode, ARDrafter())
+            self._compiled[sig] = (ar_start, ar_decode, ar.drafter)
             return sig, time.perf_counter() - t0
 
         def lower_group(g: int):
