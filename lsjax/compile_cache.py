@@ -25,9 +25,13 @@ OFF = "off"
 MIN_COMPILE_S = 0.5
 
 
+def cache_root() -> Path:
+    """lsjax's folder of caches: `$XDG_CACHE_HOME/lsjax` (`~/.cache/lsjax`)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lsjax"
+
+
 def default_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "lsjax" / "jax-cache"
+    return cache_root() / "jax-cache"
 
 
 def _requested(flag: str | None) -> str | None:

@@ -65,11 +65,11 @@ def prior_costs(drafter) -> np.ndarray:
 
 
 def profile_dir() -> Path:
-    # Beside the program cache (`lsjax.compile_cache.default_dir`): one XDG_CACHE_HOME moves both, so a fresh
-    # cache never meets a profile measured with another one's programs.
-    if os.environ.get("LSJAX_PROFILE_DIR"):
-        return Path(os.environ["LSJAX_PROFILE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lsjax" / "profiles"
+    # Beside the program cache: one XDG_CACHE_HOME moves both, so a fresh cache never meets a profile measured
+    # with another one's programs.
+    from lsjax.compile_cache import cache_root
+
+    return Path(os.environ.get("LSJAX_PROFILE_DIR") or cache_root() / "profiles")
 
 
 def device_name(device) -> str:
