@@ -3,9 +3,12 @@ run, the default method (`now`: on a CPU at T = 0 it decodes with AR's own progr
 the output), the default as it was before 2026-12-03 (`eager`: `$LSJAX_SPLIT_LOAD=eager`, its programs compiled
 beside the decode) and `--method ar`; interleaved, the order reversed every round. Each process is stopped once its
 JSON is out: what follows it is compiling for the next start (`decode.py`'s `finish`), which nobody waits for.
-One JSON line per run, then the medians of the seconds from launch to the last token over AR's.
+One JSON line per run, then the medians of the seconds from launch to the first and the last token over AR's.
+`--baseline DIR` (another checkout, e.g. `git worktree add DIR HEAD~1`) also runs each variant from there
+("base-now", ...), interleaved with this tree's: a change measured against the code before it.
 
-    python scripts/cold_start_ab.py [--suite dev] [--buckets 1K-2K] [--tasks code] [--rounds 2] [--json F]
+    python scripts/cold_start_ab.py [--suite dev] [--buckets 1K-2K] [--tasks code] [--rounds 2]
+        [--variants now eager ar] [--baseline DIR] [--json F]
 """
 
 from __future__ import annotations
@@ -38,17 +41,18 @@ KEEP = (
 )
 
 
-def first_start(prompt: Path, variant: str, new: int, work: Path) -> dict:
-    """One `decode.py --json` process with fresh caches, stopped once its JSON line is out."""
+def first_start(prompt: Path, variant: str, new: int, work: Path, root: Path = ROOT) -> dict:
+    """One `decode.py --json` process of the checkout at `root`, with fresh caches, stopped once its JSON line
+    is out."""
     env = {**os.environ, "LSJAX_PROFILE_DIR": str(work / "profiles")}
     env.pop("LSJAX_SPLIT_LOAD", None)
     if variant == "eager":
         env["LSJAX_SPLIT_LOAD"] = "eager"
-    cmd = [sys.executable, str(ROOT / "decode.py"), "--prompt-file", str(prompt), "--json"]
+    cmd = [sys.executable, str(root / "decode.py"), "--prompt-file", str(prompt), "--json"]
     cmd += ["--max-new-tokens", str(new), "--compile-cache", str(work / "cache")]
     cmd += ["--method", "ar"] if variant == "ar" else []
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=root)
     line = proc.stdout.readline()
     while line and not line.startswith("{"):
         line = proc.stdout.readline()
@@ -72,8 +76,16 @@ def main(argv=None) -> int:
     p.add_argument("--tasks", nargs="+", default=["code"], choices=TASKS)
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--baseline", default=None, help="another checkout whose decode.py runs each variant too")
     p.add_argument("--json", default=None, help="also write the rows here (JSON lines)")
     args = p.parse_args(argv)
+    runs = [(v, ROOT, v) for v in args.variants]
+    if args.baseline:
+        base = Path(args.baseline).resolve()
+        if not (base / "decode.py").is_file():
+            p.error(f"--baseline: no decode.py in {args.baseline}")
+        runs += [(f"base-{v}", base, v) for v in args.variants]
     rows = []
     with tempfile.TemporaryDirectory(prefix="lsjax-cold-") as tmp:
         prompts = load_suite(load_model().tokenizer, args.suite, None, 1, args.tasks, args.buckets)
@@ -81,17 +93,23 @@ def main(argv=None) -> int:
             prompt = Path(tmp) / f"prompt{i}.txt"
             prompt.write_text(pr.text)
             for r in range(args.rounds):
-                for variant in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
+                for name, root, variant in runs if r % 2 == 0 else runs[::-1]:
                     work = Path(tempfile.mkdtemp(dir=tmp))
-                    row = {"suite": args.suite, "prompt": pr.id, "round": r, "variant": variant}
-                    row.update(first_start(prompt, variant, args.max_new_tokens, work))
+                    row = {"suite": args.suite, "prompt": pr.id, "round": r, "variant": name}
+                    row.update(first_start(prompt, variant, args.max_new_tokens, work, root))
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     for prompt in dict.fromkeys(r["prompt"] for r in rows):
-        last = {v: statistics.median(r["last_token_s"] for r in rows if (r["prompt"], r["variant"]) == (prompt, v))
-                for v in VARIANTS}  # fmt: skip
-        print(f"{prompt}: last token now {last['now']:.1f} s, eager {last['eager']:.1f} s, AR {last['ar']:.1f} s; "
-              f"now / AR {last['now'] / last['ar']:.3f}x, eager / AR {last['eager'] / last['ar']:.3f}x")  # fmt: skip
+        for key in ("first_token_s", "last_token_s"):
+            med = {name: statistics.median(r[key] for r in rows if (r["prompt"], r["variant"]) == (prompt, name))
+                   for name, _, _ in runs}  # fmt: skip
+            says = ", ".join(f"{name} {s:.1f} s" for name, s in med.items())
+            ar = {name: med[ar] for name, ar in (("now", "ar"), ("eager", "ar"), ("base-now", "base-ar"),
+                                                 ("base-eager", "base-ar")) if name in med and ar in med}  # fmt: skip
+            over = "; ".join(f"{name} / its AR {med[name] / a:.3f}x" for name, a in ar.items())
+            print(
+                f"{prompt}: {key.removesuffix('_s').replace('_', ' ')} (median) {says}" + (f"; {over}" if over else "")
+            )
     if args.json:
         Path(args.json).write_text("".join(json.dumps(r) + "\n" for r in rows))
     return 0

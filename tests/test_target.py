@@ -198,6 +198,41 @@ def test_a_projection_stored_both_ways_uses_out_major_rows_from_three_rows():
         target.prepare_for_decode(params, config, layout="rows")
 
 
+def test_a_prefill_over_stacked_layers_is_the_unrolled_one():
+    """`target.stack_layers` (the prefill's layers under `lax.scan`, which compiles ~4x faster) runs the same
+    layer code: the prefill's logits and cache, and a forward's tapped streams, equal the unrolled layers' to
+    the bit, from either storage of the projections; only the copy `project` reads for the rows is stacked."""
+    import dataclasses
+
+    config, params = tiny_model(arch="qwen3")
+    config = dataclasses.replace(config, qkv_bias=True)  # per-head q/k norms and the fused bias, stacked too
+    params = target.init_params(config, jax.random.key(4), scale=0.3)
+    rng = np.random.RandomState(1)
+    lengths = jnp.array([70, 5])
+    buf = jnp.asarray(rng.randint(0, config.vocab_size, (2, 128)), jnp.int32)
+    for layout in ("in", "both"):  # ("out" is "both" at 64 rows)
+        prepared = target.prepare_for_decode(params, config, layout=layout)
+        stacked = target.stack_layers(prepared, rows=64)
+        assert target.is_stacked(stacked) and not target.is_stacked(prepared)
+        assert stacked["layers"]["w_down" if layout == "in" else "w_down_t"].shape[0] == config.num_layers
+        assert ("w_down" in stacked["layers"]) != ("w_down_t" in stacked["layers"])
+        if layout == "both":
+            assert "w_down" in target.stack_layers(prepared, rows=1)["layers"]
+        outs = [
+            jax.jit(lambda p, scan: engine.prefill(p, config, buf, lengths, KVCache.zeros(config, 2, 256), chunk=32,
+                                            scan_layers=scan), static_argnums=1)(prepared, scan)
+            for scan in (False, True)
+        ]  # fmt: skip
+        for a, b in zip(jax.tree.leaves(outs[0]), jax.tree.leaves(outs[1])):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        cache = outs[0][1]
+        toks, pos = buf[:, 70:73], cache.lengths[:, None] + jnp.arange(3)
+        run = jax.jit(lambda p: target.forward_streams(p, config, toks, pos, cache, (0, 1, 2)))
+        for a, b in zip(run(prepared), run(stacked)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert target.stack_layers(params, rows=64) is params  # the training layout scans already
+
+
 @pytest.mark.parametrize("bucket,chunk", [(128, 32), (256, 64), (512, 256)])
 def test_padding_and_bucket_size_do_not_change_logits(tiny, bucket, chunk):
     """Rows of different lengths, padded with garbage, in buckets and chunks of several sizes."""

@@ -121,6 +121,30 @@ def compiler_beside_device() -> bool:
     return jax.default_backend() != "cpu"
 
 
+def beside(make: Callable[[], object]) -> concurrent.futures.Future:
+    """`make()` on a host thread of its own: a Future of (its result, the seconds it took), an error raised where
+    the result is waited for. For a decode program compiled (or loaded) while the start program prefills: XLA
+    compiles on one host thread while the device, or on a CPU the other cores, prefill. On 2 CPU cores the two
+    share the cores (the prefill of a 1165-token prompt 4.2 -> 7.4-8.4 s, AR's decode program 6.1 -> 8.9-9.5 s)
+    and still end sooner than one after the other: `decode.py --method ar`, 200 tokens, fresh caches, three
+    interleaved rounds (2026-12-03), first token 12.0-13.2 s against 14.9-16.3 s, last 21.5-22.6 s against
+    23.2-25.0 s. (With the start program's layers unrolled, before `target.stack_layers`, the same pairing
+    measured 20 s slower once and 4 s faster once.)"""
+    future = concurrent.futures.Future()
+
+    def work():
+        t = time.perf_counter()
+        try:
+            result = make()
+        except BaseException as e:  # raised where the program is waited for  # noqa: BLE001
+            future.set_exception(e)
+        else:
+            future.set_result((result, time.perf_counter() - t))
+
+    threading.Thread(target=work, name="lsjax-compile").start()
+    return future
+
+
 class ProgramReady(typing.NamedTuple):
     """A program a `Generator` made ready: its name (start, decode, or a split decode's `group_name`), how
     ("loaded" from the program cache, "jax-cache": traced and lowered with XLA's compile read from JAX's
@@ -555,10 +579,13 @@ class Generator:
             ar_fn, ar_args = functools.partial(loop.start, config=ar), (self.params, ())
             ar_state = jax.eval_shape(ar_fn, *ar_args, **kwargs)
             ar_start = self._build("start", ar, (ar_args, kwargs), lambda: jax.jit(ar_fn).lower(*ar_args, **kwargs))
-            ar_decode = self._build(
-                "decode", ar, (ar_args, kwargs), lambda: loop.decode_jit.lower(*ar_args, ar, ar_state, jnp.int32(0))
-            )
-            self._compiled[sig] = (ar_start, ar_decode, ar.drafter)
+
+            def ar_decode():
+                lower = lambda: loop.decode_jit.lower(*ar_args, ar, ar_state, jnp.int32(0))  # noqa: E731
+                return self._build("decode", ar, (ar_args, kwargs), lower)
+
+            self.loading_decode = self.programs.holds("decode", ar, (ar_args, kwargs))
+            self._compiled[sig] = (ar_start, beside(ar_decode), ar.drafter)
             return sig, time.perf_counter() - t0
 
         def lower_group(g: int):
@@ -620,30 +647,10 @@ class Generator:
             self._compiled[sig] = (start, split, drafter)
             return sig, time.perf_counter() - t0
         stored = self.programs is not None and self.programs.holds("decode", spec, (args, kwargs))
-        if background and not compiler_beside_device():
-            # On a CPU, XLA's compile uses the cores the prefill runs on (the demo's first run side by side on 2
-            # cores: 20 s slower in one pair of runs, 4 s faster in the next); loading from disk is one thread.
-            background = stored
         # What the background is doing, for a status line ("loading" reads from disk; else XLA compiles).
         self.loading_decode = background and stored
-        if background:
-            # XLA compiles (or loads) on one host thread while the device, or the other CPU cores, prefill.
-            decode = concurrent.futures.Future()
-
-            def timed_decode():
-                t = time.perf_counter()
-                return build("decode", lower_decode), time.perf_counter() - t
-
-            def work():
-                try:
-                    decode.set_result(timed_decode())
-                except BaseException as e:  # raised where the program is waited for  # noqa: BLE001
-                    decode.set_exception(e)
-
-            threading.Thread(target=work, name="lsjax-compile").start()
-            self._compiled[sig] = (start, decode, drafter)
-            return sig, time.perf_counter() - t0
-        self._compiled[sig] = (start, build("decode", lower_decode), drafter)
+        decode = beside(lambda: build("decode", lower_decode)) if background else build("decode", lower_decode)
+        self._compiled[sig] = (start, decode, drafter)
         return sig, time.perf_counter() - t0
 
     def _build(self, name: str, spec: SpecConfig, start_args, lower):

@@ -70,6 +70,7 @@ def prefill(
     chunk: int = PREFILL_CHUNK,
     backend: str = "auto",
     hook=None,
+    scan_layers: bool | None = None,
 ):
     """Commits prompts tokens [B, P] (row b holds lengths[b] real tokens, P % chunk == 0) into an empty cache.
 
@@ -77,8 +78,15 @@ def prefill(
     chunks that hold real tokens are computed, and only one row of logits per
     sequence goes through the LM head. With a drafter's `hook` (`PrefillHook`) each chunk's forward also yields
     the streams it asks for and its step runs on them: then (logits, cache, the hook's last carry).
+    `scan_layers` (default: on a CPU) runs the layers under `lax.scan` (`target.stack_layers`: a program
+    that compiles ~4x faster for the same prefill, at the price of a copy of the projections while it runs,
+    which an accelerator's memory is kept from paying for).
     """
     B, P = tokens.shape
+    if scan_layers is None:
+        scan_layers = jax.default_backend() == "cpu"
+    if scan_layers:
+        params = target.stack_layers(params, B * chunk)
     if P % chunk:
         raise ValueError(f"prompt buffer length {P} must be a multiple of the prefill chunk {chunk}")
     lengths = lengths.astype(jnp.int32)
