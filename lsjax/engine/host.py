@@ -790,8 +790,8 @@ class Generator:
         it took (0 when already compiled, and `run` then reports compile_s 0). For a caller that shows
         progress while compiling (`decode.py`). `background=True` compiles the prefill program and returns,
         leaving the decode program compiling on a host thread: the next `run` prefills meanwhile and waits
-        for it (its compile seconds are then added to that run's `compile_s`). On a CPU only a program loaded
-        from the program cache is left to the background: XLA's compile would share the prefill's cores."""
+        for it (its compile seconds are then added to that run's `compile_s`; `beside` says what it saves on a
+        CPU). A split decode's groups keep their own rule (`split_loading`)."""
         return self._prepare(prompt_ids, gen, seed, wait=not background, background=background)[-1]
 
     def run(
