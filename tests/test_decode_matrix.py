@@ -4,7 +4,7 @@ through decode.py's own `main()` on a tiny target with fake CPU devices (tests/d
 and at T = 0 writes AR's tokens, or is refused before anything compiles with one line; none may crash.
 
 The default suite runs the default method (auto) with its profile, on one device and on the mesh (~2 min);
-the whole matrix (~7 min) is `slow`: pytest -m slow tests/test_decode_matrix.py."""
+the whole matrix (~13 min on 2 cores) is `slow`: pytest -m slow tests/test_decode_matrix.py."""
 
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def test_every_method_on_a_qwen3_target(tmp_path):
     assert {c["method"] for c in cells} == set(registry.names())
 
 
-@pytest.mark.slow  # ~7 min: every method in every mode
+@pytest.mark.slow  # ~13 min on 2 cores: every method in every mode
 def test_the_whole_matrix(tmp_path):
     cells = check(tmp_path, "*:*")
     assert len(cells) >= len(registry.names()) * 5

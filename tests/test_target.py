@@ -227,8 +227,8 @@ def test_a_prefill_over_stacked_layers_is_the_unrolled_one():
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         cache = outs[0][1]
         toks, pos = buf[:, 70:73], cache.lengths[:, None] + jnp.arange(3)
-        run = jax.jit(lambda p: target.forward_streams(p, config, toks, pos, cache, (0, 1, 2)))
-        for a, b in zip(run(prepared), run(stacked)):
+        run = jax.jit(lambda p, t, x, c: target.forward_streams(p, config, t, x, c, (0, 1, 2)))
+        for a, b in zip(run(prepared, toks, pos, cache), run(stacked, toks, pos, cache)):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert target.stack_layers(params, rows=64) is params  # the training layout scans already
 
