@@ -297,18 +297,17 @@ def stack_layers(params: dict, rows: int) -> dict:
         return params
     first = params["layers"][0]
 
-    def unread(name: str) -> bool:  # one of two stored copies of a projection, the one `project` skips
-        base = name.removesuffix("_t")
-        both = base in PROJECTIONS and base in first and f"{base}_t" in first
-        return both and (name == base) == (rows >= OUT_MAJOR_MIN_ROWS)
-
-    keep = [name for name in first if not unread(name)]
+    # Of a projection stored both ways, the copy `project` skips for this many rows is left out.
+    unread = {
+        n if reads_out_major(first, n, rows) else f"{n}_t" for n in PROJECTIONS if n in first and f"{n}_t" in first
+    }
+    keep = [name for name in first if name not in unread]
     stacked = {n: jnp.stack([layer[n] for layer in params["layers"]]) for n in keep}
     return {**params, "layers": stacked}
 
 
 def layout_of(params: dict) -> str | None:
-    """Prepared params' projection storage ("in", "out" or "both"); None for the stacked layout."""
+    """Prepared params' projection storage ("in", "out" or "both"); None for the training layout (stacked over L)."""
     if not is_prepared(params):
         return None
     layer = params["layers"][0]
@@ -319,10 +318,14 @@ def project(layer: dict, name: str, x: jax.Array, spec: str | None = None) -> ja
     """x [..., in] through a prepared layer's projection `name` (one of PROJECTIONS) -> fp32 [..., out]: the
     out-major copy for OUT_MAJOR_MIN_ROWS or more rows of x, or where it is the only one (`default_layout`
     says why). `spec`: the einsum of the grouped (sharded) [in, M, c] layout."""
-    rows = math.prod(x.shape[:-1])
-    if f"{name}_t" in layer and (name not in layer or rows >= OUT_MAJOR_MIN_ROWS):
+    if reads_out_major(layer, name, math.prod(x.shape[:-1])):
         return dense_rows(x, layer[f"{name}_t"])
     return dense(x, layer[name], spec)
+
+
+def reads_out_major(layer: dict, name: str, rows: int) -> bool:
+    """Whether `project` multiplies `rows` rows through projection `name`'s out-major copy (`{name}_t`)."""
+    return f"{name}_t" in layer and (name not in layer or rows >= OUT_MAJOR_MIN_ROWS)
 
 
 def group_for_shards(params: dict, config: ModelConfig, shards: int) -> dict:
