@@ -380,7 +380,7 @@ def main(argv=None, *, as_program: bool = False) -> int:
         generator = Generator(
             model.config, model.params, drafter, draft_params, backend=args.backend, mesh=mesh, program_cache=programs
         )
-        generator.idle_loads = as_program  # decode.py is the process: one decode, its loads priced against it
+        generator.idle_loads = as_program  # decode.py is the process: one decode, its loads in idle CPU time
         print(
             f"[lsjax] {model.path.name} ({model.config.dtype}): {len(ids)} prompt tokens, method {method}, "
             f"loaded in {load_s:.1f}s; compiling...",

@@ -1,6 +1,6 @@
 """How a warm `decode.py` start should load auto's split programs: every group auto asks for, those after the first
-in the CPU time the decode leaves idle ("idle"), at normal priority ("asked"), only where running them pays for
-loading them ("priced", decode.py's CPU default), all of them, wanted first ("eager"), or none but AR's group
+in the CPU time the decode leaves idle ("idle", decode.py's CPU default), at normal priority ("asked"), only where
+running them pays for loading them ("priced"), all of them, wanted first ("eager"), or none but AR's group
 ("first": what auto costs where it never leaves AR), against `--method ar`;
 interleaved, same run, compilation and loading included (`$LSJAX_SPLIT_LOAD`, `lsjax.engine.host.SplitDecode`).
 
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     p.add_argument("--tasks", nargs="+", default=["code"], choices=TASKS)
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=["priced", "idle", "ar"])
+    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=["idle", "asked", "ar"])
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 

@@ -289,7 +289,7 @@ def test_split_load_env(monkeypatch):
 
     monkeypatch.delenv(LOAD_ENV, raising=False)
     assert split_loading(stored=False) == "first" and split_loading(stored=True) == "asked"  # on a CPU
-    assert split_loading(stored=True, idle=True) == "priced" and split_loading(stored=False, idle=True) == "first"
+    assert split_loading(stored=True, idle=True) == "idle" and split_loading(stored=False, idle=True) == "first"
     for how in ("eager", "asked", "priced", "idle", "first"):
         monkeypatch.setenv(LOAD_ENV, how)
         assert split_loading(stored=True) == how == split_loading(stored=False, idle=True)

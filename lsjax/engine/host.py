@@ -169,12 +169,11 @@ def split_loading(stored: bool, idle: bool = False) -> str:
     loads them) beside an accelerator (a host thread the device does not wait for); "first" when compiling on a
     CPU: AR's group only, the rest compiled after the output (`Generator.finish`: beside the decode, XLA took the
     cores it runs on, and a tree compiled during a 200-token run never repaid it); else "asked", every group
-    the drafter asks for, and with `idle` (`Generator.idle_loads`: decode.py, whose process runs one decode)
-    "priced": only where running a group pays for loading it, by the drafter's own estimates (on a 2-core AVX2
-    EPYC it was as fast as "idle" or faster on four dev and held-out prompts, 2026-12-03). "idle": those after
-    the first in the CPU time the decode leaves unused (`idle_priority`; decode.py's default until 2026-12-03).
-    "first" is also, with everything stored, a timing baseline (greedy: what the drafter costs with no tree
-    loaded). Measured: docs/CHANGELOG.md 2026-12-02 and 2026-12-03. `$LSJAX_SPLIT_LOAD` overrides."""
+    the drafter asks for, and with `idle` (`Generator.idle_loads`: decode.py) "idle", those after the first in
+    the CPU time the decode leaves unused (`idle_priority`). "priced": only where running a group pays for
+    loading it, by the drafter's own estimates (no better than "asked" on dev prompts). "first" is also, with
+    everything stored, a timing baseline (greedy: what the drafter costs with no tree loaded). Measured:
+    docs/CHANGELOG.md 2026-12-02 and 2026-12-03. `$LSJAX_SPLIT_LOAD` overrides."""
     how = os.environ.get(LOAD_ENV, "")
     if how and how not in LOADINGS:
         raise LsjaxError(f"${LOAD_ENV}: expected one of {', '.join(LOADINGS)}, got {how!r}")
@@ -184,7 +183,7 @@ def split_loading(stored: bool, idle: bool = False) -> str:
         return "eager"
     if not stored:
         return "first"
-    return "priced" if idle else "asked"
+    return "idle" if idle else "asked"
 
 
 COMPUTE_THREADS = "tf_XLAEigen"  # the name of XLA:CPU's compute pool threads, which run every program
@@ -517,9 +516,9 @@ class Generator:
         self._loaded_buckets: set[int] = set()  # prompt buckets whose decode program came from the program cache
         self.loading_decode = False  # the decode program left to the background is loaded from disk, not compiled
         self.compile_workers = 0  # threads compiling a split decode's programs side by side (0: one per core)
-        # The process runs this one decode (decode.py): a split decode's later groups load where they pay
-        # ("priced"), and `$LSJAX_SPLIT_LOAD=idle` may lower the priority of the process's other threads for good
-        # (`split_loading`).
+        # A split decode's later groups load in the CPU time its decode leaves unused (`split_loading`): lowers
+        # the priority of the process's other threads for good, so only for a process that runs one decode
+        # (decode.py).
         self.idle_loads = False
         self._unsettled: set = set()  # (bucket, sampling) whose host params were taken before their programs were
         self._finish: list = []  # (prompt_ids, gen, seed) of runs that left something to `finish`
