@@ -14,7 +14,7 @@ import pytest
 
 from lsjax.config import GenerateConfig
 from lsjax.engine import programs
-from lsjax.engine.host import Generator
+from lsjax.engine.host import Generator, InLayout
 from lsjax.engine.programs import ProgramCache, program_key
 from lsjax.engine.types import SpecConfig
 from lsjax.methods.pld.drafter import PLDDrafter
@@ -309,6 +309,44 @@ def test_a_split_decode_runs_with_the_groups_loaded_so_far_and_takes_the_rest_as
     assert result.drafter_stats["steps_by_candidate"].get("pld-3", 0) > 0  # the second group ran once loaded
     assert sum(result.drafter_stats["steps_by_candidate"].values()) == result.target_forwards - 1
     assert g.programs.hits == 3 and not g.compiling  # start and both groups, all loaded
+    # The 4-node group: compiled without YNNPACK fusions, stored, loaded, run on the [in, out] projections.
+    assert isinstance(split.programs[1], InLayout) and not isinstance(split.programs[0], InLayout)
+    assert "__ynn_fusion" not in split.programs[1].program.as_text()
+    assert "__ynn_fusion" in split.programs[0].as_text()
+
+
+def test_a_wide_program_compiles_without_ynnpack_and_runs_on_the_in_major_projections():
+    """`wide_program`: verifications of 3+ rows on one CPU device; `WideLowered` compiles without YNNPACK fusions
+    (an XLA without the option: as it is); `InLayout` hands the program the [in, out] view of the params."""
+    from lsjax.engine.host import WIDE_ROWS, WideLowered, wide_program
+    from lsjax.models import target
+
+    assert WIDE_ROWS == 3 and not wide_program(1) and not wide_program(2) and wide_program(3) and wide_program(9)
+    assert not wide_program(9, mesh=object())
+
+    lowered = jax.jit(lambda x, w: jnp.tanh(x @ w)).lower(jnp.ones((9, 16)), jnp.ones((16, 16)))
+    assert "__ynn_fusion" in lowered.compile().as_text()
+    assert "__ynn_fusion" not in WideLowered(lowered).compile().as_text()
+
+    class Older:  # an XLA that has no such option
+        calls: list = []
+
+        def compile(self, options=None):
+            self.calls.append(options)
+            if options:
+                raise jax.errors.JaxRuntimeError("INVALID_ARGUMENT: No such compile option: 'xla_cpu_...'")
+            return "compiled"
+
+    assert WideLowered(Older()).compile() == "compiled" and Older.calls[-1] is None
+
+    config, params = tiny_model()
+    both = target.prepare_for_decode(params, config, layout="both")
+    seen = []
+    program = InLayout(lambda p, *rest: seen.append((p, rest)) or "ran", config)
+    assert program(both, 1, 2) == "ran" and program(both, 3) == "ran"
+    view = seen[0][0]
+    assert target.layout_of(view) == "in" and seen[1][0] is view  # made once per params object
+    assert view["layers"][0]["w_qkv"] is both["layers"][0]["w_qkv"]  # the same arrays, no copy
 
 
 def _first_start_setup(tmp_path, monkeypatch):

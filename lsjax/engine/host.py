@@ -160,6 +160,56 @@ def group_name(drafter: Drafter, group: int) -> str:
     return f"decode-{drafter.step_variants()[variant_groups(drafter)[group][0]].num_nodes}n"
 
 
+# A decode program whose every step verifies this many rows or more is compiled without XLA:CPU's YNNPACK
+# fusions and reads the projections stored [in, out] (`wide_program`).
+WIDE_ROWS = 3
+WIDE_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+
+def wide_program(num_nodes: int, mesh=None) -> bool:
+    """Whether a decode program whose steps verify `num_nodes` rows each is compiled with `WIDE_OPTIONS` (its
+    dots through XLA's own GEMM instead of YNNPACK) and given the projections [in, out] only (`InLayout`).
+
+    Why, measured on a 2-core AVX2 CPU (SmolLM2 at 1K context, `python -m lsjax.bench.tree_cost --layout in
+    out`, with and without the option): a verification forward of 5 nodes took 47 ms against 63 today's way
+    (YNNPACK, projections [out, in]), 9 nodes 59 against 77, 16 nodes 76 against 100; 2 nodes the same (43);
+    one node 8-10% slower (29 against 26), and so AR's program keeps YNNPACK, as does the prefill (~5% slower
+    without). Without YNNPACK the [out, in] copies are the slow ones (9 nodes: 97 ms). Such a program also
+    loads faster: XLA:CPU rebuilds every YNNPACK fusion of a program it loads (docs/bad-input.md). A CPU
+    only; and not on a mesh, whose projections are [in, out] already and whose programs are compiled anew."""
+    return jax.default_backend() == "cpu" and mesh is None and num_nodes >= WIDE_ROWS
+
+
+class WideLowered:
+    """A lowered program whose `compile()` passes `WIDE_OPTIONS`; an XLA without that option compiles it as is."""
+
+    def __init__(self, lowered: jax.stages.Lowered):
+        self.lowered = lowered
+
+    def compile(self) -> jax.stages.Compiled:
+        try:
+            return self.lowered.compile(WIDE_OPTIONS)
+        except jax.errors.JaxRuntimeError as e:
+            if "No such compile option" not in str(e):
+                raise
+            return self.lowered.compile()
+
+
+class InLayout:
+    """A compiled program lowered for prepared params with the projections [in, out] only
+    (`target.prepare_for_decode(..., layout="in")`, the same arrays without the [out, in] copies): called with
+    the params in any prepared layout, it runs on that view of them."""
+
+    def __init__(self, program, config: ModelConfig):
+        self.program, self.config = program, config
+        self._seen = self._view = None
+
+    def __call__(self, params, *args):
+        if params is not self._seen:
+            self._seen, self._view = params, target.prepare_for_decode(params, self.config, layout="in")
+        return self.program(self._view, *args)
+
+
 LOAD_ENV = "LSJAX_SPLIT_LOAD"  # how a split decode loads its groups (`LOADINGS`), to time one against another
 LOADINGS = ("idle", "priced", "asked", "eager", "first")
 
@@ -588,13 +638,19 @@ class Generator:
             self._compiled[sig] = (ar_start, beside(ar_decode), ar.drafter)
             return sig, time.perf_counter() - t0
 
+        def wide(g: int) -> bool:
+            members = variant_groups(drafter)[g]
+            return wide_program(drafter.step_variants()[members[0]].num_nodes, self.mesh)
+
         def lower_group(g: int):
             from lsjax.engine.step import PLAN
 
             dp = drafter.ready_params(self.draft_params, np.ones(len(drafter.step_variants()), bool))
             dp = self.draft_params if dp is None else dp
             flags = (jnp.int32(PLAN), jnp.bool_(True), jnp.int32(0))
-            return loop.group_decode_jit.lower(self.params, dp, spec, state_shape(), *flags, g)
+            params = target.prepare_for_decode(self.params, self.config, layout="in") if wide(g) else self.params
+            lowered = loop.group_decode_jit.lower(params, dp, spec, state_shape(), *flags, g)
+            return WideLowered(lowered) if wide(g) else lowered
 
         def build(name, lower):
             program = self._build(name, spec, (args, kwargs), lower)
@@ -606,7 +662,11 @@ class Generator:
         if self.splits():
             groups = variant_groups(drafter)
             names = [group_name(drafter, g) for g in range(len(groups))]
-            lowers = [functools.partial(lower_group, g) for g in range(len(names))]
+
+            def build_group(g: int):
+                program = build(names[g], functools.partial(lower_group, g))
+                return InLayout(program, self.config) if wide(g) else program
+
             sizes = [self.programs.size(n, spec, (args, kwargs)) for n in names]
             stored = all(s is not None for s in sizes[1:])
             # Loading from disk is one thread, beside the prefill and the decode. Compiling uses the cores they
@@ -620,7 +680,7 @@ class Generator:
                 workers = max(1, min(len(names), self.compile_workers or os.cpu_count() or 1))
                 with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="lsjax-compile") as pool:
                     state_shape()  # traced once, before the threads need it
-                    programs = list(pool.map(build, names, lowers))
+                    programs = list(pool.map(build_group, range(len(names))))
                 self._compiled[sig] = (start, SplitDecode(drafter, programs, self.partial(gen)), drafter)
                 return sig, time.perf_counter() - t0
             if stored:  # (`_host_run`: the programs come from disk, even those not loaded yet)
@@ -635,7 +695,7 @@ class Generator:
                 drafter,
                 [concurrent.futures.Future() for _ in names],
                 self.partial(gen),
-                make=lambda g: build(names[g], lowers[g]),
+                make=build_group,
                 order=order,
                 eager=loading == "eager",
                 priced=loading == "priced",

@@ -36,7 +36,8 @@ import numpy as np
 
 # 2: T > 0 steps got cheaper (lsjax.sampling.draw), so profiles of format 1 overstate them. 3: + the shadow draft.
 # 4: verifications of 3+ nodes got cheaper on a CPU (out-major projections, `target.default_layout`).
-FORMAT = 4
+# 5: and again (compiled without YNNPACK fusions, projections [in, out]: `lsjax.engine.host.wide_program`).
+FORMAT = 5
 STEPS = 4  # forced steps per timing
 REPEATS = 5
 # Verification cost vs nodes (log2 scale), in 1-token forwards; drafting in the same unit.

@@ -1,0 +1,120 @@
+"""`decode.py --json` end to end from two or more copies of the code (a change against the code before it), against
+`--method ar`: warm starts, interleaved, the order rotating; what a user waits for, compilation and loading included.
+
+    python scripts/checkout_ab.py new=DIR_A:auto old=DIR_B:auto ar=DIR_A:ar [--suite dev] [--rounds 2]
+        [--buckets 1K-2K 2K-4K] [--prompt-file F] [--max-new-tokens 200] [--json rows.jsonl]
+
+Each NAME=DIR:METHOD runs DIR/decode.py (a copy of the repository: `git worktree add`, or the tracked files
+copied) with its own compile cache and auto cost profile (a copy's programs are its own: the program cache keys
+by lsjax's source). Per prompt: one start on a sibling prompt of the same width fills each variant's caches,
+then `--rounds` rounds of warm starts on the prompt itself. One JSON line per run (with a hash of the text, so
+that equal outputs show), then per prompt the medians of the last token's time and their ratio to the variant
+named `ar`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+KEEP = (
+    "first_token_s",
+    "last_token_s",
+    "decode_s",
+    "prefill_s",
+    "target_forwards",
+    "bridged_steps",
+    "decode_program_in_use_s",
+    "programs",
+    "steps_by_candidate",
+    "mean_accepted",
+    "programs_compiled",
+    "programs_loaded",
+)
+
+
+def run(root: Path, method: str, prompt: Path, work: Path, new: int) -> dict:
+    cmd = [sys.executable, str(root / "decode.py"), "--prompt-file", str(prompt), "--json"]
+    cmd += ["--max-new-tokens", str(new), "--compile-cache", str(work / "cache"), "--method", method]
+    env = {**os.environ, "LSJAX_PROFILE_DIR": str(work / "profiles")}
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{root}: decode.py failed: {proc.stderr.strip().splitlines()[-1:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"process_s": round(time.perf_counter() - t0, 3), **{k: out.get(k) for k in KEEP}, "text": out["text"]}
+
+
+def main(argv=None) -> int:
+    from lsjax.prompts import BUCKETS
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("variants", nargs="+", metavar="NAME=DIR:METHOD")
+    p.add_argument("--suite", choices=("dev", "heldout"), default="dev")
+    p.add_argument("--buckets", nargs="+", choices=list(BUCKETS), default=["1K-2K", "2K-4K"])
+    p.add_argument("--prompt-file", action="append", default=[], help="a prompt file instead of the suite's code")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--json", default=None, help="append the rows and summaries here (JSON lines)")
+    args = p.parse_args(argv)
+    variants = {}
+    for v in args.variants:
+        name, _, rest = v.partition("=")
+        root, _, method = rest.rpartition(":")
+        if not (name and root and method and (Path(root) / "decode.py").is_file()):
+            p.error(f"{v!r}: expected NAME=DIR:METHOD with DIR holding decode.py")
+        variants[name] = (Path(root).resolve(), method)
+    if "ar" not in variants:
+        p.error("name one variant ar (the baseline)")
+
+    if args.prompt_file:
+        texts = [(f, Path(f).read_text()) for f in args.prompt_file]
+    else:
+        from lsjax.bench.suites import load_suite
+        from lsjax.loading import load_model
+
+        tok = load_model().tokenizer
+        texts = [(args.suite, pr.text) for pr in load_suite(tok, args.suite, None, 1, ["code"], args.buckets)]
+    names = list(variants)
+    out = open(args.json, "a") if args.json else None  # noqa: SIM115
+    with tempfile.TemporaryDirectory(prefix="lsjax-checkout-ab-") as tmp:
+        work = Path(tmp)
+        for i, (source, text) in enumerate(texts):
+            prompt, sibling = work / f"prompt{i}.txt", work / f"sibling{i}.txt"
+            prompt.write_text(text)
+            sibling.write_text(text[len(text) // 20 :])
+            for name in names:
+                run(*variants[name], sibling, work / name, args.max_new_tokens)
+            rows = []
+            for r in range(args.rounds):
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    row = run(*variants[name], prompt, work / name, args.max_new_tokens)
+                    text_out = row.pop("text")
+                    row = {"source": str(source), "prompt": i, "round": r, "variant": name, **row}
+                    row["text_sha1"] = hashlib.sha1(text_out.encode()).hexdigest()[:12]
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                    if out:
+                        print(json.dumps(row), file=out, flush=True)
+            wall = {n: statistics.median(r["last_token_s"] for r in rows if r["variant"] == n) for n in names}
+            summary = {"summary": i, "source": str(source)}
+            summary |= {f"{n}_last_token_s": round(w, 3) for n, w in wall.items()}
+            summary |= {f"{n}_vs_ar": round(wall[n] / wall["ar"], 3) for n in names if n != "ar"}
+            print(json.dumps(summary), flush=True)
+            if out:
+                print(json.dumps(summary), file=out, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
