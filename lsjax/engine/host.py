@@ -166,7 +166,7 @@ WIDE_ROWS = 3
 WIDE_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
-def wide_program(num_nodes: int, mesh=None) -> bool:
+def wide_program(num_nodes: int, mesh=None, dtype: str = "float32") -> bool:
     """Whether a decode program whose steps verify `num_nodes` rows each is compiled with `WIDE_OPTIONS` (its
     dots through XLA's own GEMM instead of YNNPACK) and given the projections [in, out] only (`InLayout`).
 
@@ -176,8 +176,9 @@ def wide_program(num_nodes: int, mesh=None) -> bool:
     one node 8-10% slower (29 against 26), and so AR's program keeps YNNPACK, as does the prefill (~5% slower
     without). Without YNNPACK the [out, in] copies are the slow ones (9 nodes: 97 ms). Such a program also
     loads faster: XLA:CPU rebuilds every YNNPACK fusion of a program it loads (docs/bad-input.md). A CPU
-    only; and not on a mesh, whose projections are [in, out] already and whose programs are compiled anew."""
-    return jax.default_backend() == "cpu" and mesh is None and num_nodes >= WIDE_ROWS
+    only; fp32 weights only (bf16 dots of 9 rows ran 2.7x slower without YNNPACK); and not on a mesh, whose
+    projections are [in, out] already and whose programs are compiled anew."""
+    return jax.default_backend() == "cpu" and mesh is None and dtype == "float32" and num_nodes >= WIDE_ROWS
 
 
 class WideLowered:
@@ -640,7 +641,7 @@ class Generator:
 
         def wide(g: int) -> bool:
             members = variant_groups(drafter)[g]
-            return wide_program(drafter.step_variants()[members[0]].num_nodes, self.mesh)
+            return wide_program(drafter.step_variants()[members[0]].num_nodes, self.mesh, self.config.dtype)
 
         def lower_group(g: int):
             from lsjax.engine.step import PLAN
