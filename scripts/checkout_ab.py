@@ -17,42 +17,21 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-KEEP = (
-    "first_token_s",
-    "last_token_s",
-    "decode_s",
-    "prefill_s",
-    "target_forwards",
-    "bridged_steps",
-    "decode_program_in_use_s",
-    "programs",
-    "steps_by_candidate",
-    "mean_accepted",
-    "programs_compiled",
-    "programs_loaded",
-)
+# What each row keeps of decode.py's JSON, beside `lsjax.bench.launch.FIELDS`.
+MORE = ("decode_s", "prefill_s", "target_forwards", "programs", "steps_by_candidate")
 
 
 def run(root: Path, method: str, prompt: Path, work: Path, new: int) -> dict:
-    cmd = [sys.executable, str(root / "decode.py"), "--prompt-file", str(prompt), "--json"]
-    cmd += ["--max-new-tokens", str(new), "--compile-cache", str(work / "cache"), "--method", method]
-    env = {**os.environ, "LSJAX_PROFILE_DIR": str(work / "profiles")}
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{root}: decode.py failed: {proc.stderr.strip().splitlines()[-1:]}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {"process_s": round(time.perf_counter() - t0, 3), **{k: out.get(k) for k in KEEP}, "text": out["text"]}
+    from lsjax.bench.launch import FIELDS, decode_py
+
+    return decode_py(prompt, method, new, work / "cache", work / "profiles", root=root, fields=(*FIELDS, *MORE))
 
 
 def main(argv=None) -> int:

@@ -47,21 +47,31 @@ FIELDS = (
 )
 
 
-def decode_py(prompt_file: Path, method: str | None, new: int, cache: Path, profiles: Path, extra=()) -> dict:
-    """One `decode.py --json` process: its JSON summary, plus the process's own wall seconds."""
+def decode_py(
+    prompt_file: Path,
+    method: str | None,
+    new: int,
+    cache: Path,
+    profiles: Path,
+    extra=(),
+    root: Path = ROOT,
+    fields: tuple[str, ...] = FIELDS,
+) -> dict:
+    """One `decode.py --json` process (`root`'s: another copy of the repository may be timed): `fields` of its
+    JSON summary, its text, plus the process's own wall seconds."""
     import time
 
-    cmd = [sys.executable, str(ROOT / "decode.py"), "--prompt-file", str(prompt_file), "--json"]
+    cmd = [sys.executable, str(root / "decode.py"), "--prompt-file", str(prompt_file), "--json"]
     cmd += ["--max-new-tokens", str(new), "--compile-cache", str(cache), *extra]
     cmd += ["--method", method] if method else []
     env = {**os.environ, "LSJAX_PROFILE_DIR": str(profiles)}
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"decode.py {' '.join(cmd[2:])} failed: {proc.stderr.strip().splitlines()[-1:]}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {"process_s": round(wall, 3), **{k: out.get(k) for k in FIELDS}, "text": out["text"]}
+    return {"process_s": round(wall, 3), **{k: out.get(k) for k in fields}, "text": out["text"]}
 
 
 def main(argv=None) -> int:

@@ -649,9 +649,10 @@ class Generator:
             dp = drafter.ready_params(self.draft_params, np.ones(len(drafter.step_variants()), bool))
             dp = self.draft_params if dp is None else dp
             flags = (jnp.int32(PLAN), jnp.bool_(True), jnp.int32(0))
-            params = target.prepare_for_decode(self.params, self.config, layout="in") if wide(g) else self.params
-            lowered = loop.group_decode_jit.lower(params, dp, spec, state_shape(), *flags, g)
-            return WideLowered(lowered) if wide(g) else lowered
+            if not wide(g):
+                return loop.group_decode_jit.lower(self.params, dp, spec, state_shape(), *flags, g)
+            params = target.prepare_for_decode(self.params, self.config, layout="in")
+            return WideLowered(loop.group_decode_jit.lower(params, dp, spec, state_shape(), *flags, g))
 
         def build(name, lower):
             program = self._build(name, spec, (args, kwargs), lower)
