@@ -304,14 +304,17 @@ def main(argv=None, *, as_program: bool = False) -> int:
     # A warning (a kernel falling back to XLA, say) is one line on stderr, not a file:line and a source line.
     warnings.formatwarning = lambda message, category, *_a, **_k: f"decode.py: warning: {message}\n"
     # The engine's imports come after argument parsing, so `--help` and flag errors stay quick.
-    programs = None
+    programs = weights = None
     if as_program:
-        from lsjax.compile_cache import enable, programs_dir
+        from lsjax.compile_cache import enable, programs_dir, weights_dir
         from lsjax.engine.programs import ProgramCache
 
         enable(args.compile_cache, "decode.py")
         where = programs_dir(args.compile_cache)
+        weights = weights_dir(args.compile_cache)
         programs = ProgramCache(where) if where is not None else None
+        if programs is not None:  # the programs the last such start fetched first, read while the model loads
+            programs.read_ahead(launch_tag(args))
     from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
     from lsjax.engine.host import Generator, check_prompt, first_difference
     from lsjax.engine.types import invariant_rows_for
@@ -349,7 +352,7 @@ def main(argv=None, *, as_program: bool = False) -> int:
 
     try:
         t0 = time.perf_counter()
-        model = load_model(args.model, dtype=args.dtype)
+        model = load_model(args.model, dtype=args.dtype, store=weights)
         load_s = time.perf_counter() - t0
         tok = model.tokenizer
         if chat:
@@ -447,6 +450,8 @@ def main(argv=None, *, as_program: bool = False) -> int:
         "programs": programs_json(generator.program_log),
         "programs_compiled": sum(p.how == "compiled" for p in generator.program_log),
         "programs_loaded": sum(p.how != "compiled" for p in generator.program_log),
+        # Of those, read from disk while the model loaded (the programs the last such start fetched first).
+        "programs_read_ahead": programs.read_ahead_hits if programs is not None else 0,
         # Seconds since launch (the process's start for `python decode.py`): what a user waits.
         "first_token_s": round(result.first_token_at - launched, 3),
         # (None: a first start that decoded with AR's programs, `ar_stand_in`: the method's never ran.)
@@ -524,7 +529,30 @@ def main(argv=None, *, as_program: bool = False) -> int:
             file=sys.stderr,
         )
     finish(generator)
+    if programs is not None:  # (after `finish`: a first start at this width made the method's own programs there)
+        programs.remember(launch_tag(args), generator.first_programs())
     return 0
+
+
+# Flags that change only the prompt or the report: starts that differ in them alone fetch the same programs first
+# (a prompt of another width fetches others: `ProgramCache.read_ahead` reads them for nothing, and they go unused).
+PER_PROMPT = ("prompt", "prompt_file", "chat", "json", "compare", "seed", "max_new_tokens")
+
+
+def launch_tag(args: argparse.Namespace) -> str:
+    """What a start's first programs follow from, known before the model loads: the model file (as it is on
+    disk) and every other flag but `PER_PROMPT`'s."""
+    from lsjax.errors import LsjaxError
+    from lsjax.loading import default_model_path
+
+    try:
+        path = Path(args.model).resolve() if args.model else default_model_path()
+        stat = path.stat()
+        model = (str(path), stat.st_size, stat.st_mtime_ns)
+    except (OSError, LsjaxError):  # (the load names what is wrong)
+        model = (args.model,)
+    flags = sorted((k, repr(v)) for k, v in vars(args).items() if k not in PER_PROMPT)
+    return repr((model, flags))
 
 
 def finish(generator) -> None:

@@ -83,3 +83,9 @@ def programs_dir(flag: str | None) -> Path | None:
 
     root = jax.config.jax_compilation_cache_dir
     return Path(root) / "lsjax-programs" if root else None
+
+
+def weights_dir(flag: str | None) -> Path | None:
+    """Where the CLIs keep a GGUF model's loaded params (`lsjax.loading.stored`): beside `programs_dir`."""
+    programs = programs_dir(flag)
+    return programs.with_name("lsjax-weights") if programs is not None else None

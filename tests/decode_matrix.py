@@ -135,7 +135,7 @@ def main(devices: int, work: Path, selection: str) -> None:
     enable(str(work / "jax-cache"), "decode_matrix")
     config, params = tiny_model(arch=os.environ.get("LSJAX_MATRIX_ARCH", "llama"))
     model = LoadedModel(config, params, id_tokenizer(), work / "tiny.gguf")
-    lsjax.loading.load_model = lambda path=None, dtype="auto": model
+    lsjax.loading.load_model = lambda path=None, dtype="auto", store=None: model
     extra = drafts(model, work)
     base = ["--prompt", PROMPT, "--max-new-tokens", str(NEW), "--ignore-eos", "--json"]
     for method, mode in cells(selection, registry.names()):

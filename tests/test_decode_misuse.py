@@ -190,7 +190,7 @@ def test_one_token_prompt_prints_no_prefill_rate(monkeypatch, capsys, tmp_path):
 
     config, params = tiny_model()
     model = LoadedModel(config, params, ByteTokenizer(), tmp_path / "toy.gguf")
-    monkeypatch.setattr(lsjax.loading, "load_model", lambda path=None, dtype="float32": model)
+    monkeypatch.setattr(lsjax.loading, "load_model", lambda path=None, dtype="float32", store=None: model)
     assert decode.main(["--prompt", "a", "--method", "ar", "--max-new-tokens", "3", "--ignore-eos"]) == 0
     summary = capsys.readouterr().err.strip().splitlines()[-1]
     assert summary.startswith("[lsjax] 3 tokens (max_new_tokens); prefill ") and "tok/s), decode" not in summary

@@ -540,3 +540,35 @@ def test_load_model_hf_dir_end_to_end(tmp_path, hf_gguf_tokenizer):
     text = _SPECIAL[0] + _UNICODE[0]
     assert loaded.tokenizer.encode(text) == hf_gguf_tokenizer[0](text)["input_ids"]
     assert 2 in loaded.tokenizer.eos_token_ids
+
+
+def test_a_store_keeps_the_loaded_params_and_maps_them_back(tmp_path, ours, capsys):
+    """decode.py's store (`lsjax.loading.stored`): the first load keeps what it made, later ones map it back
+    (the same arrays, bf16 too); a damaged entry is made again, a store that cannot be written is one line."""
+
+    def same(a, b):
+        assert set(a) == set(b)
+        for k in a:
+            if isinstance(a[k], dict):
+                same(a[k], b[k])
+            else:
+                assert a[k].dtype == b[k].dtype and np.array_equal(np.asarray(a[k]), np.asarray(b[k])), k
+
+    store = tmp_path / "weights"
+    made = load_model(store=store)
+    same(made.params, ours.params)
+    mapped = load_model(store=store)
+    same(mapped.params, ours.params)
+    assert isinstance(mapped.params["embed"], np.memmap) and not isinstance(made.params["embed"], np.memmap)
+    bf16 = load_model(dtype="bf16", store=store)
+    bf16_mapped = load_model(dtype="bf16", store=store)
+    same(bf16_mapped.params, bf16.params)
+    assert str(bf16_mapped.params["embed"].dtype) == "bfloat16" and len(list(store.iterdir())) == 2
+    for entry in store.iterdir():
+        (entry / "0.npy").write_bytes(b"damaged")
+    same(load_model(store=store).params, ours.params)  # made again (and kept again)
+    assert isinstance(load_model(store=store).params["embed"], np.memmap)
+    (tmp_path / "a file").write_text("")
+    same(load_model(store=tmp_path / "a file" / "weights").params, ours.params)
+    err = capsys.readouterr().err
+    assert err.count("warning: cannot keep the loaded weights") == 1 and "Traceback" not in err

@@ -48,7 +48,7 @@ def test_the_folder_decodes_through_decode_py(echo, monkeypatch, capsys, tmp_pat
 
     config, params = tiny_model()
     model = LoadedModel(config, params, ByteTokenizer(), tmp_path / "toy.gguf")
-    monkeypatch.setattr(lsjax.loading, "load_model", lambda path=None, dtype="float32": model)
+    monkeypatch.setattr(lsjax.loading, "load_model", lambda path=None, dtype="float32", store=None: model)
     argv = ["--prompt", "aaaa bbbb aaaa", "--method", "echo", "--echo-depth", "2", "--max-new-tokens", "10"]
     assert decode.main([*argv, "--ignore-eos", "--compare", "ar"]) == 0
     err = capsys.readouterr().err

@@ -23,7 +23,7 @@ from tests.decode_matrix import id_tokenizer
 from tests.tiny import tiny_model
 config, params = tiny_model()
 model = LoadedModel(config, params, id_tokenizer(), __import__("pathlib").Path({work!r}) / "tiny.gguf")
-lsjax.loading.load_model = lambda path=None, dtype="auto": model
+lsjax.loading.load_model = lambda path=None, dtype="auto", store=None: model
 def main(*argv):
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -35,6 +35,8 @@ code, out, err = main("--prompt", "another prompt of another length", "--max-new
 print(json.dumps({{"code": code, "out": out, "err": err}}))
 code, out, err = main("--prompt", "a third one", "--max-new-tokens", "5")
 print(json.dumps({{"code": code, "out": out, "err": err}}))
+code, out, err = main("--prompt", "a fourth", "--max-new-tokens", "7", "--json")
+print(json.dumps({{"code": code, "out": out, "err": err}}))
 """
 
 
@@ -43,7 +45,7 @@ def test_precompile_then_a_new_prompt_and_length_compile_nothing(tmp_path, metho
     script = SCRIPT.format(root=str(ROOT), work=str(tmp_path), cache=str(tmp_path / "cache"), method=method)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    warm, later, plain = (json.loads(line) for line in proc.stdout.strip().splitlines()[-3:])
+    warm, later, plain, fourth = (json.loads(line) for line in proc.stdout.strip().splitlines()[-4:])
     assert warm["code"] == 0 and later["code"] == 0 and plain["code"] == 0, (warm["err"], later["err"])
     made = json.loads(warm["out"])["precompiled"]
     assert [r["width"] for r in made] == [256]
@@ -52,6 +54,9 @@ def test_precompile_then_a_new_prompt_and_length_compile_nothing(tmp_path, metho
     assert summary["programs_compiled"] == 0 and summary["programs_loaded"] == 2 and summary["new_tokens"] == 9
     assert summary["first_token_s"] <= summary["decode_program_in_use_s"] <= summary["last_token_s"]
     assert "programs: start loaded, decode loaded" in plain["err"]
+    # The starts before it noted the programs they needed first: this one read them while the model loaded.
+    assert summary["programs_read_ahead"] == 0 and fourth["code"] == 0
+    assert json.loads(fourth["out"])["programs_read_ahead"] == 2
 
 
 def decode_py(*args):

@@ -164,6 +164,35 @@ def test_a_second_generator_loads_both_programs_and_decodes_the_same(tmp_path, m
     assert cache.hits == 2 and second.tokens == first.tokens
 
 
+def test_a_start_reads_ahead_the_programs_the_last_start_with_its_tag_fetched_first(tmp_path):
+    config, params = tiny_model()
+    ids = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    gen = GenerateConfig(max_new_tokens=12, ignore_eos=True)
+    first = ProgramCache(tmp_path)
+    assert first.read_ahead("tag") == 0  # nothing noted yet
+    plain = Generator(config, params, program_cache=first).run(ids, gen)
+    first.remember("tag", ("start", "decode"))
+    cache = ProgramCache(tmp_path)
+    assert cache.read_ahead("another tag") == 0 and cache.read_ahead("tag") == 2
+    again = Generator(config, params, program_cache=cache).run(ids, gen)
+    assert again.tokens == plain.tokens and cache.hits == 2 and cache.read_ahead_hits == 2
+    # A prompt of another width: what was read ahead goes unused, the programs it needs are compiled.
+    other = ProgramCache(tmp_path)
+    assert other.read_ahead("tag") == 2
+    longer = ids * 30
+    assert Generator(config, params, program_cache=other).run(longer, gen).tokens == (
+        Generator(config, params).run(longer, gen).tokens
+    )
+    assert other.read_ahead_hits == 0
+    # A damaged file read ahead is read (and fails) again at its fetch: compiled and replaced, never a crash.
+    for path in tmp_path.glob(f"*{programs.SUFFIX}"):
+        path.write_bytes(b"not a program")
+    damaged = ProgramCache(tmp_path)
+    assert damaged.read_ahead("tag") == 2
+    assert Generator(config, params, program_cache=damaged).run(ids, gen).tokens == plain.tokens
+    assert damaged.hits == damaged.read_ahead_hits == 0
+
+
 def test_a_mesh_generator_does_not_use_the_cache(tmp_path):
     config, params = tiny_model()
     from lsjax import mesh as mesh_lib

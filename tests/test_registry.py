@@ -105,7 +105,7 @@ def test_toy_drafter_runs_through_decode_py(toy, tiny_loaded, monkeypatch, capsy
     import decode
     import lsjax.loading
 
-    monkeypatch.setattr(lsjax.loading, "load_model", lambda path=None, dtype="float32": tiny_loaded)
+    monkeypatch.setattr(lsjax.loading, "load_model", lambda path=None, dtype="float32", store=None: tiny_loaded)
     argv = ["--prompt", "abcabcabc abcabc", "--method", toy, "--max-new-tokens", "12", "--ignore-eos"]
     assert decode.main([*argv, "--compare", "ar"]) == 0
     err = capsys.readouterr().err

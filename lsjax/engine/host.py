@@ -575,6 +575,11 @@ class Generator:
         self._finish: list = []  # (prompt_ids, gen, seed) of runs that left something to `finish`
         self._stood_in: set = set()  # sigs whose first run decoded with AR's programs (`stands_in`)
 
+    def first_programs(self) -> tuple[str, ...]:
+        """The programs a run needs before its first decode step: the prefill's and the first decode program
+        (a split decode's first group: AR's, for `auto`). What `ProgramCache.read_ahead` reads next time."""
+        return ("start", group_name(self.drafter, 0) if self.splits() else "decode")
+
     def splits(self) -> bool:
         """Whether the decode loop is one program per node-count group (`SplitDecode`): a switched drafter with
         more than one group, on one device, with a program cache (where programs load rather than compile)."""

@@ -18,15 +18,23 @@ again and replaced; the newest `MAX_FILES` programs are kept.
 
 Only `Generator(program_cache=...)` uses it, and only `decode.py` passes one (next to JAX's cache): a library
 writes nothing to disk unless asked.
+
+Read ahead: a start notes the programs it needs first (`Generator.first_programs`: the prefill's and the first
+decode program) under a tag (decode.py's: the model file and every flag but the prompt's), and the next start
+with that tag reads them on a thread of their own while the model loads (`read_ahead`), before any key can be
+computed (a key needs the params' shapes). A program read ahead is used only where a fetch computes its key,
+so a tag that names the wrong files costs a read, never a wrong program.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
 import hashlib
 import io
+import json
 import os
 import pickle
 import re
@@ -40,6 +48,7 @@ import jax
 
 MAX_FILES = 96  # a split `auto` keeps ~8 programs per prompt width, 3-5 MB each on a CPU
 SUFFIX = ".lsjax-program"
+HINTS = "first"  # the subdirectory of tag -> programs fetched first
 _JAX_CACHE_HIT = "/jax/compilation_cache/cache_hits"
 # Per thread, while this module compiles a program: JAX cache hits seen, and the executables JAX read.
 _compiling = threading.local()
@@ -202,7 +211,41 @@ class ProgramCache:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
         self.hits = 0  # programs loaded from disk (decode.py: whether a failing program came from here)
+        self.read_ahead_hits = 0  # ... of which read ahead, while the model loaded (`read_ahead`)
         self._warned = False  # a store that failed said so once
+        self._fetched: dict[str, str] = {}  # program name -> the file of the last fetched (`remember`)
+        self._early: dict[str, concurrent.futures.Future] = {}  # file name -> the program read ahead, or None
+
+    def _hint(self, tag: str) -> Path:
+        return self.root / HINTS / f"{hashlib.sha256(tag.encode()).hexdigest()[:32]}.json"
+
+    def read_ahead(self, tag: str) -> int:
+        """Starts reading, on a thread of its own, the programs the last start tagged `tag` fetched first
+        (`remember`); a fetch that computes one's key takes it from there. Returns how many it reads."""
+        try:
+            names = json.loads(self._hint(tag).read_text())["programs"]
+            paths = [self.root / n for n in names if n.endswith(SUFFIX) and Path(n).name == n]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none yet, or not ours
+            return 0
+        paths = [p for p in paths if p.is_file()]
+        if paths:
+            pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lsjax-read-ahead")
+            for path in paths:
+                self._early[path.name] = pool.submit(self._read, path)
+            pool.shutdown(wait=False)
+        return len(paths)
+
+    def remember(self, tag: str, names: tuple[str, ...]) -> None:
+        """Notes the files of programs `names` (the last fetched of each name), for the next start tagged `tag`."""
+        files = [self._fetched[n] for n in names if n in self._fetched]
+        if not files:
+            return
+        hint = self._hint(tag)
+        with contextlib.suppress(OSError):  # (a cache that cannot be written has said so, or will)
+            hint.parent.mkdir(parents=True, exist_ok=True)
+            tmp = hint.with_name(f".{hint.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"programs": files}))
+            tmp.replace(hint)
 
     def holds(self, name: str, static, args) -> bool:
         """Whether `get` would load program `name` from disk (it may still fail to load and compile)."""
@@ -230,6 +273,7 @@ class ProgramCache:
             made = _compile(lower)
             return made.program, "jax-cache" if made.from_jax_cache else "compiled"
         path = self.root / f"{name}-{key}{SUFFIX}"
+        self._fetched[name] = path.name
         compiled = self._load(path)
         if compiled is not None:
             self.hits += 1
@@ -245,16 +289,26 @@ class ProgramCache:
             path.unlink(missing_ok=True)
 
     def _load(self, path: Path) -> jax.stages.Compiled | None:
+        early = self._early.pop(path.name, None)
+        compiled = early.result() if early is not None else None
+        if compiled is not None:
+            self.read_ahead_hits += 1
+        else:
+            compiled = self._read(path)
+        if compiled is not None:
+            with contextlib.suppress(OSError):
+                os.utime(path)  # kept as recently used
+        return compiled
+
+    @staticmethod
+    def _read(path: Path) -> jax.stages.Compiled | None:
         from jax.experimental.serialize_executable import deserialize_and_load
 
         try:
             payload, in_tree, out_tree = pickle.loads(zlib.decompress(path.read_bytes()))
-            compiled = deserialize_and_load(payload, in_tree, out_tree)
+            return deserialize_and_load(payload, in_tree, out_tree)
         except Exception:  # none yet, or damaged or foreign: compiled again and replaced  # noqa: BLE001
             return None
-        with contextlib.suppress(OSError):
-            os.utime(path)  # kept as recently used
-        return compiled
 
     def _store(self, path: Path, compiled: jax.stages.Compiled, executable: bytes | None = None) -> None:
         try:

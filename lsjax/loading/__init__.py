@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 from lsjax.config import ModelConfig, resolve_dtype
 from lsjax.errors import ModelNotFoundError
+from lsjax.loading import stored
 from lsjax.loading.corrupt import reading
 from lsjax.loading.gguf import GGUFFile, config_from_gguf, load_gguf, params_from_gguf
 from lsjax.loading.hf import SafetensorsDir, config_from_hf_dir, load_hf, params_from_safetensors
@@ -52,11 +53,13 @@ def _hf_eos_ids(path: Path) -> list[int]:
     return ids
 
 
-def load_model(path: str | Path | None = None, dtype: str = "auto") -> LoadedModel:
+def load_model(path: str | Path | None = None, dtype: str = "auto", store: str | Path | None = None) -> LoadedModel:
     """Config, params and tokenizer from a `.gguf` file or an HF directory (default: the bundled SmolLM2).
 
     `dtype`: the weights' (and so the K/V cache's) dtype, "auto" = `lsjax.config.default_dtype()` (fp32 on a
-    CPU, bf16 on TPU/GPU), or bf16|fp32|bfloat16|float32|float16; a bad name is a ConfigError.
+    CPU, bf16 on TPU/GPU), or bf16|fp32|bfloat16|float32|float16; a bad name is a ConfigError. `store`: a
+    directory where a GGUF's params are kept after they are made and mapped back by later loads
+    (`lsjax.loading.stored`; decode.py's is in its compile cache).
 
     Raises ModelNotFoundError, UnsupportedModelError, MissingTensorError, ShapeMismatchError or
     CorruptFileError (a truncated or damaged file): every one an LsjaxError with a one-line message."""
@@ -72,7 +75,12 @@ def load_model(path: str | Path | None = None, dtype: str = "auto") -> LoadedMod
             f = GGUFFile(path)
             cfg = config_from_gguf(f, dtype)
             tokenizer = Tokenizer.from_gguf_metadata(f.metadata)
-            params = params_from_gguf(f, cfg, dtype)
+            entry = stored.key(path, dtype) if store is not None else None
+            params = stored.read(Path(store), entry) if entry is not None else None
+            if params is None:
+                params = params_from_gguf(f, cfg, dtype)
+                if entry is not None:
+                    stored.write(Path(store), entry, params)
     else:
         raise ModelNotFoundError(f"model not found: {path} (expected a .gguf file or an HF safetensors directory)")
     return LoadedModel(cfg, params, tokenizer, path)
