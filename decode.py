@@ -312,6 +312,10 @@ def main(argv=None, *, as_program: bool = False) -> int:
         enable(args.compile_cache, "decode.py")
         where = programs_dir(args.compile_cache)
         weights = weights_dir(args.compile_cache)
+        if weights is not None:
+            from lsjax.loading import stored
+
+            stored.defer_writes()  # (waited for by `exit_now`, after the output)
         programs = ProgramCache(where) if where is not None else None
         if programs is not None:  # the programs the last such start fetched first, read while the model loads
             programs.read_ahead(launch_tag(args))
@@ -381,7 +385,13 @@ def main(argv=None, *, as_program: bool = False) -> int:
         if mesh is not None:
             mesh_lib.check(model.config, mesh, batch=1)
         generator = Generator(
-            model.config, model.params, drafter, draft_params, backend=args.backend, mesh=mesh, program_cache=programs
+            model.config,
+            prepared(model, weights) if mesh is None else model.params,
+            drafter,
+            draft_params,
+            backend=args.backend,
+            mesh=mesh,
+            program_cache=programs,
         )
         generator.idle_loads = as_program  # decode.py is the process: one decode, its loads in idle CPU time
         print(
@@ -534,6 +544,19 @@ def main(argv=None, *, as_program: bool = False) -> int:
     return 0
 
 
+def prepared(model, weights):
+    """The target's params as the engine decodes with them (`prepare_for_decode`), kept in `weights` (decode.py's
+    store, `lsjax.loading.stored`) by the first start and mapped back by later ones."""
+    from lsjax.loading import stored
+    from lsjax.models import target
+
+    file = stored.model_file(model.path) if weights is not None else None
+    if file is None:
+        return model.params
+    what = ("prepared", file, model.config.dtype, target.default_layout())
+    return stored.kept(weights, what, lambda: target.prepare_for_decode(model.params, model.config))
+
+
 # Flags that change only the prompt or the report: starts that differ in them alone fetch the same programs first
 # (a prompt of another width fetches others: `ProgramCache.read_ahead` reads them for nothing, and they go unused).
 PER_PROMPT = ("prompt", "prompt_file", "chat", "json", "compare", "seed", "max_new_tokens")
@@ -673,6 +696,9 @@ def exit_now(code: int) -> None:
     (`finish`), and nothing else writes after the output."""
     sys.stdout.flush()
     sys.stderr.flush()
+    stored = sys.modules.get("lsjax.loading.stored")
+    if stored is not None:
+        stored.wait()  # a first start's weights, kept for the next start (`stored.defer_writes`)
     os._exit(code)
 
 

@@ -572,3 +572,31 @@ def test_a_store_keeps_the_loaded_params_and_maps_them_back(tmp_path, ours, caps
     same(load_model(store=tmp_path / "a file" / "weights").params, ours.params)
     err = capsys.readouterr().err
     assert err.count("warning: cannot keep the loaded weights") == 1 and "Traceback" not in err
+
+
+def test_decode_py_keeps_the_params_prepared_for_decoding_and_decodes_the_same_with_them(tmp_path, monkeypatch):
+    import jax
+
+    import decode
+    from lsjax.config import GenerateConfig
+    from lsjax.engine.host import Generator
+    from lsjax.loading import LoadedModel
+    from lsjax.models import target
+    from tests.tiny import tiny_model
+
+    config, params = tiny_model()
+    (tmp_path / "tiny.gguf").write_bytes(b"a model file")
+    model = LoadedModel(config, params, None, tmp_path / "tiny.gguf")
+    from lsjax.loading import stored
+
+    monkeypatch.setattr(stored, "_defer", [True])  # decode.py's: written on a thread, waited for before exit
+    made = decode.prepared(model, tmp_path / "weights")
+    stored.wait()
+    mapped = decode.prepared(model, tmp_path / "weights")
+    assert target.is_prepared(mapped) and isinstance(mapped["layers"][0]["w_qkv"], np.memmap)
+    assert jax.tree.all(jax.tree.map(np.array_equal, made, mapped))
+    ids, gen = [5, 6, 7, 8, 5, 6], GenerateConfig(max_new_tokens=8, ignore_eos=True)
+    assert Generator(config, mapped).run(ids, gen).tokens == Generator(config, params).run(ids, gen).tokens
+    (tmp_path / "tiny.gguf").write_bytes(b"another model file")  # a changed file is prepared afresh
+    assert not isinstance(decode.prepared(model, tmp_path / "weights")["layers"][0]["w_qkv"], np.memmap)
+    assert decode.prepared(model, None) is params

@@ -229,6 +229,10 @@ class ProgramCache:
             return 0
         paths = [p for p in paths if p.is_file()]
         if paths:
+            # Imported here, not on the thread: two threads importing JAX's modules at once may be handed a
+            # module still being initialized.
+            from jax.experimental import serialize_executable  # noqa: F401
+
             pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lsjax-read-ahead")
             for path in paths:
                 self._early[path.name] = pool.submit(self._read, path)
@@ -290,7 +294,10 @@ class ProgramCache:
 
     def _load(self, path: Path) -> jax.stages.Compiled | None:
         early = self._early.pop(path.name, None)
-        compiled = early.result() if early is not None else None
+        try:
+            compiled = early.result() if early is not None else None
+        except Exception:  # (whatever went wrong there: read here as if never read ahead)  # noqa: BLE001
+            compiled = None
         if compiled is not None:
             self.read_ahead_hits += 1
         else:

@@ -6,6 +6,7 @@ model.config, model.params, model.tokenizer
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 from pathlib import Path
@@ -75,12 +76,9 @@ def load_model(path: str | Path | None = None, dtype: str = "auto", store: str |
             f = GGUFFile(path)
             cfg = config_from_gguf(f, dtype)
             tokenizer = Tokenizer.from_gguf_metadata(f.metadata)
-            entry = stored.key(path, dtype) if store is not None else None
-            params = stored.read(Path(store), entry) if entry is not None else None
-            if params is None:
-                params = params_from_gguf(f, cfg, dtype)
-                if entry is not None:
-                    stored.write(Path(store), entry, params)
+            file = stored.model_file(path) if store is not None else None
+            made = functools.partial(params_from_gguf, f, cfg, dtype)
+            params = stored.kept(store, ("params", file, dtype), made) if file is not None else made()
     else:
         raise ModelNotFoundError(f"model not found: {path} (expected a .gguf file or an HF safetensors directory)")
     return LoadedModel(cfg, params, tokenizer, path)

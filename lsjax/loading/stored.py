@@ -1,14 +1,16 @@
-"""A GGUF model's params as `load_model` made them, kept on disk so that the next start maps them instead of
-dequantizing again.
+"""Weights made from a model file, kept on disk so that the next start maps them instead of making them again:
+a GGUF's params as `load_model` makes them, and decode.py's params prepared for decoding.
 
 Why: `decode.py` on the bundled SmolLM2 spent ~2.3 s in `load_model` on a 2-core CPU before its prefill (1.1 s
-of the `gguf` package's dequantization, 0.6 s of transposes into lsjax's layout, 0.3 s parsing), every start
-and every method; mapped back, the same arrays take a fraction of that. Only `decode.py` keeps them (in its
-compile cache's directory, off with `--compile-cache off`): a library writes nothing to disk unless asked.
+of the `gguf` package's dequantization, 0.6 s of transposes into lsjax's layout, 0.3 s parsing) and 1.4 s more
+in `prepare_for_decode` (per-layer fused and transposed copies), every start and every method; mapped back,
+the same arrays take a fraction of that. Only `decode.py` keeps them (in its compile cache's directory, off
+with `--compile-cache off`): a library writes nothing to disk unless asked.
 
-Keyed by the file as it is on disk (path, size, modification time), the dtype and this package's source (a
-change to how a GGUF is read makes every entry new). Models of more than `MAX_BYTES` are not kept, and only
-the newest `MAX_MODELS`. An entry that cannot be read is made again; one that cannot be written is skipped
+An entry is keyed by what made it: the model file as it is on disk (path, size, modification time), what the
+caller names (the dtype, the layout) and the source of the code that makes weights (this package, the config
+and the models: a change there makes every entry new). Entries of more than `MAX_BYTES` are not kept, and only
+the newest `MAX_ENTRIES`. An entry that cannot be read is made again; one that cannot be written is skipped
 with one line, and the load goes on.
 """
 
@@ -21,33 +23,71 @@ import json
 import os
 import shutil
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-MAX_BYTES = 4 << 30  # an 8B model in bf16 (16 GB) is read from its GGUF each time rather than kept twice
-MAX_MODELS = 2
+MAX_BYTES = 4 << 30  # an 8B model in bf16 (16 GB) is made from its file each time rather than kept twice
+MAX_ENTRIES = 4  # two models, each as loaded and as prepared
 INDEX = "index.json"
+_warned: list = []  # one warning line per process
+_writers: list[threading.Thread] = []  # writes under way (`defer_writes`)
+_defer: list = []  # non-empty: `kept` writes on a thread of its own (`defer_writes`)
+
+
+def defer_writes() -> None:
+    """From now on in this process, an entry `kept` makes is written on a thread of its own, so that the first
+    start does not wait for ~1.4 GB of writes before its prefill (decode.py, which calls `wait` before it
+    exits)."""
+    _defer.append(True)
+
+
+def wait() -> None:
+    """Waits for the writes `defer_writes` left under way."""
+    while _writers:
+        _writers.pop().join()
 
 
 @functools.cache
 def _source_digest() -> str:
-    here = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]
+    files = [*package.glob("loading/*.py"), *package.glob("models/*.py"), package / "config.py"]
     h = hashlib.sha256()
-    for path in sorted([*here.glob("*.py"), here.parent / "config.py"]):
-        h.update(path.name.encode())
+    for path in sorted(files):
+        h.update(str(path.relative_to(package)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()
 
 
-def key(path: Path, dtype: str) -> str | None:
-    """The entry of `path` loaded as `dtype`; None where the file cannot be stat'ed."""
+def model_file(path: str | Path) -> tuple | None:
+    """What identifies a model file (or an HF directory) as it is on disk; None where it cannot be stat'ed."""
     try:
-        stat = Path(path).resolve().stat()
+        path = Path(path).resolve()
+        files = sorted(path.iterdir()) if path.is_dir() else [path]  # (a directory's own time misses edits)
+        return (str(path), *((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()))
     except OSError:
         return None
-    text = repr((str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns, dtype, _source_digest()))
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def kept(root: str | Path | None, what: tuple, make: Callable[[], object]):
+    """`make()` (a tree of dicts and tuples of numpy arrays), or the copy kept under `root` by an earlier call
+    with the same `what` (its arrays mapped read-only from their files). `root` None: `make()`, nothing kept."""
+    if root is None:
+        return make()
+    root = Path(root)
+    entry = hashlib.sha256(repr((what, _source_digest())).encode()).hexdigest()[:32]
+    tree = _read(root / entry)
+    if tree is None:
+        tree = make()
+        if _defer:
+            _writers.append(threading.Thread(target=_write, args=(root, entry, tree), name="lsjax-keep-weights"))
+            _writers[-1].start()
+        else:
+            _write(root, entry, tree)
+    return tree
 
 
 def _dtype(name: str) -> np.dtype:
@@ -59,62 +99,77 @@ def _dtype(name: str) -> np.dtype:
         return np.dtype(getattr(ml_dtypes, name))
 
 
-def _flat(params: dict, prefix: str = "") -> list[tuple[str, np.ndarray]]:
-    out = []
-    for k, v in params.items():
-        if isinstance(v, dict):
-            out += _flat(v, f"{prefix}{k}/")
-        else:
-            out.append((f"{prefix}{k}", v))
-    return out
+def _flat(tree, path=()) -> list[tuple[tuple, np.ndarray]]:
+    """(path, array) of every leaf; a path step is a dict key (str) or a tuple index (int)."""
+    if isinstance(tree, dict):
+        return [leaf for k, v in tree.items() for leaf in _flat(v, (*path, k))]
+    if isinstance(tree, tuple):
+        return [leaf for i, v in enumerate(tree) for leaf in _flat(v, (*path, i))]
+    return [(path, tree)]
 
 
-def read(root: Path, entry: str) -> dict | None:
-    """The params kept as `entry`, each array mapped read-only from its file; None where there is none (or it
-    cannot be read)."""
-    where = Path(root) / entry
+def _unflat(leaves: list[tuple[list, np.ndarray]]):
+    root: dict = {}
+    for path, array in leaves:
+        node = root
+        for step in path[:-1]:
+            node = node.setdefault(step, {})
+        node[path[-1]] = array
+
+    def build(node):
+        if not isinstance(node, dict):
+            return node
+        if node and all(isinstance(k, int) for k in node):
+            return tuple(build(node[i]) for i in range(len(node)))
+        return {k: build(v) for k, v in node.items()}
+
+    return build(root)
+
+
+def _read(where: Path):
     try:
         index = json.loads((where / INDEX).read_text())
-        params: dict = {}
-        for i, (name, shape, dtype) in enumerate(index["arrays"]):
+        leaves = []
+        for i, (path, shape, dtype) in enumerate(index["arrays"]):
             # Stored as unsigned ints of the element's size: .npy has no bfloat16.
             array = np.load(where / f"{i}.npy", mmap_mode="r").view(_dtype(dtype))
             if list(array.shape) != shape:
                 return None
-            *parents, leaf = name.split("/")
-            node = params
-            for p in parents:
-                node = node.setdefault(p, {})
-            node[leaf] = array
+            leaves.append((path, array))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none yet, damaged or another version's
         return None
     with contextlib.suppress(OSError):
         os.utime(where)  # kept as recently used
-    return params
+    return _unflat(leaves)
 
 
-def write(root: Path, entry: str, params: dict) -> None:
-    """Keeps `params` as `entry` (skipped above `MAX_BYTES`; one warning line where the disk refuses)."""
-    arrays = _flat(params)
-    if sum(a.nbytes for _, a in arrays) > MAX_BYTES:
+def _write(root: Path, entry: str, tree) -> None:
+    leaves = [(path, np.asarray(a)) for path, a in _flat(tree)]
+    if sum(a.nbytes for _, a in leaves) > MAX_BYTES:
         return
-    root = Path(root)
     tmp = root / f".{entry}.{os.getpid()}.tmp"
     try:
         tmp.mkdir(parents=True, exist_ok=True)
-        for i, (_, a) in enumerate(arrays):
-            np.save(tmp / f"{i}.npy", np.asarray(a).view(f"u{a.dtype.itemsize}"), allow_pickle=False)
-        (tmp / INDEX).write_text(json.dumps({"arrays": [(n, list(a.shape), str(a.dtype)) for n, a in arrays]}))
+        for i, (_, a) in enumerate(leaves):
+            np.save(tmp / f"{i}.npy", a.view(f"u{a.dtype.itemsize}"), allow_pickle=False)
+        index = {"arrays": [(list(path), list(a.shape), str(a.dtype)) for path, a in leaves]}
+        (tmp / INDEX).write_text(json.dumps(index))
         shutil.rmtree(root / entry, ignore_errors=True)
         tmp.rename(root / entry)  # whole or not at all: a reader never sees half an entry
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        print(
-            f"[lsjax] warning: cannot keep the loaded weights in {root} ({e.strerror or e}); the next start "
-            "reads the model file again",
-            file=sys.stderr,
-        )
+        if not _warned:
+            _warned.append(1)
+            print(
+                f"[lsjax] warning: cannot keep the loaded weights in {root} ({e.strerror or e}); the next start "
+                "makes them from the model file again",
+                file=sys.stderr,
+            )
         return
     entries = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
-    for old in sorted(entries, key=lambda p: p.stat().st_mtime, reverse=True)[MAX_MODELS:]:
+    for old in sorted(entries, key=lambda p: p.stat().st_mtime, reverse=True)[MAX_ENTRIES:]:
         shutil.rmtree(old, ignore_errors=True)
+    for stale in root.glob(".*.tmp"):  # a write a killed process left half done, an hour ago or more
+        with contextlib.suppress(OSError):
+            if time.time() - stale.stat().st_mtime > 3600:
+                shutil.rmtree(stale, ignore_errors=True)
