@@ -693,7 +693,7 @@ def exit_now(code: int) -> None:
     program still loading in the background (its thread is not a daemon, so Python's exit would wait for XLA
     to finish reading it, 1-4 s on 2 cores) and tearing down the loaded executables (AR: ~0.3 s of the 0.7 s
     from its last token to the process's end). Programs compiled in the background are stored before this
-    (`finish`), and nothing else writes after the output."""
+    (`finish`), and the weights a first start keeps are waited for here (`lsjax.loading.stored`)."""
     sys.stdout.flush()
     sys.stderr.flush()
     stored = sys.modules.get("lsjax.loading.stored")
