@@ -566,13 +566,11 @@ def launch_tag(args: argparse.Namespace) -> str:
     """What a start's first programs follow from, known before the model loads: the model file (as it is on
     disk) and every other flag but `PER_PROMPT`'s."""
     from lsjax.errors import LsjaxError
-    from lsjax.loading import default_model_path
+    from lsjax.loading import default_model_path, stored
 
     try:
-        path = Path(args.model).resolve() if args.model else default_model_path()
-        stat = path.stat()
-        model = (str(path), stat.st_size, stat.st_mtime_ns)
-    except (OSError, LsjaxError):  # (the load names what is wrong)
+        model = stored.model_file(args.model or default_model_path()) or (args.model,)
+    except LsjaxError:  # (the load names what is wrong)
         model = (args.model,)
     flags = sorted((k, repr(v)) for k, v in vars(args).items() if k not in PER_PROMPT)
     return repr((model, flags))
