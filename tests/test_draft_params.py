@@ -51,6 +51,25 @@ def test_draft_params_is_a_pytree_that_round_trips_through_jit(pruned):
     assert (doubled.vocab_ids is None) == (not pruned)
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_head_rows_gathered_on_the_host_equal_the_device_gather(tied):
+    """A host (numpy) target's head rows are gathered there (no device copy of the whole table first): the
+    same rows as the device gather, for a tied embedding and a separate LM head."""
+    from lsjax.models.draft_params import vocab_head_rows
+
+    config, tp = tiny_model()
+    config = dataclasses.replace(config, tie_embeddings=tied)
+    V, D = config.vocab_size, config.hidden_size
+    tp = {**tp, "lm_head": jax.random.normal(jax.random.key(5), (D, V))} if not tied else tp
+    ids = np.asarray([2, 5, 7, 11, 40], np.int32)
+    host = {k: np.asarray(v) for k, v in tp.items() if k in ("embed", "lm_head")}
+    on_host = vocab_head_rows(host, config, ids)
+    assert isinstance(on_host, jax.Array) and on_host.shape == (len(ids), D)
+    np.testing.assert_array_equal(on_host, vocab_head_rows(tp, config, jnp.asarray(ids)))
+    table = host["embed"] if tied else host["lm_head"].T
+    np.testing.assert_array_equal(on_host, table[ids])
+
+
 def test_file_layout_round_trip():
     p = _tiny_draft_params(True)
     arrays = p.arrays()

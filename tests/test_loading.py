@@ -596,7 +596,18 @@ def test_decode_py_keeps_the_params_prepared_for_decoding_and_decodes_the_same_w
     assert target.is_prepared(mapped) and isinstance(mapped["layers"][0]["w_qkv"], np.memmap)
     assert jax.tree.all(jax.tree.map(np.array_equal, made, mapped))
     ids, gen = [5, 6, 7, 8, 5, 6], GenerateConfig(max_new_tokens=8, ignore_eos=True)
-    assert Generator(config, mapped).run(ids, gen).tokens == Generator(config, params).run(ids, gen).tokens
+    on_mapped, on_copied = Generator(config, mapped), Generator(config, params)
+    assert on_mapped.run(ids, gen).tokens == on_copied.run(ids, gen).tokens
+    # The mapped weights are used where they lie (a CPU device aliases a read-only host array: no copy per
+    # start); a caller's writable arrays are copied, so changing them later leaves the generator as it was.
+    used = on_mapped.params["layers"][0]["w_qkv"]
+    if jax.default_backend() == "cpu":  # (an accelerator copies it to its memory, as it must)
+        assert used.unsafe_buffer_pointer() == mapped["layers"][0]["w_qkv"].ctypes.data
+    mine = np.array(mapped["layers"][0]["w_qkv"])
+    copied = Generator(config, {**mapped, "layers": ({**mapped["layers"][0], "w_qkv": mine}, *mapped["layers"][1:])})
+    before = np.array(copied.params["layers"][0]["w_qkv"])
+    mine += 1.0
+    np.testing.assert_array_equal(copied.params["layers"][0]["w_qkv"], before)
     (tmp_path / "tiny.gguf").write_bytes(b"another model file")  # a changed file is prepared afresh
     assert not isinstance(decode.prepared(model, tmp_path / "weights")["layers"][0]["w_qkv"], np.memmap)
     assert decode.prepared(model, None) is params
