@@ -215,6 +215,7 @@ class Ticker:
     def _run(self):
         while not self._stop.wait(1.0 if self.tty else self.every):
             label, t0 = self._state
+            label = label() if callable(label) else label  # (a label that follows what it reports)
             line = f"[lsjax] {label}: {time.perf_counter() - t0:.0f}s"
             sys.stderr.write(f"\r{line}\033[K" if self.tty else line + "\n")
             sys.stderr.flush()
@@ -222,8 +223,8 @@ class Ticker:
     def __exit__(self, *exc):
         self.stop()
 
-    def restart(self, label: str):
-        """Counts again from 0 under a new label."""
+    def restart(self, label):
+        """Counts again from 0 under a new label (a string, or a function returning one at each tick)."""
         self._state = (label, time.perf_counter())
 
     def stop(self):
@@ -409,12 +410,15 @@ def main(argv=None, *, as_program: bool = False) -> int:
         with Ticker(label) as ticker:
             # The decode program compiles on a host thread while the prompt is prefilled.
             compile_s = generator.compile(ids, gen, seed=args.seed, background=True)
+            prefilling = f"prefilling {len(ids)} prompt tokens"
             if generator.compiling:
-                loading = loading_label(drafter, decode_programs(generator))
-                ticker.restart(loading if generator.loading_decode else ticker.label)
-                ticker.label += " (prefilling meanwhile)"
+                loading = loading_label(drafter, decode_programs(generator)) if generator.loading_decode else label
+                loading += " (prefilling meanwhile)"
+                # Once the first decode program is ready (one read ahead: within the prefill's first second),
+                # the line says what is left: the prefill.
+                ticker.restart(lambda: loading if generator.first_pending else prefilling)
             else:
-                ticker.restart(f"prefilling {len(ids)} prompt tokens")
+                ticker.restart(prefilling)
             result = generator.run(ids, gen, seed=args.seed, on_tokens=on_tokens, on_ready=ticker.stop)
         done_at = time.perf_counter()
         result.compile_s += compile_s  # the prefill program's; run added the decode program's

@@ -282,6 +282,26 @@ def test_auto_time_split_is_ms_per_step_of_each_candidate(tmp_path, monkeypatch)
     assert split["step_ms_source"] == "profile" and split["step_ms_by_candidate"]["ar"] > 0
 
 
+def test_a_ticker_label_can_follow_what_it_reports(capsys):
+    """A label given as a function is read at each tick: "loading ... (prefilling meanwhile)" becomes
+    "prefilling" once the program is ready, the count going on."""
+    ready = threading.Event()
+    err = ""
+    with decode.Ticker("compiling", every=0.1) as ticker:
+        ticker.restart(lambda: "prefilling 9 prompt tokens" if ready.is_set() else "loading (prefilling meanwhile)")
+        deadline = time.perf_counter() + 10
+        while "loading" not in err and time.perf_counter() < deadline:
+            time.sleep(0.05)
+            err += capsys.readouterr().err
+        ready.set()
+        while "prefilling 9" not in err and time.perf_counter() < deadline:
+            time.sleep(0.05)
+            err += capsys.readouterr().err
+    labels = [line.rsplit(": ", 1)[0] for line in (err + capsys.readouterr().err).splitlines()]
+    assert "[lsjax] loading (prefilling meanwhile)" in labels and labels[-1] == "[lsjax] prefilling 9 prompt tokens"
+    assert labels == sorted(labels, key=lambda label: "prefilling 9" in label), labels
+
+
 def test_the_ticker_restarts_under_a_new_label(capsys):
     # Ticks may land late on a loaded machine, so the test reads the count, not the exact last line: after 2 s
     # under the first label, a restart must count from 0 again (without it the count would be >= 2).

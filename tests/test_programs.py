@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -267,6 +268,7 @@ def test_a_background_compile_error_is_raised_by_run_and_the_next_run_compiles_a
 def test_a_loaded_program_that_fails_to_run_is_removed_with_one_line(tmp_path, monkeypatch, capsys):
     import decode
     from lsjax import compile_cache
+    from lsjax.loading import stored
 
     class JaxRuntimeError(RuntimeError):  # XLA's error type, by name (jax.errors.JaxRuntimeError)
         pass
@@ -278,6 +280,8 @@ def test_a_loaded_program_that_fails_to_run_is_removed_with_one_line(tmp_path, m
 
     monkeypatch.setattr(compile_cache, "enable", lambda *a: None)  # JAX's own cache stays as the test has it
     monkeypatch.setattr(compile_cache, "programs_dir", lambda flag: tmp_path)
+    monkeypatch.setattr(compile_cache, "weights_dir", lambda flag: None)  # (the user's cache is not the test's)
+    monkeypatch.setattr(stored, "_defer", [])  # (decode.main defers this process's writes: this test's only)
     monkeypatch.setattr(Generator, "run", loaded_then_broken)
     with pytest.raises(SystemExit) as exit_:
         decode.main(["--method", "ar", "--prompt", "hi", "--max-new-tokens", "2"], as_program=True)
@@ -338,6 +342,14 @@ def test_a_split_decode_runs_with_the_groups_loaded_so_far_and_takes_the_rest_as
     assert result.drafter_stats["steps_by_candidate"].get("pld-3", 0) > 0  # the second group ran once loaded
     assert sum(result.drafter_stats["steps_by_candidate"].values()) == result.target_forwards - 1
     assert g.programs.hits == 3 and not g.compiling  # start and both groups, all loaded
+    # Loaded beside the prefill, the first group is soon ready: a status line says "prefilling", not "loading".
+    again = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path))
+    again.compile(ids, gen, background=True)
+    deadline = time.monotonic() + 60
+    while again.first_pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert again.loading_decode and not again.first_pending
+    again.close()
     # The 4-node group: compiled without YNNPACK fusions, stored, loaded, run on the [in, out] projections.
     assert isinstance(split.programs[1], InLayout) and not isinstance(split.programs[0], InLayout)
     assert "__ynn_fusion" not in split.programs[1].program.as_text()
@@ -408,6 +420,7 @@ def test_a_first_start_decodes_with_ars_programs_and_compiles_the_methods_after(
     assert g.stands_in(ids, gen)
     g.compile(ids, gen, background=True)
     assert g.compiling and not g.loading_decode  # AR's decode program, beside the prefill
+    assert g.first_pending  # (a status line says "compiling" until it is made)
     result = g.run(ids, gen)
     assert [p.name for p in g.program_log] == ["start", "decode"] and result.prefill_alongside_compile
     assert result.tokens == ar.tokens and result.ar_stand_in and result.drafter_stats is None

@@ -782,6 +782,15 @@ class Generator:
             for c in self._compiled.values()
         )
 
+    @property
+    def first_pending(self) -> bool:
+        """Whether the decode program a run begins with (a split decode's first group) is still being made in the
+        background: a status line's "loading" or "compiling" until it is ready, then the prefill's."""
+        for _, decode, _ in self._compiled.values():
+            if _pending(decode.programs[0] if isinstance(decode, SplitDecode) else decode):
+                return True
+        return False
+
     def _ready(self, sig) -> float:
         """Waits for a decode program compiled in the background; returns its compile seconds (0 if none)."""
         start, decode, drafter = self._compiled[sig]
