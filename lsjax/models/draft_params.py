@@ -88,7 +88,7 @@ def weights_problem(params, specs: dict[str, ParamSpec], method: str) -> str | N
 def vocab_head_rows(target_params: dict, config: ModelConfig, vocab_ids) -> jax.Array:
     """The target's LM-head rows [Vd, D] at `vocab_ids` (the embedding's when the head is tied)."""
     table = target_params["embed"] if config.tie_embeddings else target_params["lm_head"]
-    if isinstance(table, np.ndarray):
+    if isinstance(table, np.ndarray) and not isinstance(vocab_ids, jax.core.Tracer):
         # Host arrays (a loaded or mapped model): the rows gathered there. jnp.asarray would copy the whole table
         # to the device first (SmolLM2: 113 MB, 0.1-0.3 s of every start of a pruned-vocabulary draft).
         ids = np.asarray(vocab_ids, np.int32)
