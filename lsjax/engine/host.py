@@ -252,9 +252,9 @@ COMPUTE_THREADS = "tf_XLAEigen"  # the name of XLA:CPU's compute pool threads, w
 
 def idle_priority() -> bool:
     """Gives every thread of this process but the main thread and XLA:CPU's compute pool the lowest CPU priority
-    (nice 19), so that what they do (XLA deserializes a loaded program on a thread of its own pool) takes only
-    the cycles the decode leaves unused. For the whole process, and not undone: an unprivileged process cannot
-    raise a priority again. Linux only; returns whether it applied."""
+    (nice 19), so that what they do (XLA deserializes a loaded program on the thread that asks) yields to the
+    decode (not fully: `SplitDecode` says what it still costs on a 2-core VM). For the whole process, and not
+    undone: an unprivileged process cannot raise a priority again. Linux only; returns whether it applied."""
     tasks = "/proc/self/task"
     names = {}
     try:
@@ -311,9 +311,11 @@ class SplitDecode:
     output, never depend on what has loaded when).
 
     With `idle` (a CPU, loading from disk), the groups after the first load at the lowest CPU priority
-    (`idle_priority`): in the cycles the decode leaves unused, so that a load never slows the steps running
-    meanwhile (it bridges longer). On 2 cores a load at normal priority took ~1.2-3.7 s of a core from the
-    decode, which on a prompt where the trees pay little cost more than they saved (docs/CHANGELOG.md).
+    (`idle_priority`), meant to take only the cycles the decode leaves unused. On 2 cores a load at normal
+    priority took ~1.2-3.7 s of a core from the decode, which on a prompt where the trees pay little cost more
+    than they saved; at nice 19 (or SCHED_IDLE) on the 2-core VM measured since, a loading thread still slowed
+    the decode ~1.2x and a prefill ~1.5x while it ran (`scripts/idle_load_cost.py`, docs/CHANGELOG.md
+    2026-12-04), so a load is never free there: ask for fewer.
 
     With `priced` (and `partial`), a group the drafter wants is asked for only where what running it would save
     over the tokens left pays for making it: the drafter's own rates (`Drafter.choice_rates`: the wanted
