@@ -2,14 +2,15 @@
 `--method ar`: warm starts, interleaved, the order rotating; what a user waits for, compilation and loading included.
 
     python scripts/checkout_ab.py new=DIR_A:auto old=DIR_B:auto ar=DIR_A:ar [--suite dev] [--rounds 2]
-        [--buckets 1K-2K 2K-4K] [--prompt-file F] [--max-new-tokens 200] [--json rows.jsonl]
+        [--buckets 1K-2K 2K-4K] [--prompt-file F] [--max-new-tokens 200] [--json rows.jsonl] [--share]
 
-Each NAME=DIR:METHOD runs DIR/decode.py (a copy of the repository: `git worktree add`, or the tracked files
-copied) with its own compile cache and auto cost profile (a copy's programs are its own: the program cache keys
-by lsjax's source). Per prompt: one start on a sibling prompt of the same width fills each variant's caches,
-then `--rounds` rounds of warm starts on the prompt itself. One JSON line per run (with a hash of the text, so
-that equal outputs show), then per prompt the medians of the last token's time and their ratio to the variant
-named `ar`.
+Each NAME=DIR:METHOD[:VAR=VALUE...] runs DIR/decode.py (a copy of the repository: `git worktree add`, or the
+tracked files copied), with those environment variables set (`priced=DIR:auto:LSJAX_SPLIT_LOAD=priced`), and its
+own compile cache and auto cost profile (a copy's programs are its own: the program cache keys by lsjax's
+source); with `--share`, variants of one DIR and METHOD share theirs (one cold compile for both). Per prompt:
+one start on a sibling prompt of the same width fills each variant's caches, then `--rounds` rounds of warm
+starts on the prompt itself. One JSON line per run (with a hash of the text, so that equal outputs show), then
+per prompt the medians of the last token's time and their ratio to the variant named `ar`.
 """
 
 from __future__ import annotations
@@ -28,31 +29,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 MORE = ("decode_s", "prefill_s", "target_forwards", "programs", "steps_by_candidate")
 
 
-def run(root: Path, method: str, prompt: Path, work: Path, new: int) -> dict:
+def run(root: Path, method: str, env: dict, prompt: Path, work: Path, new: int) -> dict:
     from lsjax.bench.launch import FIELDS, decode_py
 
-    return decode_py(prompt, method, new, work / "cache", work / "profiles", root=root, fields=(*FIELDS, *MORE))
+    fields = (*FIELDS, *MORE)
+    return decode_py(prompt, method, new, work / "cache", work / "profiles", root=root, fields=fields, env=env)
 
 
 def main(argv=None) -> int:
     from lsjax.prompts import BUCKETS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("variants", nargs="+", metavar="NAME=DIR:METHOD")
+    p.add_argument("variants", nargs="+", metavar="NAME=DIR:METHOD[:VAR=VALUE...]")
     p.add_argument("--suite", choices=("dev", "heldout"), default="dev")
     p.add_argument("--buckets", nargs="+", choices=list(BUCKETS), default=["1K-2K", "2K-4K"])
     p.add_argument("--prompt-file", action="append", default=[], help="a prompt file instead of the suite's code")
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", default=None, help="append the rows and summaries here (JSON lines)")
+    p.add_argument("--share", action="store_true", help="variants of one DIR and METHOD share their caches")
     args = p.parse_args(argv)
-    variants = {}
+    variants, homes = {}, {}
     for v in args.variants:
         name, _, rest = v.partition("=")
-        root, _, method = rest.rpartition(":")
-        if not (name and root and method and (Path(root) / "decode.py").is_file()):
-            p.error(f"{v!r}: expected NAME=DIR:METHOD with DIR holding decode.py")
-        variants[name] = (Path(root).resolve(), method)
+        root, method, *sets = rest.split(":") + [""]
+        sets = [s for s in sets if s]
+        env = dict(s.split("=", 1) for s in sets if "=" in s)
+        if not (name and root and method and len(env) == len(sets) and (Path(root) / "decode.py").is_file()):
+            p.error(f"{v!r}: expected NAME=DIR:METHOD[:VAR=VALUE...] with DIR holding decode.py")
+        variants[name] = (Path(root).resolve(), method, env)
+        # (a name's caches are its own, or with --share the first variant's of its DIR and METHOD)
+        homes[name] = next(n for n in variants if variants[n][:2] == variants[name][:2]) if args.share else name
     if "ar" not in variants:
         p.error("name one variant ar (the baseline)")
 
@@ -73,11 +80,11 @@ def main(argv=None) -> int:
             prompt.write_text(text)
             sibling.write_text(text[len(text) // 20 :])
             for name in names:
-                run(*variants[name], sibling, work / name, args.max_new_tokens)
+                run(*variants[name], sibling, work / homes[name], args.max_new_tokens)
             rows = []
             for r in range(args.rounds):
                 for name in names[r % len(names) :] + names[: r % len(names)]:
-                    row = run(*variants[name], prompt, work / name, args.max_new_tokens)
+                    row = run(*variants[name], prompt, work / homes[name], args.max_new_tokens)
                     text_out = row.pop("text")
                     row = {"source": str(source), "prompt": i, "round": r, "variant": name, **row}
                     row["text_sha1"] = hashlib.sha1(text_out.encode()).hexdigest()[:12]

@@ -15,7 +15,7 @@ import pytest
 
 from lsjax.config import GenerateConfig
 from lsjax.engine import programs
-from lsjax.engine.host import Generator, InLayout
+from lsjax.engine.host import Generator, InLayout, SplitDecode
 from lsjax.engine.programs import ProgramCache, program_key
 from lsjax.engine.types import SpecConfig
 from lsjax.methods.pld.drafter import PLDDrafter
@@ -177,6 +177,8 @@ def test_a_start_reads_ahead_the_programs_the_last_start_with_its_tag_fetched_fi
     assert cache.read_ahead("another tag") == 0 and cache.read_ahead("tag") == 2
     again = Generator(config, params, program_cache=cache).run(ids, gen)
     assert again.tokens == plain.tokens and cache.hits == 2 and cache.read_ahead_hits == 2
+    # Read ahead or not, each read is timed: what a later load will cost by its size (`SplitDecode` prices one).
+    assert first.seconds_per_byte() is None and len(cache.reads) == 2 and cache.seconds_per_byte() > 0
     # A prompt of another width: what was read ahead goes unused, the programs it needs are compiled.
     other = ProgramCache(tmp_path)
     assert other.read_ahead("tag") == 2
@@ -191,7 +193,7 @@ def test_a_start_reads_ahead_the_programs_the_last_start_with_its_tag_fetched_fi
     damaged = ProgramCache(tmp_path)
     assert damaged.read_ahead("tag") == 2
     assert Generator(config, params, program_cache=damaged).run(ids, gen).tokens == plain.tokens
-    assert damaged.hits == damaged.read_ahead_hits == 0
+    assert damaged.hits == damaged.read_ahead_hits == 0 and damaged.seconds_per_byte() is None
 
 
 def test_a_mesh_generator_does_not_use_the_cache(tmp_path):
@@ -301,8 +303,10 @@ def test_a_split_decode_runs_with_the_groups_loaded_so_far_and_takes_the_rest_as
     from lsjax.methods.auto.drafter import AutoDrafter, auto_params
 
     monkeypatch.setenv("LSJAX_PROFILE_DIR", str(tmp_path / "profiles"))
-    # Every group asked for is loaded: a tiny model's 40 tokens would not pay for a load (`priced`).
+    # Every group asked for is loaded, as if loads took no time: a tiny model's 40 tokens would be over before a
+    # load was in (`SplitDecode._pays`).
     monkeypatch.setenv(LOAD_ENV, "asked")
+    monkeypatch.setattr(SplitDecode, "_make_estimate", lambda self, g: 0.0)
     config, params = tiny_model()
     drafter = dataclasses.replace(AutoDrafter(pld_tokens=(3,)), cost_profile="prior")
     ids = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]

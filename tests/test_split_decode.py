@@ -263,6 +263,22 @@ def test_a_priced_split_loads_a_group_only_where_it_pays():
     assert np.asarray(out.draft.policy.uses)[1:].sum() == 0
 
 
+@pytest.mark.parametrize("priced", [False, True], ids=["asked", "priced"])
+def test_no_split_loads_a_group_that_would_come_after_the_last_token(priced):
+    """Asked for or priced: a group whose load (by its size at the seconds per byte this process's reads took)
+    would end after the run's last token at its pace so far is not asked for; the run keeps to AR's group, with
+    AR's tokens."""
+    config, _ = tiny_model()
+    split, made, params, dp, spec, state = _lazy(GREEDY, CHEAP, partial=True, priced=priced)
+    ref = run(params, config, repetitive_prompts(), GREEDY, ARDrafter())
+    split.sizes = [1_000_000] * len(split.programs)
+    split.load_rate = lambda: 1e-3  # 1000 s a program
+    out = split(params, dp, state(), 1000)
+    np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out))
+    assert made == [0] and split.declined > 0 and split.restricted_steps == 0
+    assert np.asarray(out.draft.policy.uses)[1:].sum() == 0
+
+
 def test_a_split_kept_to_its_first_group_loads_no_other():
     """The "first" loading (a timing baseline): where the drafter wants a tree it keeps to AR's group, with AR's
     tokens."""
@@ -279,8 +295,14 @@ def test_a_load_is_priced_by_the_size_of_its_program():
     split = SplitDecode(SMALL, [object()] * n, partial=True, priced=True, sizes=[10_000_000] + [4_000_000] * (n - 1))
     split._make_s = {0: 3.0}  # AR's group, 10 MB, in 3 s
     assert split._make_estimate(1) == pytest.approx(1.2)
+    split.load_rate = lambda: 0.5e-6  # this process's reads: 0.5 s per MB (the first group's read ahead)
+    assert split._make_estimate(1) == pytest.approx(2.0)
+    split.from_disk = False  # compiled, not read: the reads say nothing of it
+    assert split._make_estimate(1) == pytest.approx(1.2)
     split.sizes = None
     assert split._make_estimate(1) == 3.0  # unknown sizes: as long as those made so far took
+    split._make_s = {}
+    assert split._make_estimate(1) is None  # nothing to go by: asked for (`_pays`)
 
 
 def test_split_load_env(monkeypatch):

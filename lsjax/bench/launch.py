@@ -56,15 +56,16 @@ def decode_py(
     extra=(),
     root: Path = ROOT,
     fields: tuple[str, ...] = FIELDS,
+    env: dict | None = None,
 ) -> dict:
     """One `decode.py --json` process (`root`'s: another copy of the repository may be timed): `fields` of its
-    JSON summary, its text, plus the process's own wall seconds."""
+    JSON summary, its text, plus the process's own wall seconds. `env`: variables set for it."""
     import time
 
     cmd = [sys.executable, str(root / "decode.py"), "--prompt-file", str(prompt_file), "--json"]
     cmd += ["--max-new-tokens", str(new), "--compile-cache", str(cache), *extra]
     cmd += ["--method", method] if method else []
-    env = {**os.environ, "LSJAX_PROFILE_DIR": str(profiles)}
+    env = {**os.environ, **(env or {}), "LSJAX_PROFILE_DIR": str(profiles)}
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root)
     wall = time.perf_counter() - t0

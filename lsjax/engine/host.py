@@ -338,6 +338,7 @@ class SplitDecode:
         sizes: list[int | None] | None = None,
         idle: bool = False,
         first_only: bool = False,
+        load_rate: Callable[[], float | None] | None = None,
     ):
         self.drafter = drafter
         self.groups = variant_groups(drafter)
@@ -361,7 +362,10 @@ class SplitDecode:
         self.declined = 0  # times a wanted group was not asked for: its load would cost more than it saves
         self._make_s: dict[int, float] = {}  # group -> seconds its program took to make in the background
         self.sizes = sizes  # bytes of each group's stored program (None: unknown), to price its load
-        self._pace = [0.0, 0]  # [seconds, tokens] of this run's calls so far (`priced`)
+        # Seconds per stored byte that reading a program has taken in this process (`ProgramCache.reads`): the
+        # price of a load where the first group's own was hidden (read ahead while the model loaded).
+        self.load_rate = load_rate
+        self._pace = [0.0, 0]  # [seconds, tokens] of this run's calls so far (`partial`)
         self._looks = np.zeros(len(self.groups), np.int64)  # calls that ended wanting each group (`priced`)
         self._asked: list[int] = []  # groups asked for, made first come first served
         self._taken: set[int] = set()  # groups the background thread has begun to make
@@ -476,28 +480,40 @@ class SplitDecode:
             self._params = {key: (draft_params, draft_params if restricted is None else restricted)}
         return self._params[key][1]
 
-    def _make_estimate(self, g: int) -> float:
-        """Seconds group g's program will take to make: at the seconds per byte of those made so far where the
-        sizes are known (AR's group is the largest and loads beside the prefill), else as long as they took."""
+    def _make_estimate(self, g: int) -> float | None:
+        """Seconds group g's program will take to make (None: nothing to go by). Loading from disk with its size
+        known: at the seconds per byte this process's reads have taken (`load_rate`), else at those of the
+        groups made so far (AR's group is the largest and loads beside the prefill); else as long as those
+        took."""
+        rate = self.load_rate() if self.load_rate is not None and self.from_disk else None
+        if self.sizes and self.sizes[g] and rate:
+            return self.sizes[g] * rate
         sized = [h for h in self._make_s if self.sizes and self.sizes[h]]
         if self.sizes and self.sizes[g] and sized:
             return self.sizes[g] * sum(self._make_s[h] for h in sized) / sum(self.sizes[h] for h in sized)
-        return float(np.mean(list(self._make_s.values())))
+        return float(np.mean(list(self._make_s.values()))) if self._make_s else None
 
     def _pays(self, g: int, left: int, rates: np.ndarray, ready: np.ndarray, wanted: int) -> bool:
-        """Whether making group g (for variant `wanted`) saves more seconds over the `left` tokens than it
-        costs (`priced`); yes where anything it needs is unknown."""
+        """Whether to make group g (for variant `wanted`) with `left` tokens to go: never where, at this run's
+        seconds per token so far, it would be in only after the last (its load takes the decode's cores for
+        nothing: held-out code asked for a tree with 17-57 steps left, docs/CHANGELOG.md 2026-12-05); `priced`,
+        only where it saves more seconds over the tokens after it than it costs. Yes where anything it needs
+        is unknown."""
         if self.first_only:
             return False
-        if not self.priced or not self._make_s or self._pace[1] == 0:
+        make_s = self._make_estimate(g)
+        if make_s is None or self._pace[1] == 0:
+            return True
+        per_token = self._pace[0] / self._pace[1]
+        left_after = left - make_s / per_token  # the tokens still to come once it is made
+        if left_after <= 0:
+            return False
+        if not self.priced:
             return True
         usable = ready & np.isfinite(rates)
         best = float(np.max(rates[usable])) if usable.any() else 0.0
         if not (best > 0 and np.isfinite(rates[wanted])):
             return True
-        make_s = self._make_estimate(g)
-        per_token = self._pace[0] / self._pace[1]
-        left_after = left - make_s / per_token  # the tokens still to come once it is made
         share = self._looks[g] / max(int(self._looks.sum()), 1)  # of the steps to come, those that would run it
         saved = left_after * per_token * share * (1.0 - best / float(rates[wanted]))
         return saved > make_s
@@ -509,7 +525,7 @@ class SplitDecode:
         nxt, fresh, steps = PLAN, True, int(state.steps)
         every = np.ones(len(self.group_of), bool)
         left_before = None
-        if self.priced and self.partial:  # the pace counts from here
+        if self.partial:  # the pace counts from here
             live = ~np.asarray(state.done)
             left_before = int(np.max(np.where(live, np.asarray(state.limit) - np.asarray(state.num_out), 0)))
         while True:
@@ -719,8 +735,9 @@ class Generator:
                 eager=loading == "eager",
                 priced=loading == "priced",
                 sizes=sizes,
-                idle=loading == "idle",
+                idle=loading == "idle" or (loading == "priced" and self.idle_loads),
                 first_only=loading == "first",
+                load_rate=self.programs.seconds_per_byte,
             )
             split.from_disk = stored
             self._compiled[sig] = (start, split, drafter)

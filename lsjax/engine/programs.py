@@ -40,6 +40,7 @@ import pickle
 import re
 import sys
 import threading
+import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -215,6 +216,9 @@ class ProgramCache:
         self._warned = False  # a store that failed said so once
         self._fetched: dict[str, str] = {}  # program name -> the file of the last fetched (`remember`)
         self._early: dict[str, concurrent.futures.Future] = {}  # file name -> the program read ahead, or None
+        # (seconds, bytes) of each program read from disk in this process, read ahead or not: what a load costs
+        # here (`seconds_per_byte`), which a program read ahead no longer shows where it is fetched.
+        self.reads: list[tuple[float, int]] = []
 
     def _hint(self, tag: str) -> Path:
         return self.root / HINTS / f"{hashlib.sha256(tag.encode()).hexdigest()[:32]}.json"
@@ -307,13 +311,23 @@ class ProgramCache:
                 os.utime(path)  # kept as recently used
         return compiled
 
-    @staticmethod
-    def _read(path: Path) -> jax.stages.Compiled | None:
+    def seconds_per_byte(self) -> float | None:
+        """Seconds per stored byte of the programs read so far (None: none yet): what the next read will take, by
+        its file's size (`size`). A read beside other work (the model loading, a decode) is timed as it ran."""
+        reads = list(self.reads)
+        total = sum(b for _, b in reads)
+        return sum(s for s, _ in reads) / total if total else None
+
+    def _read(self, path: Path) -> jax.stages.Compiled | None:
         from jax.experimental.serialize_executable import deserialize_and_load
 
         try:
-            payload, in_tree, out_tree = pickle.loads(zlib.decompress(path.read_bytes()))
-            return deserialize_and_load(payload, in_tree, out_tree)
+            t = time.perf_counter()
+            data = path.read_bytes()
+            payload, in_tree, out_tree = pickle.loads(zlib.decompress(data))
+            compiled = deserialize_and_load(payload, in_tree, out_tree)
+            self.reads.append((time.perf_counter() - t, len(data)))
+            return compiled
         except Exception:  # none yet, or damaged or foreign: compiled again and replaced  # noqa: BLE001
             return None
 
