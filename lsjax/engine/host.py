@@ -60,8 +60,8 @@ class GenerationResult:
     # Steps a split decode ran with the drafter restricted to the groups loaded so far while it wanted another
     # (`SplitDecode`: AR, or a smaller tree, bridging); they are part of decode_s and target_forwards.
     bridged_steps: int = 0
-    # Times a split decode did not load a group its drafter wanted: what the group would save over the tokens
-    # left did not pay for loading it (`SplitDecode.priced`).
+    # Times a split decode did not load a group its drafter wanted: it would have been in only after the last
+    # token, or (`SplitDecode.priced`) what it would save over the tokens left did not pay for loading it.
     declined_loads: int = 0
     # `time.perf_counter()` when the speculative program could first run as it would with everything loaded
     # (after its host tuning; for a split decode, after the last step the drafter ran restricted): "seconds
@@ -321,8 +321,12 @@ class SplitDecode:
     over the tokens left pays for making it: the drafter's own rates (`Drafter.choice_rates`: the wanted
     variant's against the best ready one's) at this run's seconds per token so far, over the share of the
     looks so far that wanted the group (a rate is the step's: prompt lookup's after a match holds for that
-    step, not for the rest of the run), against the seconds the groups made so far took per byte of their
-    stored programs (`sizes`; else each), which on a CPU are taken from the decode's cores."""
+    step, not for the rest of the run), against the seconds its load will take by its stored size (`sizes`)
+    at the seconds per byte this process's program reads took (`load_rate`; else those of the groups made so
+    far), which on a CPU are taken from the decode's cores.
+
+    Whatever the loading, with `partial` a group is not asked for where that load, at this run's seconds per
+    token so far, would end after the last token: on a CPU it would take the decode's cores for nothing."""
 
     poll = 8  # steps between looks at what has loaded, while something may still load
 
@@ -359,7 +363,7 @@ class SplitDecode:
         self.priced = priced
         self.idle = idle
         self.first_only = first_only  # asks for no group but the first (`partial`: the drafter keeps to it)
-        self.declined = 0  # times a wanted group was not asked for: its load would cost more than it saves
+        self.declined = 0  # times a wanted group was not asked for: too late, or (`priced`) not worth its load
         self._make_s: dict[int, float] = {}  # group -> seconds its program took to make in the background
         self.sizes = sizes  # bytes of each group's stored program (None: unknown), to price its load
         # Seconds per stored byte that reading a program has taken in this process (`ProgramCache.reads`): the
@@ -496,7 +500,7 @@ class SplitDecode:
     def _pays(self, g: int, left: int, rates: np.ndarray, ready: np.ndarray, wanted: int) -> bool:
         """Whether to make group g (for variant `wanted`) with `left` tokens to go: never where, at this run's
         seconds per token so far, it would be in only after the last (its load takes the decode's cores for
-        nothing: held-out code asked for a tree with 17-57 steps left, docs/CHANGELOG.md 2026-12-05); `priced`,
+        nothing: held-out code asked for a tree with 17-57 steps left, docs/CHANGELOG.md 2026-12-04); `priced`,
         only where it saves more seconds over the tokens after it than it costs. Yes where anything it needs
         is unknown."""
         if self.first_only:
