@@ -63,7 +63,7 @@ def main(argv=None) -> int:
         def loader(mode: str) -> None:
             lower(mode)
             while not stop.is_set():
-                ProgramCache._read(stored)
+                g.programs._read(stored)
                 loads[0] += 1
 
         rows: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}

@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     import jax
     import numpy as np
 
-    from lsjax.bench.suites import load_suite
+    from lsjax.bench.suites import encode, load_suite
     from lsjax.config import GenerateConfig
     from lsjax.engine import loop
     from lsjax.engine.host import Generator, start_args
@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     from lsjax.methods import registry
 
     model = load_model()
-    ids = model.tokenizer.encode(load_suite(model.tokenizer, args.suite, None, 1, ["code"], [args.bucket])[0].text)
+    ids = encode(model.tokenizer, load_suite(model.tokenizer, args.suite, None, 1, ["code"], [args.bucket])[0])
     print(f"{args.suite} code prompt, {len(ids)} tokens")
     runs = {}
     for method in ("ar", args.method):
