@@ -66,6 +66,30 @@ def test_what_does_not_fit_is_a_skip_line(monkeypatch):
     assert device.layers_that_fit(8192) == 0
 
 
+def test_a_check_cut_short_keeps_the_parts_it_finished(monkeypatch, tmp_path):
+    """A lease's timeout ends the check with SIGTERM while a part runs: the report is on disk with every part
+    that finished (written after each) and a skip line for the one that was stopped."""
+    import os
+    import signal
+
+    monkeypatch.setattr(
+        tk, "tree_attention", lambda q, k, v, m, causal, **_: tk.tree_attention_reference(q, k, v, m, causal=causal)
+    )
+    monkeypatch.setattr(device, "check_bandwidth", lambda rep: os.kill(os.getpid(), signal.SIGTERM))
+    argv = ["--dry", "--parts", "kernels,bandwidth", "--kernel-T", "1", "--out", str(tmp_path)]
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stopped:
+        device.main(argv)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    (js,) = tmp_path.glob("*.json")
+    parts = json.loads(js.read_text())["parts"]
+    assert parts["kernels"]["rows"] and all(r["ok"] for r in parts["kernels"]["rows"])
+    assert "elapsed_s" in parts["kernels"] and "elapsed_s" not in parts["bandwidth"]
+    assert parts["bandwidth"]["skips"] == [parts["bandwidth"]["skips"][0]]
+    assert "stopped" in parts["bandwidth"]["skips"][0] and "during this part" in parts["bandwidth"]["skips"][0]
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_bad_options_are_one_line(capsys):
     assert device.main(["--dry", "--parts", "kernels,nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

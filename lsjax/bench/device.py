@@ -43,6 +43,7 @@ import importlib.metadata
 import json
 import platform as pyplatform
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -827,7 +828,11 @@ def _check_e2e(rep: Report, dtype: str, temperatures: tuple[float, ...]) -> None
                 rows = invariant_rows_for(drafter) if rows == "auto" else rows
                 ar = ar_at(rows)
                 g = Generator(on_rows(rows).config, model.params, drafter, draft_params)
+                t_case = time.perf_counter()
                 g.run(prompts[0], g_t)  # compiles (and measures auto's costs once)
+                # progress for the log only: a lease's timeout inside a case then says where it went
+                took = time.perf_counter() - t_case
+                rep.log(f"[e2e] {name} T={t:g}: compiled in {took:.0f} s, at {rep.elapsed():.0f} s")
                 # interleaved with AR (and plain AR when the numerics are invariant); one seed per prompt
                 runs = [
                     (ar.run(ids, g_t, seed=i), g.run(ids, g_t, seed=i), plain.run(ids, g_t) if rows else None)
@@ -1006,13 +1011,19 @@ def _fmt(x) -> str:
     return "" if x is None else str(x)
 
 
-def write(rep: Report, out: Path) -> tuple[Path, Path]:
-    out.mkdir(parents=True, exist_ok=True)
+def report_stem(rep: Report, out: Path) -> Path:
+    """`<date>-<device kind>` in `out`; a second run on the same day and card keeps the first report."""
     stem = out / slug(rep.env)
     n = 1
-    while stem.with_suffix(".md").exists():  # a second run on the same day and card keeps the first report
+    while stem.with_suffix(".md").exists():
         n += 1
         stem = out / f"{slug(rep.env)}-{n}"
+    return stem
+
+
+def write(rep: Report, out: Path, stem: Path | None = None) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    stem = stem or report_stem(rep, out)
     md, js = stem.with_suffix(".md"), stem.with_suffix(".json")
     md.write_text(to_markdown(rep))
     data = dict(env=rep.env, config=dataclasses.asdict(rep.config), elapsed_s=rep.elapsed(), parts=rep.parts)
@@ -1021,8 +1032,9 @@ def write(rep: Report, out: Path) -> tuple[Path, Path]:
     return md, js
 
 
-def run(config: CheckConfig, log=print) -> Report:
-    rep = Report(config, log)
+def run(config: CheckConfig, log=print, after_part=None, rep: Report | None = None) -> Report:
+    """Every part in order; `after_part(rep)` after each, so that a run cut short keeps what it measured."""
+    rep = rep or Report(config, log)
     env = rep.env
     jax_version = env["versions"].get("jax", "?")
     log(f"device check: {env['device_kind']} ({env['platform']}), jax {jax_version}, {'dry' if config.dry else 'full'}")
@@ -1041,6 +1053,9 @@ def run(config: CheckConfig, log=print) -> Report:
         except Exception as e:  # noqa: BLE001 - one broken part must not lose the others' numbers
             rep.skip(part, f"the part stopped: {_first_line(e)}")
         rep.parts[part]["elapsed_s"] = round(time.perf_counter() - t0, 1)
+        log(f"[{part}] {rep.parts[part]['elapsed_s']:.0f} s (at {rep.elapsed():.0f} s of the run)")
+        if after_part is not None:
+            after_part(rep)
     return rep
 
 
@@ -1119,10 +1134,32 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"lsjax.bench.device: error: {e}", file=sys.stderr)
         return 2
-    rep = run(config, log=lambda s: print(s, flush=True))
     root = Path(__file__).resolve().parents[2]
     out = Path(args.out) if args.out else root / ("bench_results/device" if dry else "docs/hardware")
-    md, js = write(rep, out)
+    rep = Report(config, log=lambda s: print(s, flush=True))
+    stem = report_stem(rep, out)
+
+    def save(rep: Report) -> None:
+        write(rep, out, stem)
+
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)
+
+    # A lease's timeout ends the check with SIGTERM: the report then holds every part that finished, and the
+    # part that was running says where it stopped.
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        run(config, rep.log, after_part=save, rep=rep)
+    except (SystemExit, KeyboardInterrupt):
+        running = next((p for p in config.parts if "elapsed_s" not in rep.parts[p]), None)
+        if running is not None:
+            rep.skip(running, f"the run was stopped at {rep.elapsed():.0f} s, during this part")
+        md, js = write(rep, out, stem)
+        print(f"report (cut short): {md} and {js.name}")
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    md, js = write(rep, out, stem)
     print(f"report: {md} and {js.name}")
     fails = rep.failures()
     for f in fails:
