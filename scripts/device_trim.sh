@@ -14,10 +14,6 @@ case "${1:-}" in
        done ;;
   in) for p in $unused; do
         if [ -e ".device/aside/$p" ]; then mkdir -p "$(dirname "$p")"; mv ".device/aside/$p" "$p"; fi
-      done
-      # the layout before 2026-12-04 kept the drafts at .device/aside/<name>
-      for d in local-gru block-s8 tokenswift local-markov; do
-        if [ -d ".device/aside/$d" ]; then mv ".device/aside/$d" "$drafts/"; fi
       done ;;
   *) echo "usage: scripts/device_trim.sh out|in" >&2; exit 2 ;;
 esac

@@ -1035,6 +1035,7 @@ def write(rep: Report, out: Path, stem: Path | None = None) -> tuple[Path, Path]
 def run(config: CheckConfig, log=print, after_part=None, rep: Report | None = None) -> Report:
     """Every part in order; `after_part(rep)` after each, so that a run cut short keeps what it measured."""
     rep = rep or Report(config, log)
+    log = rep.log
     env = rep.env
     jax_version = env["versions"].get("jax", "?")
     log(f"device check: {env['device_kind']} ({env['platform']}), jax {jax_version}, {'dry' if config.dry else 'full'}")
@@ -1149,7 +1150,7 @@ def main(argv=None) -> int:
     # part that was running says where it stopped.
     previous = signal.signal(signal.SIGTERM, on_term)
     try:
-        run(config, rep.log, after_part=save, rep=rep)
+        run(config, after_part=save, rep=rep)
     except (SystemExit, KeyboardInterrupt):
         running = next((p for p in config.parts if "elapsed_s" not in rep.parts[p]), None)
         if running is not None:
