@@ -80,7 +80,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, tuple[str, ...]]:
         default=None,
         help="decoding method: "
         + "; ".join(f"{m.name} ({m.help})" if m.help else m.name for m in methods)
-        + ". Default: auto (the draft's trees when a draft for the target is found, else AR and prompt lookup)",
+        + ". Default: auto (AR and prompt lookup, and on a GPU or TPU the draft's trees when a draft for the "
+        "target is found)",
     )
     p.add_argument("--compare", choices=("ar",), help="also run AR on the same prompt; print speedup and equality")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")

@@ -2,7 +2,7 @@
 `--method ar`: warm starts, interleaved, the order rotating; what a user waits for, compilation and loading included.
 
     python scripts/checkout_ab.py new=DIR_A:auto old=DIR_B:auto ar=DIR_A:ar [--suite dev] [--rounds 2]
-        [--buckets 1K-2K 2K-4K] [--prompt-file F] [--max-new-tokens 200] [--json rows.jsonl] [--share]
+        [--buckets 1K-2K 2K-4K] [--tasks code] [--prompt-file F] [--max-new-tokens 200] [--json rows.jsonl] [--share]
 
 Each NAME=DIR:METHOD[:VAR=VALUE...] runs DIR/decode.py (a copy of the repository: `git worktree add`, or the
 tracked files copied), with those environment variables set (`priced=DIR:auto:LSJAX_SPLIT_LOAD=priced`), and its
@@ -37,12 +37,13 @@ def run(root: Path, method: str, env: dict, prompt: Path, work: Path, new: int) 
 
 
 def main(argv=None) -> int:
-    from lsjax.prompts import BUCKETS
+    from lsjax.prompts import BUCKETS, TASKS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("variants", nargs="+", metavar="NAME=DIR:METHOD[:VAR=VALUE...]")
     p.add_argument("--suite", choices=("dev", "heldout"), default="dev")
     p.add_argument("--buckets", nargs="+", choices=list(BUCKETS), default=["1K-2K", "2K-4K"])
+    p.add_argument("--tasks", nargs="+", choices=TASKS, default=["code"], help="the suite's tasks (default code)")
     p.add_argument("--prompt-file", action="append", default=[], help="a prompt file instead of the suite's code")
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--rounds", type=int, default=2)
@@ -70,7 +71,9 @@ def main(argv=None) -> int:
         from lsjax.loading import load_model
 
         tok = load_model().tokenizer
-        texts = [(args.suite, pr.text) for pr in load_suite(tok, args.suite, None, 1, ["code"], args.buckets)]
+        texts = [
+            (f"{args.suite}:{pr.id}", pr.text) for pr in load_suite(tok, args.suite, None, 1, args.tasks, args.buckets)
+        ]
     names = list(variants)
     out = open(args.json, "a") if args.json else None  # noqa: SIM115
     with tempfile.TemporaryDirectory(prefix="lsjax-checkout-ab-") as tmp:

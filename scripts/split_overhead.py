@@ -61,7 +61,7 @@ def main() -> int:
     tok = model.tokenizer
     prompts = load_suite(tok, args.suite, None, 1, tuple(args.tasks), tuple(args.buckets))
     gen = GenerateConfig(max_new_tokens=args.max_new_tokens, ignore_eos=True)
-    auto, auto_params = registry.build("auto", model, cost_profile="prior")  # the same costs on both sides
+    auto, auto_params = registry.build("auto", model, draft="shipped", cost_profile="prior")  # same costs both sides
     rows = []
     with tempfile.TemporaryDirectory(prefix="lsjax-split-") as tmp:
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import pytest
 
@@ -73,10 +74,36 @@ def test_auto_uses_the_draft_it_is_given_or_fails_with_its_error(tmp_path, tiny_
     config, path = tiny_draft
     model = toy_model(tmp_path / "renamed.gguf")  # no draft is shipped for it
     with pytest.warns(MethodNote, match="no LongSpec draft for renamed: auto uses AR and prompt lookup only"):
-        assert registry.build("auto", model)[0].longspec is None  # none given, none shipped: AR + prompt lookup
+        assert registry.build("auto", model, draft="shipped")[0].longspec is None  # none shipped: AR + lookup
     assert registry.build("auto", model, draft=str(path), tree="2,1")[0].longspec is not None
     with pytest.raises(ModelNotFoundError, match="no LongSpec draft at"):
         registry.build("auto", model, draft=str(tmp_path / "missing"))
+
+
+def test_auto_on_a_cpu_leaves_the_shipped_draft_out_unless_asked(tmp_path, tiny_draft, monkeypatch):  # noqa: F811
+    """On a CPU, auto's default runs AR and prompt lookup only, without a note (its choice, not a fallback);
+    `--draft shipped` brings the shipped draft back; `--draft none` leaves it out on any device."""
+    import jax
+
+    from lsjax.methods.auto.config import AutoOptions, draft_info
+    from lsjax.methods.longspec import checkpoint
+
+    _, path = tiny_draft
+    monkeypatch.setattr(checkpoint, "default_draft_path", lambda _model_path: path)  # as if one were shipped
+    model = toy_model(tmp_path / "shipped.gguf")
+    assert jax.default_backend() == "cpu"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MethodNote)
+        drafter, params = registry.build("auto", model)
+    assert drafter.longspec is None and "longspec" not in params
+    assert [c.name for c in drafter.candidates] == ["ar", "pld-4", "pld-8"]
+    assert draft_info(AutoOptions()) == {"dir": "none", "format": "none"}
+    assert registry.build("auto", model, draft="shipped")[0].longspec is not None
+    assert draft_info(AutoOptions(draft="shipped")) is None  # the shipped one: found once the model loads
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert registry.build("auto", model)[0].longspec is not None  # elsewhere the default keeps it
+    assert registry.build("auto", model, draft="none")[0].longspec is None
+    assert draft_info(AutoOptions(draft="none")) == {"dir": "none", "format": "none"}
 
 
 def test_decode_auto_with_a_missing_or_corrupt_draft_fails(tmp_path):
@@ -94,7 +121,9 @@ def test_decode_auto_with_a_missing_or_corrupt_draft_fails(tmp_path):
 def test_auto_says_when_no_draft_matches_the_model(tmp_path):
     renamed = tmp_path / "my-model.Q4_1.gguf"
     renamed.symlink_to(default_model_path())
-    lines = stderr_until(["--model", str(renamed), "--prompt", "hi", "--max-new-tokens", "4"], "compiling")
+    # (on a CPU auto's default runs without a draft and looks for none: ask for the shipped one)
+    argv = ["--model", str(renamed), "--prompt", "hi", "--max-new-tokens", "4", "--draft", "shipped"]
+    lines = stderr_until(argv, "compiling")
     note = "[lsjax] no LongSpec draft for my-model: auto uses AR and prompt lookup only (pass --draft DIR)"
     assert lines.count(note) == 1, lines
 

@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     gen = GenerateConfig(
         args.steps * 10 * (args.repeats + 1), SamplingConfig(temperature=args.temperature), ignore_eos=True
     )
-    auto, auto_params = registry.build("auto", model)
+    auto, auto_params = registry.build("auto", model, draft="shipped")  # the draft's candidates too
     ls_params = auto_params.get("longspec")
     programs = {"ar": Generator(model.config, params, ARDrafter())}
     programs["auto"] = Generator(model.config, params, auto, auto_params)

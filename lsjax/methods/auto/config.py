@@ -115,6 +115,12 @@ def _ints(v):
 
 @dataclasses.dataclass(frozen=True)
 class AutoOptions(LongSpecOptions):
+    draft: str | None = option(
+        None,
+        "a draft checkpoint (directory: LongSpec's or an EAGLE-3 one), 'random' (untrained), 'shipped' (the "
+        "target's shipped draft) or 'none' (AR and prompt lookup only); default: the shipped one, on a CPU none "
+        "(there its programs cost more to load than its steps save: docs/methods/auto.md)",
+    )
     tree: str | None = option(None, f"the draft's tree candidate, as for longspec (default {COMBINED_TREE} on a CPU)")
     pld_tokens: tuple[int, ...] | None = option(
         None, "prompt-lookup chain lengths among the candidates (4,8)", parse=_ints
@@ -175,6 +181,21 @@ def draft_info(opts: AutoOptions) -> dict | None:
 
     if opts.eagle3:
         return eagle3_info(dataclasses.replace(opts, draft=opts.eagle3))
-    if opts.draft not in (None, "random") and is_eagle3_dir(opts.draft):
+    if opts.draft not in DRAFT_WORDS and is_eagle3_dir(opts.draft):
         return eagle3_info(opts)
-    return longspec_info(opts)
+    if without_draft(opts):
+        return {"dir": "none", "format": "none"}
+    return longspec_info(dataclasses.replace(opts, draft=None if opts.draft == "shipped" else opts.draft))
+
+
+DRAFT_WORDS = (None, "random", "shipped", "none")  # `--draft` values that name no directory
+
+
+def without_draft(opts: AutoOptions) -> bool:
+    """Whether auto runs without a draft by choice: `--draft none`, or no `--draft` on a CPU. Measured there
+    (2026-12-04, `decode.py` warm, 200 tokens, 6 dev prompts, docs/methods/auto.md): with the shipped draft,
+    whose program groups load at 3-6 s beside the decode, auto was 0.98-1.15x AR's wall time; without it,
+    0.85-1.08x, and it beat the draft's auto on 5 of 6 prompts."""
+    import jax
+
+    return opts.eagle3 is None and (opts.draft == "none" or (opts.draft is None and jax.default_backend() == "cpu"))

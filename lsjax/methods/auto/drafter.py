@@ -610,12 +610,13 @@ def build_auto(model, opts, cache) -> tuple[AutoDrafter, dict]:
     """`--method auto` (`lsjax.methods.auto.config.AutoOptions`): the draft given or shipped for the target, or
     AR and prompt lookup alone where there is none."""
     from lsjax.methods import registry
+    from lsjax.methods.auto.config import DRAFT_WORDS, without_draft
     from lsjax.methods.eagle3.checkpoint import is_eagle3_dir
     from lsjax.methods.hybrid.config import combined_tree
     from lsjax.methods.longspec.checkpoint import default_draft_path
 
     shape = {k: getattr(opts, k) for k in ("pld_tokens", "chains", "hybrid_pld") if getattr(opts, k) is not None}
-    e3 = opts.eagle3 or (opts.draft if opts.draft not in (None, "random") and is_eagle3_dir(opts.draft) else None)
+    e3 = opts.eagle3 or (opts.draft if opts.draft not in DRAFT_WORDS and is_eagle3_dir(opts.draft) else None)
     if e3 is not None:
         if opts.eagle3 and opts.draft:
             raise ConfigError("auto: give one draft, --draft (LongSpec's or EAGLE-3's) or --eagle3, not both")
@@ -631,7 +632,9 @@ def build_auto(model, opts, cache) -> tuple[AutoDrafter, dict]:
             **shape,
         )
         return drafter, auto_params(drafter, eagle3_params=sub_params)
-    if opts.draft is None and (model.path is None or default_draft_path(model.path) is None):
+    if without_draft(opts):
+        ls, params = None, None  # `--draft none`, or the CPU default (`without_draft`)
+    elif opts.draft in (None, "shipped") and (model.path is None or default_draft_path(model.path) is None):
         import warnings
 
         from lsjax.errors import MethodNote
@@ -644,7 +647,8 @@ def build_auto(model, opts, cache) -> tuple[AutoDrafter, dict]:
         )
     else:  # a draft given (or shipped) is used, or its error (missing, corrupt, another target's) is raised
         # The tree candidate (and the shadow the chains are read from): not the draft's shipped tree (see there).
-        ls, params = registry.build("longspec", model, cache=cache, draft=opts.draft, tree=combined_tree(opts.tree))
+        draft = None if opts.draft == "shipped" else opts.draft
+        ls, params = registry.build("longspec", model, cache=cache, draft=draft, tree=combined_tree(opts.tree))
     drafter = AutoDrafter(
         longspec=ls, pld_ngram=opts.pld_ngram, policy=opts.policy, cost_profile=opts.cost_profile, **shape
     )
