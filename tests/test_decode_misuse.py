@@ -100,6 +100,7 @@ def test_auto_on_a_cpu_leaves_the_shipped_draft_out_unless_asked(tmp_path, tiny_
     assert draft_info(AutoOptions()) == {"dir": "none", "format": "none"}
     assert registry.build("auto", model, draft="shipped")[0].longspec is not None
     assert draft_info(AutoOptions(draft="shipped")) is None  # the shipped one: found once the model loads
+    assert registry.build("longspec", model, draft="shipped")[0].draft is not None  # the word works there too
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert registry.build("auto", model)[0].longspec is not None  # elsewhere the default keeps it
     assert registry.build("auto", model, draft="none")[0].longspec is None

@@ -82,7 +82,7 @@ def draft_info(opts) -> dict | None:
     layout and semantics, "random"); None for the shipped draft (the directory is found once the model loads)."""
     from lsjax.methods.longspec.release import is_release
 
-    if opts.draft is None:
+    if opts.draft in (None, "shipped"):
         return None
     if opts.draft == "random":
         return {"dir": "random", "format": "random"}
@@ -91,14 +91,15 @@ def draft_info(opts) -> dict | None:
 
 def load_longspec(model, draft: str | None, tree_spec: str | TreeConfig | None):
     """(drafter, DraftParams) for a loaded model (config, params, path): `draft` is a checkpoint directory,
-    "random" (initialised from the target's last layer, untrained), or None (the shipped draft for this target).
+    "random" (initialised from the target's last layer, untrained), or None or "shipped" (the shipped draft for
+    this target).
     `tree_spec`: a preset or widths ("2,1"), a TreeConfig, or None (the draft's own tree, else the device's)."""
     if draft == "random":
         dcfg = DraftConfig()
         params = DraftParams(init_draft_params(model.config, dcfg, jax.tree.map(jnp.asarray, model.params)))
         meta = {}
     else:
-        path = Path(draft) if draft else default_draft_path(model.path)
+        path = Path(draft) if draft and draft != "shipped" else default_draft_path(model.path)
         if path is None:
             raise ModelNotFoundError(
                 f"no shipped LongSpec draft for {target_key(model.path)}; pass --draft DIR (or --draft random)"

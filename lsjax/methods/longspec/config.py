@@ -15,6 +15,6 @@ TREE_HELP = (
 @dataclasses.dataclass(frozen=True)
 class LongSpecOptions:
     draft: str | None = option(
-        None, "a draft checkpoint (directory), or 'random' (untrained); default: the shipped one"
+        None, "a draft checkpoint (directory), 'random' (untrained) or 'shipped'; default: the shipped one"
     )
     tree: str | None = option(None, TREE_HELP)
