@@ -5,7 +5,8 @@
         [--buckets 1K-2K 2K-4K] [--tasks code] [--prompt-file F] [--max-new-tokens 200] [--json rows.jsonl] [--share]
 
 Each NAME=DIR:METHOD[:VAR=VALUE...] runs DIR/decode.py (a copy of the repository: `git worktree add`, or the
-tracked files copied), with those environment variables set (`priced=DIR:auto:LSJAX_SPLIT_LOAD=priced`), and its
+tracked files copied), with those environment variables set (`priced=DIR:auto:LSJAX_SPLIT_LOAD=priced`) and
+those decode.py arguments (`draft=DIR:auto:--draft=shipped`), and its
 own compile cache and auto cost profile (a copy's programs are its own: the program cache keys by lsjax's
 source); with `--share`, variants of one DIR and METHOD share theirs (one cold compile for both). Per prompt:
 one start on a sibling prompt of the same width fills each variant's caches, then `--rounds` rounds of warm
@@ -29,11 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 MORE = ("decode_s", "prefill_s", "target_forwards", "programs", "steps_by_candidate")
 
 
-def run(root: Path, method: str, env: dict, prompt: Path, work: Path, new: int) -> dict:
+def run(root: Path, method: str, env: dict, args: tuple, prompt: Path, work: Path, new: int) -> dict:
     from lsjax.bench.launch import FIELDS, decode_py
 
     fields = (*FIELDS, *MORE)
-    return decode_py(prompt, method, new, work / "cache", work / "profiles", root=root, fields=fields, env=env)
+    cache, profiles = work / "cache", work / "profiles"
+    return decode_py(prompt, method, new, cache, profiles, extra=args, root=root, fields=fields, env=env)
 
 
 def main(argv=None) -> int:
@@ -55,10 +57,13 @@ def main(argv=None) -> int:
         name, _, rest = v.partition("=")
         root, method, *sets = rest.split(":") + [""]
         sets = [s for s in sets if s]
-        env = dict(s.split("=", 1) for s in sets if "=" in s)
-        if not (name and root and method and len(env) == len(sets) and (Path(root) / "decode.py").is_file()):
+        flags = tuple(s for s in sets if s.startswith("--"))  # decode.py arguments ("--draft=shipped")
+        env = dict(s.split("=", 1) for s in sets if "=" in s and not s.startswith("--"))
+        if not (
+            name and root and method and len(env) + len(flags) == len(sets) and (Path(root) / "decode.py").is_file()
+        ):
             p.error(f"{v!r}: expected NAME=DIR:METHOD[:VAR=VALUE...] with DIR holding decode.py")
-        variants[name] = (Path(root).resolve(), method, env)
+        variants[name] = (Path(root).resolve(), method, env, flags)
         # (a name's caches are its own, or with --share the first variant's of its DIR and METHOD)
         homes[name] = next(n for n in variants if variants[n][:2] == variants[name][:2]) if args.share else name
     if "ar" not in variants:
