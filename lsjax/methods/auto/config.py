@@ -185,7 +185,7 @@ def draft_info(opts: AutoOptions) -> dict | None:
         return eagle3_info(opts)
     if without_draft(opts):
         return {"dir": "none", "format": "none"}
-    return longspec_info(dataclasses.replace(opts, draft=None if opts.draft == "shipped" else opts.draft))
+    return longspec_info(opts)
 
 
 DRAFT_WORDS = (None, "random", "shipped", "none")  # `--draft` values that name no directory

@@ -647,8 +647,7 @@ def build_auto(model, opts, cache) -> tuple[AutoDrafter, dict]:
         )
     else:  # a draft given (or shipped) is used, or its error (missing, corrupt, another target's) is raised
         # The tree candidate (and the shadow the chains are read from): not the draft's shipped tree (see there).
-        draft = None if opts.draft == "shipped" else opts.draft
-        ls, params = registry.build("longspec", model, cache=cache, draft=draft, tree=combined_tree(opts.tree))
+        ls, params = registry.build("longspec", model, cache=cache, draft=opts.draft, tree=combined_tree(opts.tree))
     drafter = AutoDrafter(
         longspec=ls, pld_ngram=opts.pld_ngram, policy=opts.policy, cost_profile=opts.cost_profile, **shape
     )
