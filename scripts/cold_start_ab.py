@@ -8,7 +8,7 @@ One JSON line per run, then the medians of the seconds from launch to the first 
 ("base-now", ...), interleaved with this tree's: a change measured against the code before it.
 
     python scripts/cold_start_ab.py [--suite dev] [--buckets 1K-2K] [--tasks code] [--rounds 2]
-        [--variants now eager ar] [--baseline DIR] [--json F]
+        [--variants now eager ar] [--baseline DIR] [--to-exit] [--json F]
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ KEEP = (
 )
 
 
-def first_start(prompt: Path, variant: str, new: int, work: Path, root: Path = ROOT) -> dict:
+def first_start(prompt: Path, variant: str, new: int, work: Path, root: Path = ROOT, to_exit: bool = False) -> dict:
     """One `decode.py --json` process of the checkout at `root`, with fresh caches, stopped once its JSON line
-    is out."""
+    is out; with `to_exit`, left to compile for the next start and timed to its end (`exit_s`)."""
     env = {**os.environ, "LSJAX_PROFILE_DIR": str(work / "profiles")}
     env.pop("LSJAX_SPLIT_LOAD", None)
     if variant == "eager":
@@ -57,12 +57,17 @@ def first_start(prompt: Path, variant: str, new: int, work: Path, root: Path = R
     while line and not line.startswith("{"):
         line = proc.stdout.readline()
     json_at = time.perf_counter() - t0
-    proc.kill()
+    if to_exit:
+        proc.stdout.read()
+    else:
+        proc.kill()
     proc.wait()
+    exit_s = time.perf_counter() - t0
     if not line:
         raise RuntimeError(f"decode.py {' '.join(cmd[2:])} printed no JSON")
     out = json.loads(line)
-    return {"json_at_s": round(json_at, 3), **{k: out.get(k) for k in KEEP}}
+    row = {"json_at_s": round(json_at, 3), **{k: out.get(k) for k in KEEP}}
+    return {**row, "exit_s": round(exit_s, 3)} if to_exit else row
 
 
 def main(argv=None) -> int:
@@ -79,6 +84,9 @@ def main(argv=None) -> int:
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     p.add_argument("--baseline", default=None, help="another checkout whose decode.py runs each variant too")
     p.add_argument("--json", default=None, help="also write the rows here (JSON lines)")
+    p.add_argument(
+        "--to-exit", action="store_true", help="let each process compile for the next start; time it to its end"
+    )
     args = p.parse_args(argv)
     runs = [(v, ROOT, v) for v in args.variants]
     if args.baseline:
@@ -96,11 +104,11 @@ def main(argv=None) -> int:
                 for name, root, variant in runs if r % 2 == 0 else runs[::-1]:
                     work = Path(tempfile.mkdtemp(dir=tmp))
                     row = {"suite": args.suite, "prompt": pr.id, "round": r, "variant": name}
-                    row.update(first_start(prompt, variant, args.max_new_tokens, work, root))
+                    row.update(first_start(prompt, variant, args.max_new_tokens, work, root, args.to_exit))
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     for prompt in dict.fromkeys(r["prompt"] for r in rows):
-        for key in ("first_token_s", "last_token_s"):
+        for key in ("first_token_s", "last_token_s") + (("exit_s",) if args.to_exit else ()):
             med = {name: statistics.median(r[key] for r in rows if (r["prompt"], r["variant"]) == (prompt, name))
                    for name, _, _ in runs}  # fmt: skip
             says = ", ".join(f"{name} {s:.1f} s" for name, s in med.items())

@@ -96,14 +96,16 @@ def test_auto_on_a_cpu_leaves_the_shipped_draft_out_unless_asked(tmp_path, tiny_
         warnings.simplefilter("error", MethodNote)
         drafter, params = registry.build("auto", model)
     assert drafter.longspec is None and "longspec" not in params
-    assert [c.name for c in drafter.candidates] == ["ar", "pld-4", "pld-8"]
+    assert [c.name for c in drafter.candidates] == ["ar", "pld-8"]  # (CPU_PLD_TOKENS: pld-4 is not worth a program)
+    assert [c.name for c in registry.build("auto", model, pld_tokens=(4, 8))[0].candidates] == ["ar", "pld-4", "pld-8"]
     assert draft_info(AutoOptions()) == {"dir": "none", "format": "none"}
     assert registry.build("auto", model, draft="shipped")[0].longspec is not None
     assert draft_info(AutoOptions(draft="shipped")) is None  # the shipped one: found once the model loads
     assert registry.build("longspec", model, draft="shipped")[0].draft is not None  # the word works there too
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert registry.build("auto", model)[0].longspec is not None  # elsewhere the default keeps it
-    assert registry.build("auto", model, draft="none")[0].longspec is None
+    none = registry.build("auto", model, draft="none")[0]
+    assert none.longspec is None and [c.name for c in none.candidates] == ["ar", "pld-4", "pld-8"]
     assert draft_info(AutoOptions(draft="none")) == {"dir": "none", "format": "none"}
 
 

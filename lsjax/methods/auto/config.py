@@ -123,7 +123,7 @@ class AutoOptions(LongSpecOptions):
     )
     tree: str | None = option(None, f"the draft's tree candidate, as for longspec (default {COMBINED_TREE} on a CPU)")
     pld_tokens: tuple[int, ...] | None = option(
-        None, "prompt-lookup chain lengths among the candidates (4,8)", parse=_ints
+        None, "prompt-lookup chain lengths among the candidates (4,8; on a CPU without the draft 8)", parse=_ints
     )
     pld_ngram: int = option(PLD_NGRAM, "longest n-gram matched")
     chains: tuple[int, ...] | None = option(None, "the draft's chain depths among the candidates", flag=False)
@@ -187,6 +187,12 @@ def draft_info(opts: AutoOptions) -> dict | None:
         return {"dir": "none", "format": "none"}
     return longspec_info(opts)
 
+
+# Prompt lookup's chains in the draft-less auto on a CPU: 8 alone. There a 9-node verify costs about what a
+# 5-node one does, so pld-4 ran 22 steps against pld-8's 1,899 in 236 warm `decode.py` runs (docs/results/,
+# 2026-12-03/04: 5 runs used it at all), while its program cost a first start ~6 s to compile and its profile
+# entry a measurement (docs/CHANGELOG.md 2026-12-05).
+CPU_PLD_TOKENS = (8,)
 
 DRAFT_WORDS = (None, "random", "shipped", "none")  # `--draft` values that name no directory
 

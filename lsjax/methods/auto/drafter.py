@@ -610,7 +610,7 @@ def build_auto(model, opts, cache) -> tuple[AutoDrafter, dict]:
     """`--method auto` (`lsjax.methods.auto.config.AutoOptions`): the draft given or shipped for the target, or
     AR and prompt lookup alone where there is none."""
     from lsjax.methods import registry
-    from lsjax.methods.auto.config import DRAFT_WORDS, without_draft
+    from lsjax.methods.auto.config import CPU_PLD_TOKENS, DRAFT_WORDS, without_draft
     from lsjax.methods.eagle3.checkpoint import is_eagle3_dir
     from lsjax.methods.hybrid.config import combined_tree
     from lsjax.methods.longspec.checkpoint import default_draft_path
@@ -634,6 +634,8 @@ def build_auto(model, opts, cache) -> tuple[AutoDrafter, dict]:
         return drafter, auto_params(drafter, eagle3_params=sub_params)
     if without_draft(opts):
         ls, params = None, None  # `--draft none`, or the CPU default (`without_draft`)
+        if "pld_tokens" not in shape and jax.default_backend() == "cpu":
+            shape["pld_tokens"] = CPU_PLD_TOKENS
     elif opts.draft in (None, "shipped") and (model.path is None or default_draft_path(model.path) is None):
         import warnings
 
