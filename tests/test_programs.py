@@ -14,12 +14,14 @@ import numpy as np
 import pytest
 
 from lsjax.config import GenerateConfig
-from lsjax.engine import programs
+from lsjax.engine import cpu, programs
 from lsjax.engine.host import Generator, InLayout, SplitDecode
 from lsjax.engine.programs import ProgramCache, program_key
 from lsjax.engine.types import SpecConfig
 from lsjax.methods.pld.drafter import PLDDrafter
 from tests.tiny import tiny_model
+
+AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma"})  # the flags of a CPU without AVX-512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,6 +309,7 @@ def test_a_split_decode_runs_with_the_groups_loaded_so_far_and_takes_the_rest_as
     # load was in (`SplitDecode._pays`).
     monkeypatch.setenv(LOAD_ENV, "asked")
     monkeypatch.setattr(SplitDecode, "_make_estimate", lambda self, g: 0.0)
+    monkeypatch.setattr(cpu, "info", lambda: ("an AVX2 CPU", AVX2))  # (where the 4-node group is a wide program)
     config, params = tiny_model()
     drafter = dataclasses.replace(AutoDrafter(pld_tokens=(3,)), cost_profile="prior")
     ids = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
@@ -360,14 +363,20 @@ def test_a_split_decode_runs_with_the_groups_loaded_so_far_and_takes_the_rest_as
     assert "__ynn_fusion" in split.programs[0].as_text()
 
 
-def test_a_wide_program_compiles_without_ynnpack_and_runs_on_the_in_major_projections():
-    """`wide_program`: verifications of 3+ rows on one CPU device; `WideLowered` compiles without YNNPACK fusions
-    (an XLA without the option: as it is); `InLayout` hands the program the [in, out] view of the params."""
+def test_a_wide_program_compiles_without_ynnpack_and_runs_on_the_in_major_projections(monkeypatch):
+    """`wide_program`: verifications of 3+ rows on one CPU device without AVX-512; `WideLowered` compiles without
+    YNNPACK fusions (an XLA without the option: as it is); `InLayout` hands the program the [in, out] view of
+    the params."""
     from lsjax.engine.host import WIDE_ROWS, WideLowered, wide_program
     from lsjax.models import target
 
+    monkeypatch.setattr(cpu, "info", lambda: ("an AVX2 CPU", AVX2))
     assert WIDE_ROWS == 3 and not wide_program(1) and not wide_program(2) and wide_program(3) and wide_program(9)
     assert not wide_program(9, mesh=object()) and not wide_program(9, dtype="bfloat16")
+    monkeypatch.setattr(cpu, "info", lambda: ("an AVX-512 CPU", AVX2 | {"avx512f"}))
+    assert not wide_program(9)  # YNNPACK's wider kernels won there
+    monkeypatch.setattr(cpu, "info", lambda: ("a CPU whose flags are unknown", frozenset()))
+    assert not wide_program(9)  # XLA's default
 
     lowered = jax.jit(lambda x, w: jnp.tanh(x @ w)).lower(jnp.ones((9, 16)), jnp.ones((16, 16)))
     assert "__ynn_fusion" in lowered.compile().as_text()

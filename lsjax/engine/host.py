@@ -24,7 +24,7 @@ import numpy as np
 
 from lsjax import mesh as mesh_lib
 from lsjax.config import GenerateConfig, ModelConfig
-from lsjax.engine import loop
+from lsjax.engine import cpu, loop
 from lsjax.engine.programs import ProgramCache
 from lsjax.engine.step import stop_ids, variant_groups
 from lsjax.engine.types import ARDrafter, Drafter, HostRun, HostTuned, SpecConfig, Summarized
@@ -187,8 +187,28 @@ def wide_program(num_nodes: int, mesh=None, dtype: str = "float32") -> bool:
     without). Without YNNPACK the [out, in] copies are the slow ones (9 nodes: 97 ms). Such a program also
     loads faster: XLA:CPU rebuilds every YNNPACK fusion of a program it loads (docs/bad-input.md). A CPU
     only; fp32 weights only (bf16 dots of 9 rows ran 2.7x slower without YNNPACK); and not on a mesh, whose
-    projections are [in, out] already and whose programs are compiled anew."""
-    return jax.default_backend() == "cpu" and mesh is None and dtype == "float32" and num_nodes >= WIDE_ROWS
+    projections are [in, out] already and whose programs are compiled anew.
+
+    And only on a CPU without AVX-512 (`xla_gemm_pays`): on a 2-core Xeon with AVX-512 and AMX (2026-12-05)
+    the same forward of 9 nodes at 2K context took 97 ms without YNNPACK against 89 with it (tree_cost), and
+    auto's whole prompt-lookup step (decode-9n, its cost profile, 3 measurements each) 127-131 ms against
+    93-99: 2.9x an AR step instead of 2.1x."""
+    return (
+        jax.default_backend() == "cpu"
+        and mesh is None
+        and dtype == "float32"
+        and num_nodes >= WIDE_ROWS
+        and xla_gemm_pays()
+    )
+
+
+def xla_gemm_pays() -> bool:
+    """Whether this CPU runs a few rows' fp32 dots faster through XLA's own GEMM than through YNNPACK: an x86
+    CPU with AVX2 and without AVX-512 (an AMD EPYC measured so; a Xeon with AVX-512, where YNNPACK picks its
+    wider kernels at run time, measured the other way: `wide_program`). Where the flags are unknown (no
+    /proc/cpuinfo), XLA's default stays."""
+    flags = cpu.info()[1]
+    return "avx2" in flags and "avx512f" not in flags
 
 
 class WideLowered:

@@ -47,6 +47,8 @@ from pathlib import Path
 
 import jax
 
+from lsjax.engine import cpu
+
 MAX_FILES = 96  # a split `auto` keeps ~8 programs per prompt width, 3-5 MB each on a CPU
 SUFFIX = ".lsjax-program"
 HINTS = "first"  # the subdirectory of tag -> programs fetched first
@@ -81,6 +83,9 @@ def _environment() -> str:
             devices[0].platform,
             devices[0].client.platform_version,
             [d.device_kind for d in devices],
+            # XLA:CPU compiles for the host's instruction set ("cpu" names no processor), and which programs keep
+            # YNNPACK depends on it (`host.wide_program`): a cache shared by two kinds of CPU keeps each one's.
+            (cpu.info()[0], sorted(cpu.info()[1])) if devices[0].platform == "cpu" else None,
             os.environ.get("XLA_FLAGS", ""),
             config,
         )

@@ -34,10 +34,13 @@ from pathlib import Path
 
 import numpy as np
 
+from lsjax.engine import cpu
+
 # 2: T > 0 steps got cheaper (lsjax.sampling.draw), so profiles of format 1 overstate them. 3: + the shadow draft.
 # 4: verifications of 3+ nodes got cheaper on a CPU (out-major projections, `target.default_layout`).
 # 5: and again (compiled without YNNPACK fusions, projections [in, out]: `lsjax.engine.host.wide_program`).
-FORMAT = 5
+# 6: ... except on a CPU with AVX-512, where those programs keep YNNPACK (`lsjax.engine.host.xla_gemm_pays`).
+FORMAT = 6
 STEPS = 4  # forced steps per timing
 REPEATS = 5
 # Verification cost vs nodes (log2 scale), in 1-token forwards; drafting in the same unit.
@@ -80,16 +83,7 @@ def device_name(device) -> str:
     shares the home directory."""
     if device.platform != "cpu":
         return device.device_kind
-    model = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    if not model:
-        import platform
-
-        model = platform.processor() or platform.machine()
+    model = cpu.info()[0]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return f"cpu {model} x{cores}"
 
