@@ -47,6 +47,23 @@ def test_keys_follow_what_determines_a_program():
     assert key != program_key("start", other, _args())
 
 
+def test_each_kind_of_cpu_keeps_its_own_programs(monkeypatch, tmp_path):
+    """XLA:CPU compiles for the host's instruction set, and `device_kind` is "cpu" on every processor: a program
+    cache shared by two kinds keys each one's programs apart. `cpu.info` reads the model and the flags."""
+    config, _ = tiny_model()
+    spec = SpecConfig(config, GenerateConfig(max_new_tokens=8), PLDDrafter(num_tokens=3), capacity=512)
+    monkeypatch.setattr(cpu, "info", lambda: ("an AVX2 CPU", AVX2))
+    key = program_key("start", spec, _args())
+    assert key == program_key("start", spec, _args())
+    monkeypatch.setattr(cpu, "info", lambda: ("an AVX-512 CPU", AVX2 | {"avx512f"}))
+    assert key != program_key("start", spec, _args())
+    monkeypatch.undo()
+    fake = tmp_path / "cpuinfo"
+    fake.write_text("processor\t: 0\nmodel name\t: Some CPU @ 2.0GHz\nflags\t\t: fpu avx avx2 fma\n\nprocessor\t: 1\n")
+    monkeypatch.setattr(cpu, "Path", lambda _: fake)
+    assert cpu.info.__wrapped__() == ("Some CPU @ 2.0GHz", frozenset({"fpu", "avx", "avx2", "fma"}))
+
+
 def test_code_from_outside_lsjax_is_never_cached():
     assert program_key("p", Foreign(), _args()) is None
     assert program_key("p", (1, Foreign()), _args()) is None
