@@ -465,6 +465,8 @@ def test_a_first_start_decodes_with_ars_programs_and_compiles_the_methods_after(
     assert not nxt.stands_in(ids, gen)
     nxt.compile(ids, gen, background=True)
     assert nxt.loading_decode
+    # AR's group and one more, stored: the second loads at once, unasked (`split_loading`)
+    assert [c[1].eager for c in nxt._compiled.values()] == [True]
     assert nxt.run(ids, gen).tokens == ar.tokens and not nxt.owes
     assert all(p.how == "loaded" for p in nxt.program_log)
     nxt.close()

@@ -312,6 +312,10 @@ def test_split_load_env(monkeypatch):
     monkeypatch.delenv(LOAD_ENV, raising=False)
     assert split_loading(stored=False) == "first" and split_loading(stored=True) == "asked"  # on a CPU
     assert split_loading(stored=True, idle=True) == "idle" and split_loading(stored=False, idle=True) == "first"
+    # AR's group and one more (the draft-less CPU default), loaded from disk: both at once; compiling: "first"
+    assert split_loading(stored=True, idle=True, groups=2) == "eager" == split_loading(stored=True, groups=2)
+    assert split_loading(stored=False, idle=True, groups=2) == "first"
+    assert split_loading(stored=True, idle=True, groups=3) == "idle" and split_loading(stored=True, groups=3) == "asked"
     for how in ("eager", "asked", "priced", "idle", "first"):
         monkeypatch.setenv(LOAD_ENV, how)
         assert split_loading(stored=True) == how == split_loading(stored=False, idle=True)

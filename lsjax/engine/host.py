@@ -245,16 +245,28 @@ LOAD_ENV = "LSJAX_SPLIT_LOAD"  # how a split decode loads its groups (`LOADINGS`
 LOADINGS = ("idle", "priced", "asked", "eager", "first")
 
 
-def split_loading(stored: bool, idle: bool = False) -> str:
+# A split decode of this many groups or fewer, loading from disk on a CPU, loads them all at once ("eager").
+EAGER_GROUPS = 2
+
+
+def split_loading(stored: bool, idle: bool = False, groups: int | None = None) -> str:
     """How a split decode makes its groups (`SplitDecode`): "eager", every group, when compiling (the next start
     loads them) beside an accelerator (a host thread the device does not wait for); "first" when compiling on a
     CPU: AR's group only, the rest compiled after the output (`Generator.finish`: beside the decode, XLA took the
-    cores it runs on, and a tree compiled during a 200-token run never repaid it); else "asked", every group
-    the drafter asks for, and with `idle` (`Generator.idle_loads`: decode.py) "idle", those after the first in
-    the CPU time the decode leaves unused (`idle_priority`). "priced": only where running a group pays for
-    loading it, by the drafter's own estimates (no better than "asked" on dev prompts). "first" is also, with
-    everything stored, a timing baseline (greedy: what the drafter costs with no tree loaded). Measured:
-    docs/CHANGELOG.md 2026-12-02 and 2026-12-03. `$LSJAX_SPLIT_LOAD` overrides."""
+    cores it runs on, and a tree compiled during a 200-token run never repaid it). Loading from disk on a CPU:
+    "eager" too where the split has `groups` <= `EAGER_GROUPS` (None: not known, as many as any): AR's group and
+    one more, the draft-less default's prompt lookup, the one speculative program it has; else
+    "asked", every group the drafter asks for, and with `idle` (`Generator.idle_loads`: decode.py) "idle", those
+    after the first in the CPU time the decode leaves unused (`idle_priority`). "priced": only where running a
+    group pays for loading it, by the drafter's own estimates (no better than "asked" on dev prompts). "first"
+    is also, with everything stored, a timing baseline (greedy: what the drafter costs with no tree loaded).
+
+    Why eager for two groups, measured on a 2-core CPU (docs/CHANGELOG.md 2026-12-05, warm `decode.py`, 200
+    tokens): asked for, prompt lookup's program came 0.9-9.5 s after the first token on 1K-4K prompts (it loads
+    in 1.8-3.6 s beside the decode); loaded at once it loads beside the prefill (~1 s; the prefill ~0.5 s
+    longer) and is in use from the first token, none bridged: the last token 0.81x and 0.84x AR's on average on
+    dev and held-out prompts against 0.87x and 0.88x. Other loadings: docs/CHANGELOG.md 2026-12-02 and 12-03.
+    `$LSJAX_SPLIT_LOAD` overrides."""
     how = os.environ.get(LOAD_ENV, "")
     if how and how not in LOADINGS:
         raise LsjaxError(f"${LOAD_ENV}: expected one of {', '.join(LOADINGS)}, got {how!r}")
@@ -264,6 +276,8 @@ def split_loading(stored: bool, idle: bool = False) -> str:
         return "eager"
     if not stored:
         return "first"
+    if groups is not None and groups <= EAGER_GROUPS:
+        return "eager"
     return "idle" if idle else "asked"
 
 
@@ -749,7 +763,7 @@ class Generator:
             # device does not wait for), also the rest, smallest trees first: the cheapest steps are the ones a
             # CPU runs most (ls-chain1 on prose). On a CPU a group nobody asks for is never read from disk.
             order = sorted(range(len(names)), key=lambda g: drafter.step_variants()[groups[g][0]].num_nodes)
-            loading = split_loading(stored, self.idle_loads)
+            loading = split_loading(stored, self.idle_loads, len(names))
             split = SplitDecode(
                 drafter,
                 [concurrent.futures.Future() for _ in names],
