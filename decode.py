@@ -666,8 +666,12 @@ def decode_programs(generator) -> int:
 def loading_label(drafter, programs: int = 1) -> str:
     """What the ticker says while decode programs load from the compile cache (not compiled). Split
     (`programs` > 1), AR's group's loads beside the prefill and the others as auto asks for them, while it
-    decodes (`SplitDecode`)."""
+    decodes (`SplitDecode`); two load one after the other, both beside the prefill (`host.split_loading`)."""
+    from lsjax.engine.host import split_loading
+
     names = [n for n in getattr(drafter, "cost_names", None) or () if n != "shadow"]
+    if names and programs > 1 and split_loading(stored=True, idle=True, groups=programs) == "eager":
+        return f"loading auto's {programs} programs from the compile cache"
     if names and programs > 1:
         return f"loading auto's first program from the compile cache ({programs - 1} more as it asks for them)"
     what = f"auto's program ({len(names)} candidates)" if names else "the decode program"

@@ -9,7 +9,8 @@
 
 One JSON line per (comparison, prompt): the median decode tokens/s of each side over `--rounds` and their ratio.
 
-    python scripts/split_overhead.py [--suite dev] [--rounds 3] [--max-new-tokens 200] [--only split] [--json FILE]
+    python scripts/split_overhead.py [--suite dev] [--rounds 3] [--max-new-tokens 200] [--only split]
+        [--draft shipped] [--json FILE]
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ def main() -> int:
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--json", default=None, help="also write the rows here (JSON lines)")
     p.add_argument("--only", choices=("split", "buckets"), help="one of the two comparisons")
+    p.add_argument(
+        "--draft",
+        default=None,
+        help="auto's --draft (default: decode.py's, AR and prompt lookup alone on a CPU; 'shipped': the draft)",
+    )
     args = p.parse_args()
     from lsjax.bench.suites import encode, load_suite
     from lsjax.config import GenerateConfig
@@ -61,7 +67,8 @@ def main() -> int:
     tok = model.tokenizer
     prompts = load_suite(tok, args.suite, None, 1, tuple(args.tasks), tuple(args.buckets))
     gen = GenerateConfig(max_new_tokens=args.max_new_tokens, ignore_eos=True)
-    auto, auto_params = registry.build("auto", model, draft="shipped", cost_profile="prior")  # same costs both sides
+    # The same costs both sides (the prior's), so the same steps.
+    auto, auto_params = registry.build("auto", model, draft=args.draft, cost_profile="prior")
     rows = []
     with tempfile.TemporaryDirectory(prefix="lsjax-split-") as tmp:
 

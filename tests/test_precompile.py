@@ -75,8 +75,11 @@ def test_precompile_names_a_bad_width_and_a_combination_that_keeps_nothing():
     assert proc.returncode == 2 and "--precompile with --mesh: programs over a mesh are not kept" in proc.stderr
 
 
-def test_the_status_line_says_loading_for_a_program_read_from_the_cache():
+def test_the_status_line_says_loading_for_a_program_read_from_the_cache(monkeypatch):
     import decode
+    from lsjax.engine.host import LOAD_ENV
+
+    monkeypatch.delenv(LOAD_ENV, raising=False)
     from lsjax.methods.pld.drafter import PLDDrafter
 
     assert decode.loading_label(PLDDrafter()) == "loading the decode program from the compile cache"
@@ -88,4 +91,5 @@ def test_the_status_line_says_loading_for_a_program_read_from_the_cache():
     assert decode.loading_label(Auto(), 3) == (
         "loading auto's first program from the compile cache (2 more as it asks for them)"
     )
+    assert decode.loading_label(Auto(), 2) == "loading auto's 2 programs from the compile cache"  # (both at once)
     assert decode.compiling_label(Auto(), 3) == "compiling auto's 3 candidates (ar, pld-4, ls-tree) as 3 programs"
