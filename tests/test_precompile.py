@@ -78,9 +78,9 @@ def test_precompile_names_a_bad_width_and_a_combination_that_keeps_nothing():
 def test_the_status_line_says_loading_for_a_program_read_from_the_cache(monkeypatch):
     import decode
     from lsjax.engine.host import LOAD_ENV
+    from lsjax.methods.pld.drafter import PLDDrafter
 
     monkeypatch.delenv(LOAD_ENV, raising=False)
-    from lsjax.methods.pld.drafter import PLDDrafter
 
     assert decode.loading_label(PLDDrafter()) == "loading the decode program from the compile cache"
 
