@@ -761,7 +761,8 @@ class Generator:
             # AR's group first (beside the prefill; it decodes while the others come), then each group the
             # drafter asks for; compiling (for the next start too), or beside an accelerator (a host thread the
             # device does not wait for), also the rest, smallest trees first: the cheapest steps are the ones a
-            # CPU runs most (ls-chain1 on prose). On a CPU a group nobody asks for is never read from disk.
+            # CPU runs most (ls-chain1 on prose); the same for a split of two groups read from disk. Otherwise, on a
+            # CPU, a group nobody asks for is never read from disk.
             order = sorted(range(len(names)), key=lambda g: drafter.step_variants()[groups[g][0]].num_nodes)
             loading = split_loading(stored, self.idle_loads, len(names))
             split = SplitDecode(
