@@ -33,3 +33,25 @@ def test_bad_arguments_are_one_line(capsys):
     with pytest.raises(SystemExit) as e:
         launch.main(["--max-new-tokens", "1", "--prompt-file", "a", "--prompt-file", "b"])
     assert e.value.code == 2 and "--max-new-tokens must be >= 2" in capsys.readouterr().err
+
+
+class _Chars:
+    """A tokenizer of one token per character."""
+
+    def encode(self, text, add_special_tokens=True):
+        return [ord(c) for c in text]
+
+    def decode(self, ids):
+        return "".join(map(chr, ids))
+
+
+def test_last_tokens_cuts_a_prompt_to_its_last_n_tokens():
+    assert launch.last_tokens(_Chars(), "abcdefgh", [3, 5, 20]) == [(3, "fgh"), (5, "defgh"), (20, "abcdefgh")]
+
+
+@pytest.mark.parametrize("extra", [["--last-tokens", "8"], ["--last-tokens", "600", "--prompt-file", "a"]])
+def test_bad_last_tokens_are_one_line(capsys, extra):
+    with pytest.raises(SystemExit) as e:
+        launch.main(extra)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--last-tokens: expected suite prompts (no --prompt-file) and N >= 16" in err

@@ -3,6 +3,7 @@ token, compilation and loading included, cold and warm, interleaved.
 
     python -m lsjax.bench.launch --suite dev --buckets 1K-2K 2K-4K --max-new-tokens 200
     python -m lsjax.bench.launch --prompt-file a.txt --prompt-file b.txt --rounds 2 --json out.json
+    python -m lsjax.bench.launch --suite dev --tasks code dialogue --buckets 1K-2K --last-tokens 600 700 --no-cold
 
 For every prompt and round, each method (the default, then AR; the order alternates by round) runs:
 - cold (unless `--no-cold`): a fresh compile cache and a fresh cost-profile directory (`--compile-cache DIR`,
@@ -15,7 +16,9 @@ Each run is a `decode.py --json` process: seconds from launch to the first token
 program is in use, and to the last token (`first_token_s`, `decode_program_in_use_s`, `last_token_s`), how many
 programs it compiled or loaded, AR steps bridged while it loaded, tau. One row per run; a summary per cell
 (median over rounds) with the default's wall time over AR's. `--no-cold` skips the cold runs (~2 min each for
-auto on a 2-core CPU).
+auto on a 2-core CPU). `--last-tokens N ...`: each suite prompt's last N tokens instead (one prompt per N, the
+text decoded from them): short prompts of real text, whose prefill is short enough for "in use within seconds
+of launch" to be measurable.
 """
 
 from __future__ import annotations
@@ -75,6 +78,15 @@ def decode_py(
     return {"process_s": round(wall, 3), **{k: out.get(k) for k in fields}, "text": out["text"]}
 
 
+MIN_LAST = 16  # the fewest tokens `--last-tokens` cuts a prompt to
+
+
+def last_tokens(tokenizer, text: str, counts: list[int]) -> list[tuple[int, str]]:
+    """(N, the text of `text`'s last N tokens) for each N in `counts` (the whole text where it has no more)."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return [(n, tokenizer.decode(ids[-n:])) for n in counts]
+
+
 def main(argv=None) -> int:
     from lsjax.prompts import BUCKETS
 
@@ -89,9 +101,14 @@ def main(argv=None) -> int:
     p.add_argument("--method", default=None, help="the method compared with AR (default: decode.py's default)")
     p.add_argument("--no-cold", action="store_true", help="warm runs only")
     p.add_argument("--json", default=None, help="write the rows and summary here")
+    p.add_argument(
+        "--last-tokens", type=int, nargs="+", default=[], help="each suite prompt cut to its last N tokens (one per N)"
+    )
     args = p.parse_args(argv)
     if args.max_new_tokens < 2 or args.rounds < 1:
         p.error("--max-new-tokens must be >= 2 and --rounds >= 1")
+    if args.last_tokens and (args.prompt_file or min(args.last_tokens) < MIN_LAST):
+        p.error(f"--last-tokens: expected suite prompts (no --prompt-file) and N >= {MIN_LAST}, got {args.last_tokens}")
 
     with tempfile.TemporaryDirectory(prefix="lsjax-launch-") as tmp:
         work = Path(tmp)
@@ -102,8 +119,11 @@ def main(argv=None) -> int:
 
             tok = load_model().tokenizer
             for i, pr in enumerate(load_suite(tok, args.suite, None, args.per_cell, args.tasks, args.buckets)):
-                files.append(work / f"prompt{i}.txt")
-                files[-1].write_text(pr.text)
+                for n, text in (
+                    [(None, pr.text)] if not args.last_tokens else last_tokens(tok, pr.text, args.last_tokens)
+                ):
+                    files.append(work / (f"prompt{i}.txt" if n is None else f"prompt{i}-last{n}.txt"))
+                    files[-1].write_text(text)
         methods = [args.method, "ar"]
         rows = []
 
