@@ -119,9 +119,8 @@ def main(argv=None) -> int:
 
             tok = load_model().tokenizer
             for i, pr in enumerate(load_suite(tok, args.suite, None, args.per_cell, args.tasks, args.buckets)):
-                for n, text in (
-                    [(None, pr.text)] if not args.last_tokens else last_tokens(tok, pr.text, args.last_tokens)
-                ):
+                cuts = last_tokens(tok, pr.text, args.last_tokens) if args.last_tokens else [(None, pr.text)]
+                for n, text in cuts:
                     files.append(work / (f"prompt{i}.txt" if n is None else f"prompt{i}-last{n}.txt"))
                     files[-1].write_text(text)
         methods = [args.method, "ar"]
