@@ -261,6 +261,60 @@ def test_load_gguf_roundtrip_quantized(tmp_path, quant):
         _check_against_state_dict(cfg, bad, sd, atol=0.5, rtol=0.05)
 
 
+@pytest.mark.parametrize("quant", [gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0])
+def test_dequantizing_in_chunks_gives_the_gguf_packages_values(tmp_path, monkeypatch, quant):
+    """Loading dequantizes a few blocks per call into its output (`_DEQUANT_BLOCKS`); with chunks that end inside
+    rows and layers, every value equals the gguf package's dequantization of the whole tensor."""
+    from lsjax.loading import gguf as lsjax_gguf
+
+    model = _tiny_hf_model("llama", False)
+    sd = _state_dict_np(model)
+    _write_gguf(tmp_path / "m.gguf", "llama", model.config, sd, quant=quant)
+    f = GGUFFile(tmp_path / "m.gguf")
+    name = "blk.1.ffn_gate.weight"  # 48 x 32: 48 blocks of 32
+    whole = gguf.quants.dequantize(f.raw(name), quant).reshape(f.tensors[name].shape)
+    cfg, params = load_gguf(tmp_path / "m.gguf")
+    monkeypatch.setattr(lsjax_gguf, "_DEQUANT_BLOCKS", 5)  # 48 = 9 x 5 + 3
+    assert np.array_equal(f.tensor(name), whole)
+    _, chunked = load_gguf(tmp_path / "m.gguf")
+    for key in ("w_gate", "wq", "wo"):
+        assert np.array_equal(chunked["layers"][key], params["layers"][key]), key
+    assert np.array_equal(chunked["layers"]["w_gate"][1], whole.T) and np.array_equal(chunked["embed"], params["embed"])
+
+
+def test_loaded_weights_are_aligned_and_a_kept_tree_is_used_in_place(tmp_path, monkeypatch):
+    """Loaded and prepared host arrays start on 64-byte boundaries, and a store's tree is read-only whether made or
+    mapped, so a CPU device takes it in place (`on_device`): a first start copies no weights to the device."""
+    import jax
+
+    import decode
+    from lsjax.engine.host import on_device
+    from lsjax.loading import LoadedModel, stored
+    from lsjax.models import target
+
+    model = _tiny_hf_model("llama", False)
+    _write_gguf(tmp_path / "m.gguf", "llama", model.config, _state_dict_np(model), quant=gguf.GGMLQuantizationType.Q8_0)
+    for dtype in ("float32", "bfloat16"):
+        cfg, params = load_gguf(tmp_path / "m.gguf", dtype)
+        prepared = target.prepare_for_decode(params, cfg, layout="both")
+        for tree in (params, prepared):
+            for path, a in jax.tree_util.tree_flatten_with_path(tree)[0]:
+                assert a.ctypes.data % target.HOST_ALIGN == 0, (dtype, jax.tree_util.keystr(path))
+    monkeypatch.setattr(stored, "_defer", [])
+    cfg, _ = load_gguf(tmp_path / "m.gguf")
+    kept = stored.kept(tmp_path / "weights", ("params",), lambda: load_gguf(tmp_path / "m.gguf")[1])
+    loaded = LoadedModel(cfg, kept, None, tmp_path / "m.gguf")  # as `load_model(store=...)` makes it
+    made = decode.prepared(loaded, tmp_path / "weights")
+    mapped = decode.prepared(loaded, tmp_path / "weights")
+    for tree in (loaded.params, made, mapped):
+        assert not any(a.flags.writeable for a in jax.tree.leaves(tree))
+    for tree in (made, mapped):
+        w = tree["layers"][1]["w_gate_up"]
+        assert on_device(w).unsafe_buffer_pointer() == w.ctypes.data  # the device's array is the host's memory
+    w = params["layers"]["w_up"]  # a caller's own (writeable) array is copied
+    assert on_device(w).unsafe_buffer_pointer() != w.ctypes.data
+
+
 # ---------------------------------------------------------------------------------------------
 # (b) the real SmolLM2 GGUF against transformers' own GGUF loading
 

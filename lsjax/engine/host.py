@@ -111,10 +111,11 @@ def start_args(buf, P: int, key, gen: GenerateConfig) -> dict:
 
 
 def on_device(a):
-    """`a` as a device array. A read-only host array (weights mapped from their files: `lsjax.loading.stored`) is
-    handed to `jax.device_put`, which a CPU device uses in place: nobody can change it, and jnp.asarray's copy
-    cost every decode.py start 0.6-0.9 s for SmolLM2's 0.9 GB. Anything else is copied, so that a caller's own
-    arrays, changed later, never change the generator's."""
+    """`a` as a device array. A read-only host array (weights `lsjax.loading.stored` keeps, made or mapped from
+    their files) is handed to `jax.device_put`, which a CPU device uses in place where it starts on a 64-byte
+    boundary (`lsjax.models.target.host_empty`): nobody can change it, and jnp.asarray's copy cost every
+    decode.py start 0.6-0.9 s for SmolLM2's 0.9 GB. Anything else is copied, so that a caller's own arrays,
+    changed later, never change the generator's."""
     if isinstance(a, np.ndarray) and not a.flags.writeable:
         return jax.device_put(np.asarray(a))
     return jnp.asarray(a)

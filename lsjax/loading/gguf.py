@@ -21,12 +21,13 @@ from gguf.quants import dequantize
 from lsjax.config import ModelConfig, RopeScaling
 from lsjax.errors import MissingTensorError, ModelNotFoundError, UnsupportedModelError
 from lsjax.loading import layout
+from lsjax.models.target import host_empty
 
 # GGUF metadata value types -> struct format of a scalar (8 = string, 9 = array are handled apart).
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
 _STRING, _ARRAY = 8, 9
-_DEQUANT_ROWS = 2048
+_DEQUANT_BLOCKS = 1 << 15  # blocks per dequantize call: 4 MB of float32 for 32-value blocks
 
 # Architectures whose attn_q/attn_k rows llama.cpp's converter permutes for its interleaved RoPE.
 _ROPE_PERMUTED = {"llama": True, "qwen2": False}
@@ -122,30 +123,38 @@ class GGUFFile:
         return np.frombuffer(self._map, dtype=np.uint8, count=info.nbytes, offset=info.offset).reshape(rows, -1)
 
     def tensor(self, name: str) -> np.ndarray:
-        """One tensor dequantized to float32, in its numpy shape."""
-        return _dequantize(self.raw(name), self.tensors[name]).reshape(self.tensors[name].shape)
+        """One tensor dequantized to float32, in its numpy shape (aligned: `lsjax.models.target.host_empty`)."""
+        info = self.tensors[name]
+        return _dequantize(self.raw(name), info, host_empty(info.shape, np.float32))
 
     def close(self) -> None:
         self._map.close()
 
 
-def _dequantize(raw: np.ndarray, info: TensorInfo) -> np.ndarray:
-    """Dequantizes stored bytes `[..., bytes_per_row]` to float32 `[..., cols]`.
+def _dequantize(raw: np.ndarray, info: TensorInfo, out: np.ndarray | None = None) -> np.ndarray:
+    """Dequantizes stored bytes `[..., bytes_per_row]` to float32 `[..., cols]`, into `out` if given.
 
-    `gguf.quants.dequantize` works through 16 rows per Python call. Blocks are independent, so we
-    regroup the bytes into ~2048 long rows first: same values, a fraction of the per-call overhead.
+    `gguf.quants.dequantize` works through 16 rows per Python call and holds every group's result beside its
+    output (twice the tensor in fresh memory). Blocks are independent, so we hand it `_DEQUANT_BLOCKS` blocks
+    at a time as one long row and copy each result into place: a few MB of scratch, reused, for any tensor.
     """
     block, type_size = GGML_QUANT_SIZES[info.qtype]
-    n_blocks = raw.size // type_size
-    rows = next(r for r in range(min(_DEQUANT_ROWS, n_blocks), n_blocks + 1) if n_blocks % r == 0)
-    shape = (*raw.shape[:-1], raw.shape[-1] // type_size * block)
+    flat = raw.reshape(-1)
+    n_blocks = flat.size // type_size
+    if out is None:
+        out = np.empty((*raw.shape[:-1], raw.shape[-1] // type_size * block), np.float32)
+    dst = out.reshape(-1)
     try:
-        out = dequantize(raw.reshape(rows, -1), GGMLQuantizationType(info.qtype)).reshape(shape)
+        qtype = GGMLQuantizationType(info.qtype)
+        for first in range(0, n_blocks, _DEQUANT_BLOCKS):
+            last = min(n_blocks, first + _DEQUANT_BLOCKS)
+            part = dequantize(flat[first * type_size : last * type_size].reshape(1, -1), qtype)
+            dst[first * block : last * block] = part.reshape(-1)
     except (NotImplementedError, ValueError) as e:
         raise UnsupportedModelError(
             f"tensor {info.name}: quantization type {info.type_name} cannot be dequantized by the gguf package ({e})"
         ) from None
-    return out.astype(np.float32, copy=False)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,52 +256,34 @@ def config_from_gguf(f: GGUFFile, dtype: str = "float32") -> ModelConfig:
 
 
 def _unpermute_rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
-    """Undoes llama.cpp's Q/K row order on `[L, heads*H, ...]`.
+    """Undoes llama.cpp's Q/K row order on one layer's `[heads*H, ...]`.
 
     llama.cpp's converter stores each head's rows as (H/2, 2) -- the two halves of HF's rotate_half
     interleaved -- so its RoPE can rotate adjacent pairs; HF order is (2, H/2).
     """
-    L, rows = w.shape[:2]
-    rest = w.shape[2:]
-    return w.reshape(L, heads, rows // heads // 2, 2, *rest).swapaxes(2, 3).reshape(L, rows, *rest)
-
-
-def _stacked(f: GGUFFile, cfg: ModelConfig, slot: layout.Slot) -> np.ndarray:
-    """`[L, *shape]` float32 for a per-layer slot; layers sharing a quant type dequantize in one call."""
-    names = [slot.gguf.format(i=i) for i in range(cfg.num_layers)]
-    expected = slot.shape(cfg)
-    groups: dict[int, list[int]] = {}
-    for i, name in enumerate(names):
-        info = f.tensors.get(name)
-        if info is None:
-            raise MissingTensorError(f"{f.path}: tensor {name} is missing")
-        layout.check_shape(name, info.shape, expected)
-        groups.setdefault(info.qtype, []).append(i)
-    if len(groups) == 1:
-        i0 = names[0]
-        raw = np.stack([f.raw(n) for n in names])
-        return _dequantize(raw, f.tensors[i0]).reshape(cfg.num_layers, *expected)
-    out = np.empty((cfg.num_layers, *expected), np.float32)
-    for idx in groups.values():
-        raw = np.stack([f.raw(names[i]) for i in idx])
-        out[idx] = _dequantize(raw, f.tensors[names[idx[0]]]).reshape(len(idx), *expected)
-    return out
+    rows, rest = w.shape[0], w.shape[1:]
+    return w.reshape(heads, rows // heads // 2, 2, *rest).swapaxes(1, 2).reshape(rows, *rest)
 
 
 def params_from_gguf(f: GGUFFile, cfg: ModelConfig, dtype: str = "float32") -> dict:
-    torch_layout = {}
-    for slot in layout.slots(cfg):
-        if slot.per_layer:
-            torch_layout[slot.key] = _stacked(f, cfg, slot)
-            continue
-        if slot.gguf not in f.tensors:
-            raise MissingTensorError(f"{f.path}: tensor {slot.gguf} is missing")
-        layout.check_shape(slot.gguf, f.tensors[slot.gguf].shape, slot.shape(cfg))
-        torch_layout[slot.key] = f.tensor(slot.gguf)
-    if _ROPE_PERMUTED[cfg.arch]:
-        torch_layout["wq"] = _unpermute_rope_rows(torch_layout["wq"], cfg.num_heads)
-        torch_layout["wk"] = _unpermute_rope_rows(torch_layout["wk"], cfg.num_kv_heads)
-    return layout.to_params(cfg, torch_layout, dtype)
+    slots = layout.slots(cfg)
+    for slot in slots:  # every name and shape checked before the first tensor is dequantized
+        names = [slot.gguf.format(i=i) for i in range(cfg.num_layers)] if slot.per_layer else [slot.gguf]
+        for name in names:
+            if name not in f.tensors:
+                raise MissingTensorError(f"{f.path}: tensor {name} is missing")
+            layout.check_shape(name, f.tensors[name].shape, slot.shape(cfg))
+            f.raw(name)  # (an unsupported quantization type is named here)
+    heads = {"wq": cfg.num_heads, "wk": cfg.num_kv_heads} if _ROPE_PERMUTED[cfg.arch] else {}
+
+    def tensor(slot: layout.Slot, i: int | None) -> np.ndarray:
+        if i is None:
+            return f.tensor(slot.gguf)
+        name = slot.gguf.format(i=i)
+        w = _dequantize(f.raw(name), f.tensors[name]).reshape(f.tensors[name].shape)
+        return _unpermute_rope_rows(w, heads[slot.key]) if slot.key in heads else w
+
+    return layout.to_params(cfg, tensor, dtype)
 
 
 def load_gguf(path: str | Path, dtype: str = "float32") -> tuple[ModelConfig, dict]:

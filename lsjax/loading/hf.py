@@ -216,22 +216,18 @@ def config_from_hf_dir(path: Path, dtype: str = "float32") -> ModelConfig:
 
 
 def params_from_safetensors(st: SafetensorsDir, cfg: ModelConfig, dtype: str = "float32") -> dict:
-    torch_layout = {}
-    for slot in layout.slots(cfg):
-        expected = slot.shape(cfg)
+    for slot in layout.slots(cfg):  # every name and shape checked before the first tensor is read
         names = [slot.hf.format(i=i) for i in range(cfg.num_layers)] if slot.per_layer else [slot.hf]
         for name in names:
             if name not in st:
                 raise MissingTensorError(f"tensor {name} is missing from the checkpoint")
-            layout.check_shape(name, st.shape(name), expected)
-        if not slot.per_layer:
-            torch_layout[slot.key] = st.get(names[0]).astype(np.float32, copy=False)
-            continue
-        out = np.empty((cfg.num_layers, *expected), np.float32)
-        for i, name in enumerate(names):
-            out[i] = st.get(name)  # casts bf16/f16 -> f32 while copying
-        torch_layout[slot.key] = out
-    return layout.to_params(cfg, torch_layout, dtype)
+            layout.check_shape(name, st.shape(name), slot.shape(cfg))
+
+    def tensor(slot: layout.Slot, i: int | None) -> np.ndarray:
+        # Through float32, as before: bf16/f16 -> f32 is exact, so the cast to `dtype` rounds once.
+        return st.get(slot.hf if i is None else slot.hf.format(i=i)).astype(np.float32, copy=False)
+
+    return layout.to_params(cfg, tensor, dtype)
 
 
 def load_hf(path: str | Path, dtype: str = "float32") -> tuple[ModelConfig, dict]:

@@ -239,14 +239,20 @@ def prepare_for_decode(params: dict, config: ModelConfig, *, layout: str | None 
     # Host (numpy) params stay on the host, so a caller's device copy is made once, of the new layout.
     xp = np if isinstance(layers["wq"], np.ndarray) else jnp
 
+    def cat(parts: list) -> object:
+        if xp is jnp:
+            return jnp.concatenate(parts, axis=1)
+        out = host_empty((parts[0].shape[0], sum(p.shape[1] for p in parts)), parts[0].dtype)
+        return np.concatenate(parts, axis=1, out=out)
+
     def one(i: int) -> dict:
         lay = {name: leaf[i] for name, leaf in layers.items()}
         out = {
             "attn_norm": lay["attn_norm"],
-            "w_qkv": xp.concatenate([lay[w].reshape(D, -1) for w in ("wq", "wk", "wv")], axis=1),
+            "w_qkv": cat([lay[w].reshape(D, -1) for w in ("wq", "wk", "wv")]),
             "wo": lay["wo"].reshape(-1, D),  # [N, H, D] -> [N H, D]
             "mlp_norm": lay["mlp_norm"],
-            "w_gate_up": xp.concatenate([lay["w_gate"], lay["w_up"]], axis=1),
+            "w_gate_up": cat([lay["w_gate"], lay["w_up"]]),
             "w_down": lay["w_down"],
         }
         if config.qkv_bias:
@@ -271,7 +277,28 @@ def _relayout(layer: dict, layout: str) -> dict:
 
 def _transpose(w):
     # Contiguous on the host, so the device copy is [out, in] in memory, not a strided view.
-    return np.ascontiguousarray(w.T) if isinstance(w, np.ndarray) else w.T
+    return host_copy(w.T) if isinstance(w, np.ndarray) else w.T
+
+
+# XLA:CPU uses a read-only host array in place, without a copy (`lsjax.engine.host.on_device`), only when its data
+# starts on a 64-byte boundary; numpy's large allocations start 16 bytes into a page.
+HOST_ALIGN = 64
+
+
+def host_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """An uninitialised host array whose data starts on a `HOST_ALIGN`-byte boundary."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + HOST_ALIGN, np.uint8)
+    start = -raw.ctypes.data % HOST_ALIGN
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def host_copy(x: np.ndarray, dtype=None) -> np.ndarray:
+    """`x` cast to `dtype` (default: its own) in a `host_empty` array: one pass over the new memory."""
+    out = host_empty(x.shape, x.dtype if dtype is None else dtype)
+    np.copyto(out, x, casting="unsafe")
+    return out
 
 
 def is_prepared(params: dict) -> bool:
