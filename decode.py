@@ -550,14 +550,14 @@ def main(argv=None, *, as_program: bool = False) -> int:
 
 
 def prepared(model, weights):
-    """The target's params as the engine decodes with them (`prepare_for_decode`), kept in `weights` (decode.py's
-    store, `lsjax.loading.stored`) by the first start and mapped back by later ones."""
+    """The target's params as the engine decodes with them (`prepare_for_decode`), read-only, kept in `weights`
+    (decode.py's store, `lsjax.loading.stored`) by the first start and mapped back by later ones."""
     from lsjax.loading import stored
     from lsjax.models import target
 
     file = stored.model_file(model.path) if weights is not None else None
-    if file is None:
-        return model.params
+    if file is None:  # this process's own copy, which nothing changes: used in place (`stored.read_only`)
+        return stored.read_only(target.prepare_for_decode(model.params, model.config))
     what = ("prepared", file, model.config.dtype, target.default_layout())
     return stored.kept(weights, what, lambda: target.prepare_for_decode(model.params, model.config))
 

@@ -6,9 +6,15 @@ JSON is out: what follows it is compiling for the next start (`decode.py`'s `fin
 One JSON line per run, then the medians of the seconds from launch to the first and the last token over AR's.
 `--baseline DIR` (another checkout, e.g. `git worktree add DIR HEAD~1`) also runs each variant from there
 ("base-now", ...), interleaved with this tree's: a change measured against the code before it.
+`--gap S` idles S seconds before each run: a VM that hands freed memory back to its host (free page reporting)
+backs it again at its next first touch, ~11 s/GB on one core of our 2-core VMs, so a first start after a pause
+pays for every fresh byte it touches, one right after another process does not (2026-12-05: 45 s is enough).
+`--last-tokens N`: each prompt cut to its last N tokens (`lsjax.bench.launch.last_tokens`).
+Each row also has the seconds `decode.py` spent loading the weights and prefilling, and the process's peak
+resident memory (Linux).
 
     python scripts/cold_start_ab.py [--suite dev] [--buckets 1K-2K] [--tasks code] [--rounds 2]
-        [--variants now eager ar] [--baseline DIR] [--to-exit] [--json F]
+        [--variants now eager ar] [--baseline DIR] [--to-exit] [--gap S] [--last-tokens N] [--json F]
 """
 
 from __future__ import annotations
@@ -35,7 +41,9 @@ KEEP = (
     "programs_compiled",
     "bridged_steps",
     "ar_stand_in",
+    "load_s",
     "compile_s",
+    "prefill_s",
     "tokens_per_s",
     "mean_accepted",
 )
@@ -57,6 +65,7 @@ def first_start(prompt: Path, variant: str, new: int, work: Path, root: Path = R
     while line and not line.startswith("{"):
         line = proc.stdout.readline()
     json_at = time.perf_counter() - t0
+    peak = _peak_mb(proc.pid)  # (before the kill: /proc/PID/status goes with the process)
     if to_exit:
         proc.stdout.read()
     else:
@@ -66,11 +75,21 @@ def first_start(prompt: Path, variant: str, new: int, work: Path, root: Path = R
     if not line:
         raise RuntimeError(f"decode.py {' '.join(cmd[2:])} printed no JSON")
     out = json.loads(line)
-    row = {"json_at_s": round(json_at, 3), **{k: out.get(k) for k in KEEP}}
+    row = {"json_at_s": round(json_at, 3), **{k: out.get(k) for k in KEEP}, "peak_rss_mb": peak}
     return {**row, "exit_s": round(exit_s, 3)} if to_exit else row
 
 
+def _peak_mb(pid: int) -> int | None:
+    """A live process's peak resident memory so far in MB (`VmHWM`), None off Linux."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
 def main(argv=None) -> int:
+    from lsjax.bench.launch import last_tokens
     from lsjax.bench.suites import load_suite
     from lsjax.loading import load_model
     from lsjax.prompts import BUCKETS, TASKS
@@ -87,6 +106,8 @@ def main(argv=None) -> int:
     p.add_argument(
         "--to-exit", action="store_true", help="let each process compile for the next start; time it to its end"
     )
+    p.add_argument("--gap", type=float, default=0.0, help="seconds idle before each run (see above)")
+    p.add_argument("--last-tokens", type=int, default=None, help="each prompt cut to its last N tokens")
     args = p.parse_args(argv)
     runs = [(v, ROOT, v) for v in args.variants]
     if args.baseline:
@@ -96,12 +117,14 @@ def main(argv=None) -> int:
         runs += [(f"base-{v}", base, v) for v in args.variants]
     rows = []
     with tempfile.TemporaryDirectory(prefix="lsjax-cold-") as tmp:
-        prompts = load_suite(load_model().tokenizer, args.suite, None, 1, args.tasks, args.buckets)
+        tok = load_model().tokenizer
+        prompts = load_suite(tok, args.suite, None, 1, args.tasks, args.buckets)
         for i, pr in enumerate(prompts):
             prompt = Path(tmp) / f"prompt{i}.txt"
-            prompt.write_text(pr.text)
+            prompt.write_text(last_tokens(tok, pr.text, [args.last_tokens])[0][1] if args.last_tokens else pr.text)
             for r in range(args.rounds):
                 for name, root, variant in runs if r % 2 == 0 else runs[::-1]:
+                    time.sleep(args.gap)
                     work = Path(tempfile.mkdtemp(dir=tmp))
                     row = {"suite": args.suite, "prompt": pr.id, "round": r, "variant": name}
                     row.update(first_start(prompt, variant, args.max_new_tokens, work, root, args.to_exit))

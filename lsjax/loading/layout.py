@@ -17,7 +17,7 @@ import numpy as np
 from lsjax.config import ModelConfig
 from lsjax.errors import ShapeMismatchError, UnsupportedModelError
 from lsjax.models.layers import check_shapes
-from lsjax.models.target import HOST_ALIGN, host_copy, host_empty, param_specs
+from lsjax.models.target import HOST_ALIGN, host_copy, host_empty, host_map, param_specs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,15 +103,20 @@ def numpy_dtype(dtype: str) -> np.dtype:
     raise UnsupportedModelError(f"dtype {dtype!r} is not supported (float32|bfloat16|float16)")
 
 
+def _same(x):
+    return x
+
+
 def to_params(cfg: ModelConfig, tensor: Callable[[Slot, int | None], np.ndarray], dtype: str) -> dict:
     """The lsjax parameter tree, cast to `dtype`, from `tensor(slot, i)`: one checkpoint tensor in torch layout
     (layer `i` of a per-layer slot of `slots(cfg)`, None for a global one).
 
     Each output is allocated once, aligned for the device to use in place (`host_empty`), and filled layer by
-    layer, the transpose and cast happening in the same copy: a load holds one layer's checkpoint tensor beside
-    the outputs rather than whole stacked copies, and writes each output byte once. (On a VM that backs memory
-    at its first touch, fresh memory is what a cold load pays for: SmolLM2's stacked copies took 11 s of its
-    load on 2 cores.)
+    layer (`host_map`: on the host's cores side by side), the transpose and cast happening in the same copy: a
+    load holds a layer's checkpoint tensor per thread beside the outputs rather than whole stacked copies, and
+    writes each output byte once. (On a VM that backs memory at its first touch, fresh memory is what a cold
+    load pays for: SmolLM2's stacked copies took 11 s of its load on 2 cores.) `tensor` is called from several
+    threads at once.
     """
     dt = numpy_dtype(dtype)
     D, N, K, H = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -129,21 +134,26 @@ def to_params(cfg: ModelConfig, tensor: Callable[[Slot, int | None], np.ndarray]
         "bv": lambda b: b.reshape(K, H),
     }
     layers, params = {}, {}
-    for slot in slots(cfg):
-        if not slot.per_layer:
+
+    def fill(work: tuple[Slot, int | None]) -> None:
+        slot, i = work
+        if i is None:
             x = tensor(slot, None)
             x = x.T if slot.key == "lm_head" else x  # [V, D] -> [D, V]
             aligned = x.dtype == dt and x.flags.c_contiguous and x.ctypes.data % HOST_ALIGN == 0
             params[slot.key] = x if aligned else host_copy(x, dt)
-            continue
-        shape = per_layer.get(slot.key, lambda w: w)
-        out = None
-        for i in range(cfg.num_layers):
-            w = shape(tensor(slot, i))
-            if out is None:
-                out = host_empty((cfg.num_layers, *w.shape), dt)
-            np.copyto(out[i], w, casting="unsafe")
-        layers[slot.key] = out
+        else:
+            np.copyto(layers[slot.key][i], per_layer.get(slot.key, _same)(tensor(slot, i)), casting="unsafe")
+
+    work = []
+    for slot in slots(cfg):
+        if slot.per_layer:
+            shape = per_layer.get(slot.key, _same)(np.empty(slot.shape(cfg), np.float32)).shape
+            layers[slot.key] = host_empty((cfg.num_layers, *shape), dt)  # (not touched until filled)
+            work += [(slot, i) for i in range(cfg.num_layers)]
+        else:
+            work.append((slot, None))
+    host_map(fill, work)  # the outputs are disjoint: filled on the host's cores side by side
     params = {"embed": params["embed"], "layers": layers, "final_norm": params["final_norm"]} | (
         {} if cfg.tie_embeddings else {"lm_head": params["lm_head"]}
     )

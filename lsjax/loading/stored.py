@@ -82,17 +82,23 @@ def kept(root: str | Path | None, what: tuple, make: Callable[[], object]):
     entry = hashlib.sha256(repr((what, _source_digest())).encode()).hexdigest()[:32]
     tree = _read(root / entry)
     if tree is None:
-        tree = make()
-        # Read-only as a mapped copy is: the same tree whether made or mapped, and one a CPU device uses in place
-        # rather than copying (`lsjax.engine.host.on_device`), 0.7-0.9 s and ~1 GB less on a first start.
-        for _, array in _flat(tree):
-            if isinstance(array, np.ndarray):
-                array.flags.writeable = False
+        # Read-only as a mapped copy is: the same tree whether made or mapped.
+        tree = read_only(make())
         if _defer:
-            _writers.append(threading.Thread(target=_write, args=(root, entry, tree), name="lsjax-keep-weights"))
+            _writers.append(threading.Thread(target=_write_later, args=(root, entry, tree), name="lsjax-keep-weights"))
             _writers[-1].start()
         else:
             _write(root, entry, tree)
+    return tree
+
+
+def read_only(tree):
+    """`tree` with its numpy arrays made read-only (in place), which a CPU device then uses without a copy
+    (`lsjax.engine.host.on_device`): on a first start, the prepared weights' copy cost decode.py's prefill
+    3-5 s on 2 cores (fresh memory for ~1 GB). Only for arrays nothing else will change."""
+    for _, array in _flat(tree):
+        if isinstance(array, np.ndarray):
+            array.flags.writeable = False
     return tree
 
 
@@ -147,6 +153,14 @@ def _read(where: Path):
     with contextlib.suppress(OSError):
         os.utime(where)  # kept as recently used
     return _unflat(leaves)
+
+
+def _write_later(root: Path, entry: str, tree) -> None:
+    """`_write` at the lowest CPU priority (this thread only, Linux): the ~1.4 GB a first start keeps waits for
+    the cores its compile and prefill leave free rather than sharing them."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    _write(root, entry, tree)
 
 
 def _write(root: Path, entry: str, tree) -> None:
