@@ -667,4 +667,5 @@ def test_decode_py_keeps_the_params_prepared_for_decoding_and_decodes_the_same_w
     np.testing.assert_array_equal(copied.params["layers"][0]["w_qkv"], before)
     (tmp_path / "tiny.gguf").write_bytes(b"another model file")  # a changed file is prepared afresh
     assert not isinstance(decode.prepared(model, tmp_path / "weights")["layers"][0]["w_qkv"], np.memmap)
-    assert decode.prepared(model, None) is params
+    unkept = decode.prepared(model, None)  # no store (`--compile-cache off`): prepared here, nothing kept
+    assert target.is_prepared(unkept) and jax.tree.all(jax.tree.map(np.array_equal, unkept, made))
