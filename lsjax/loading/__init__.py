@@ -60,7 +60,8 @@ def load_model(path: str | Path | None = None, dtype: str = "auto", store: str |
     `dtype`: the weights' (and so the K/V cache's) dtype, "auto" = `lsjax.config.default_dtype()` (fp32 on a
     CPU, bf16 on TPU/GPU), or bf16|fp32|bfloat16|float32|float16; a bad name is a ConfigError. `store`: a
     directory where a GGUF's params are kept after they are made and mapped back by later loads
-    (`lsjax.loading.stored`; decode.py's is in its compile cache).
+    (`lsjax.loading.stored`; decode.py's is in its compile cache); with one, the params are read-only, made or
+    mapped (a CPU device then uses them in place).
 
     Raises ModelNotFoundError, UnsupportedModelError, MissingTensorError, ShapeMismatchError or
     CorruptFileError (a truncated or damaged file): every one an LsjaxError with a one-line message."""
