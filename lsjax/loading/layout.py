@@ -103,10 +103,6 @@ def numpy_dtype(dtype: str) -> np.dtype:
     raise UnsupportedModelError(f"dtype {dtype!r} is not supported (float32|bfloat16|float16)")
 
 
-def _same(x):
-    return x
-
-
 def to_params(cfg: ModelConfig, tensor: Callable[[Slot, int | None], np.ndarray], dtype: str) -> dict:
     """The lsjax parameter tree, cast to `dtype`, from `tensor(slot, i)`: one checkpoint tensor in torch layout
     (layer `i` of a per-layer slot of `slots(cfg)`, None for a global one).
@@ -135,6 +131,9 @@ def to_params(cfg: ModelConfig, tensor: Callable[[Slot, int | None], np.ndarray]
     }
     layers, params = {}, {}
 
+    def as_lsjax(key: str, w: np.ndarray) -> np.ndarray:
+        return per_layer[key](w) if key in per_layer else w
+
     def fill(work: tuple[Slot, int | None]) -> None:
         slot, i = work
         if i is None:
@@ -143,12 +142,12 @@ def to_params(cfg: ModelConfig, tensor: Callable[[Slot, int | None], np.ndarray]
             aligned = x.dtype == dt and x.flags.c_contiguous and x.ctypes.data % HOST_ALIGN == 0
             params[slot.key] = x if aligned else host_copy(x, dt)
         else:
-            np.copyto(layers[slot.key][i], per_layer.get(slot.key, _same)(tensor(slot, i)), casting="unsafe")
+            np.copyto(layers[slot.key][i], as_lsjax(slot.key, tensor(slot, i)), casting="unsafe")
 
     work = []
     for slot in slots(cfg):
         if slot.per_layer:
-            shape = per_layer.get(slot.key, _same)(np.empty(slot.shape(cfg), np.float32)).shape
+            shape = as_lsjax(slot.key, np.broadcast_to(np.float32(0), slot.shape(cfg))).shape  # (no memory)
             layers[slot.key] = host_empty((cfg.num_layers, *shape), dt)  # (not touched until filled)
             work += [(slot, i) for i in range(cfg.num_layers)]
         else:
