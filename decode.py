@@ -19,6 +19,7 @@ or $LSJAX_COMPILE_CACHE (lsjax.compile_cache).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -317,16 +318,14 @@ def main(argv=None, *, as_program: bool = False) -> int:
         if weights is not None:
             from lsjax.loading import stored
 
-            stored.defer_writes()  # (waited for by `exit_now`, after the output)
+            stored.defer_writes()  # (begun after the output, waited for by `exit_now`)
         programs = ProgramCache(where) if where is not None else None
         if programs is not None:  # the programs the last such start fetched first, read while the model loads
             programs.read_ahead(launch_tag(args))
     from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
-    from lsjax.engine.host import Generator, check_prompt, first_difference
-    from lsjax.engine.types import invariant_rows_for
-    from lsjax.errors import LsjaxError, MethodNote
-    from lsjax.loading import load_model
-    from lsjax.methods import registry
+    from lsjax.engine.host import Generator, check_prompt, compile_beside_load, first_difference
+    from lsjax.errors import LsjaxError
+    from lsjax.loading import load_model, read_header
 
     try:
         gen = GenerateConfig(
@@ -358,44 +357,43 @@ def main(argv=None, *, as_program: bool = False) -> int:
 
     try:
         t0 = time.perf_counter()
-        model = load_model(args.model, dtype=args.dtype, store=weights)
-        load_s = time.perf_counter() - t0
-        tok = model.tokenizer
+        header = read_header(args.model, dtype=args.dtype)
+        tok = header.tokenizer
         if chat:
             rendered = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
             ids = tok.encode(rendered, add_special_tokens=False)  # the template already holds the special tokens
         else:
             ids = tok.encode(text)
-        check_prompt(model.config, ids, gen.max_new_tokens)
-        # auto: on the held-out split it beat every fixed method on average (docs/methods/auto.md).
-        with warnings.catch_warnings(record=True) as notes:
-            warnings.simplefilter("always", MethodNote)
-            drafter, draft_params = registry.build(method, model, **method_options(args))
-        for note in notes:  # what the method's builder says about what it will run, one line each
-            if issubclass(note.category, MethodNote):
-                print(f"[lsjax] {note.message}", file=sys.stderr)
-            else:
-                warnings.warn_explicit(note.message, note.category, note.filename, note.lineno)
-        if args.invariant_rows:  # after the build, which reads no numerics setting, since auto sizes it
-            rows = invariant_rows_for(drafter) if args.invariant_rows == "auto" else args.invariant_rows
-            if rows < drafter.num_nodes:
-                fail(
-                    f"--invariant-rows {rows}: --method {method} verifies trees of up to {drafter.num_nodes} nodes, "
-                    f"which {rows} rows do not fit; give >= {drafter.num_nodes}, or auto"
-                )
-            model = model._replace(config=dataclasses.replace(model.config, invariant_rows=rows))
-        if mesh is not None:
-            mesh_lib.check(model.config, mesh, batch=1)
-        generator = Generator(
-            model.config,
-            prepared(model, weights) if mesh is None else model.params,
-            drafter,
-            draft_params,
-            backend=args.backend,
-            mesh=mesh,
-            program_cache=programs,
-        )
-        generator.idle_loads = as_program  # decode.py is the process: one decode, its loads in idle CPU time
+        check_prompt(header.config, ids, gen.max_new_tokens)
+        ahead = None
+        if mesh is None and args.precompile is None and compile_beside_load():
+            # A method that does not read the target's weights (AR, prompt lookup, a draft-less auto) compiles
+            # its programs from the target's shapes while the weights load (`Ahead`).
+            built = build_method(header.pending(), method, args)
+            if built is not None:
+                ahead = Ahead(header, *built, args, ids, gen, programs, idle_loads=as_program)
+        model = load_model(args.model, dtype=args.dtype, store=weights, header=header)
+        load_s = time.perf_counter() - t0
+        if ahead is None:
+            # auto: on the held-out split it beat every fixed method on average (docs/methods/auto.md).
+            drafter, draft_params, config = build_method(model, method, args)
+            model = model._replace(config=config)
+            if mesh is not None:
+                mesh_lib.check(model.config, mesh, batch=1)
+            generator = Generator(
+                model.config,
+                prepared(model, weights) if mesh is None else model.params,
+                drafter,
+                draft_params,
+                backend=args.backend,
+                mesh=mesh,
+                program_cache=programs,
+            )
+            generator.idle_loads = as_program  # decode.py is the process: one decode, its loads in idle CPU time
+        else:
+            generator, drafter = ahead.generator, ahead.generator.drafter
+            model = model._replace(config=generator.config)
+            generator.give_weights(prepared(model, weights))
         print(
             f"[lsjax] {model.path.name} ({model.config.dtype}): {len(ids)} prompt tokens, method {method}, "
             f"loaded in {load_s:.1f}s; compiling...",
@@ -406,21 +404,36 @@ def main(argv=None, *, as_program: bool = False) -> int:
             return precompile(generator, ids, gen, args, method)
         stream = tok.stream_decoder(skip_special_tokens=True)
         on_tokens = None if args.json else (lambda new: print(stream.push(new), end="", flush=True))
-        stand_in = generator.stands_in(ids, gen, seed=args.seed)
+        stand_in = ahead.stand_in if ahead is not None else generator.stands_in(ids, gen, seed=args.seed)
         label = STAND_IN_LABEL if stand_in else compiling_label(drafter, decode_programs(generator))
         with Ticker(label) as ticker:
             # The decode program compiles on a host thread while the prompt is prefilled.
-            compile_s = generator.compile(ids, gen, seed=args.seed, background=True)
-            prefilling = f"prefilling {len(ids)} prompt tokens"
-            if generator.compiling:
-                loading = loading_label(drafter, decode_programs(generator)) if generator.loading_decode else label
-                loading += " (prefilling meanwhile)"
-                # Once the first decode program is ready (one read ahead: within the prefill's first second),
-                # the line says what is left: the prefill.
-                ticker.restart(lambda: loading if generator.first_pending else prefilling)
+            if ahead is not None:
+                compile_s = ahead.wait()
             else:
-                ticker.restart(prefilling)
-            result = generator.run(ids, gen, seed=args.seed, on_tokens=on_tokens, on_ready=ticker.stop)
+                compile_s = generator.compile(ids, gen, seed=args.seed, background=True)
+            prefilling = f"prefilling {len(ids)} prompt tokens"
+            making = loading_label(drafter, decode_programs(generator)) if generator.loading_decode else label
+            prefilled = threading.Event()
+
+            def status() -> str:
+                # While the first decode program is made beside the prefill, both; once it is ready (one read
+                # ahead: within the prefill's first second) the prefill; after the prefill, the program's wait.
+                if not generator.first_pending:
+                    return prefilling
+                return making if prefilled.is_set() else f"{making} (prefilling meanwhile)"
+
+            def on_prefilled() -> None:
+                prefilled.set()
+                if on_tokens is not None:
+                    ticker.stop()  # the first token prints now: a status line would write over it
+                else:
+                    ticker.restart(status)
+
+            ticker.restart(status)
+            result = generator.run(
+                ids, gen, seed=args.seed, on_tokens=on_tokens, on_ready=ticker.stop, on_prefilled=on_prefilled
+            )
         done_at = time.perf_counter()
         result.compile_s += compile_s  # the prefill program's; run added the decode program's
         if not args.json:
@@ -543,10 +556,79 @@ def main(argv=None, *, as_program: bool = False) -> int:
             + f"; programs: {programs_said(generator.program_log)}",
             file=sys.stderr,
         )
+    stored = sys.modules.get("lsjax.loading.stored")
+    if stored is not None and stored.pending():  # a first start's weights, written now that the output is out
+        print("[lsjax] keeping the weights as loaded, for the next start (Ctrl-C skips)...", file=sys.stderr)
+        stored.start_writes()
     finish(generator)
     if programs is not None:  # (after `finish`: a first start at this width made the method's own programs there)
         programs.remember(launch_tag(args), generator.first_programs())
     return 0
+
+
+def build_method(model, method: str, args: argparse.Namespace):
+    """(drafter, draft params, the target's config with `--invariant-rows`) of `--method` for `model`, what its
+    builder says printed one line each; None where `model`'s weights are still to come (`ModelHeader.pending`)
+    and the method reads them (a draft sharing the target's embeddings): built again once they are loaded."""
+    from lsjax.engine.types import invariant_rows_for
+    from lsjax.errors import MethodNote, WeightsPending
+    from lsjax.methods import registry
+
+    with warnings.catch_warnings(record=True) as notes:
+        warnings.simplefilter("always", MethodNote)
+        try:
+            drafter, draft_params = registry.build(method, model, **method_options(args))
+        except WeightsPending:
+            return None
+    for note in notes:  # what the method's builder says about what it will run, one line each
+        if issubclass(note.category, MethodNote):
+            print(f"[lsjax] {note.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(note.message, note.category, note.filename, note.lineno)
+    config = model.config
+    if args.invariant_rows:  # after the build, which reads no numerics setting, since auto sizes it
+        rows = invariant_rows_for(drafter) if args.invariant_rows == "auto" else args.invariant_rows
+        if rows < drafter.num_nodes:
+            fail(
+                f"--invariant-rows {rows}: --method {method} verifies trees of up to {drafter.num_nodes} nodes, "
+                f"which {rows} rows do not fit; give >= {drafter.num_nodes}, or auto"
+            )
+        config = dataclasses.replace(config, invariant_rows=rows)
+    return drafter, draft_params, config
+
+
+class Ahead:
+    """A start's programs made from the target's shapes while its weights load (`Generator.give_weights`), where
+    the load leaves cores free (`compile_beside_load`): a first start compiles beside the load, not after it."""
+
+    def __init__(self, header, drafter, draft_params, config, args, ids, gen, programs, idle_loads: bool):
+        from lsjax.engine.host import Generator
+        from lsjax.models import target
+
+        self.generator = Generator(
+            config,
+            target.abstract_params(config),
+            drafter,
+            draft_params,
+            backend=args.backend,
+            program_cache=programs,
+        )
+        self.generator.idle_loads = idle_loads  # (decode.py: read before the programs are made)
+        self.stand_in = self.generator.stands_in(ids, gen, seed=args.seed)
+        self._compiled = concurrent.futures.Future()
+
+        def compile_():
+            try:
+                self._compiled.set_result(self.generator.compile(ids, gen, seed=args.seed, background=True))
+            except BaseException as e:  # raised by `wait`  # noqa: BLE001
+                self._compiled.set_exception(e)
+
+        # A daemon: a load that fails (a damaged file) exits with its one line, not after the compile.
+        threading.Thread(target=compile_, daemon=True, name="lsjax-ahead").start()
+
+    def wait(self) -> float:
+        """The seconds the start's programs took to make (as `Generator.compile` returns them); its error, if any."""
+        return self._compiled.result()
 
 
 def prepared(model, weights):

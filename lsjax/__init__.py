@@ -10,6 +10,7 @@ The public API — pure functions under `jax.jit`, frozen configs static:
     HybridDrafter (LongSpec tree + PLD chain)
     AutoDrafter, auto_params                      per step, the candidate with the most expected tokens/s
     load_model                                    GGUF / HF safetensors -> config, params, tokenizer
+    read_header                                   config and tokenizer alone, before the weights load
     invariant_rows_for                            the rows batch-invariant numerics need for a drafter
 """
 
@@ -17,7 +18,7 @@ from lsjax.api import GenerateOutput, SpecConfig, generate, pad_prompts
 from lsjax.config import DraftConfig, GenerateConfig, ModelConfig, SamplingConfig
 from lsjax.engine import DecodeState, commit_phase, decode, draft_phase, prefill, spec_step, verify_phase
 from lsjax.engine.types import ARDrafter, Drafter, invariant_rows_for
-from lsjax.loading import load_model
+from lsjax.loading import load_model, read_header
 from lsjax.methods.auto.drafter import AutoDrafter, auto_params
 from lsjax.methods.hybrid.drafter import HybridDrafter
 from lsjax.methods.longspec.drafter import LongSpecDrafter
@@ -48,6 +49,7 @@ __all__ = [
     "load_model",
     "pad_prompts",
     "prefill",
+    "read_header",
     "spec_step",
     "verify_phase",
 ]

@@ -35,6 +35,10 @@ class InputError(LsjaxError, ValueError):
     and what is allowed."""
 
 
+class WeightsPending(LsjaxError):
+    """A model's params were used before they were loaded (`lsjax.loading.ModelHeader.pending`)."""
+
+
 class MethodNote(UserWarning):
     """Something a method's builder tells the user about what it will run (e.g. `auto` without a draft for
     this model runs AR and prompt lookup only). decode.py prints each as one `[lsjax]` line; a library caller

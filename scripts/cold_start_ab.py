@@ -12,9 +12,11 @@ pays for every fresh byte it touches, one right after another process does not (
 `--last-tokens N`: each prompt cut to its last N tokens (`lsjax.bench.launch.last_tokens`).
 Each row also has the seconds `decode.py` spent loading the weights and prefilling, and the process's peak
 resident memory (Linux).
+`--printed`: `decode.py` as a user runs it (streaming, no `--json`), timed by what it prints: the first byte of
+text on stdout (`first_printed_s`) and its summary line (`summary_s`, after the last token).
 
     python scripts/cold_start_ab.py [--suite dev] [--buckets 1K-2K] [--tasks code] [--rounds 2]
-        [--variants now eager ar] [--baseline DIR] [--to-exit] [--gap S] [--last-tokens N] [--json F]
+        [--variants now eager ar] [--baseline DIR] [--to-exit] [--gap S] [--last-tokens N] [--printed] [--json F]
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -79,6 +82,35 @@ def first_start(prompt: Path, variant: str, new: int, work: Path, root: Path = R
     return {**row, "exit_s": round(exit_s, 3)} if to_exit else row
 
 
+def printed_start(prompt: Path, variant: str, new: int, work: Path, root: Path = ROOT) -> dict:
+    """One streaming `decode.py` process (as a user runs it) with fresh caches, timed by what it prints: the
+    first byte of text (`first_printed_s`) and the summary line after the last token (`summary_s`); stopped
+    there (what follows compiles for the next start)."""
+    env = {**os.environ, "LSJAX_PROFILE_DIR": str(work / "profiles")}
+    env.pop("LSJAX_SPLIT_LOAD", None)
+    if variant == "eager":
+        env["LSJAX_SPLIT_LOAD"] = "eager"
+    cmd = [sys.executable, str(root / "decode.py"), "--prompt-file", str(prompt), "--max-new-tokens", str(new)]
+    cmd += ["--compile-cache", str(work / "cache")] + (["--method", "ar"] if variant == "ar" else [])
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=root)
+    first: list[float] = []
+    reader = threading.Thread(target=lambda: (proc.stdout.read(1), first.append(time.perf_counter() - t0)))
+    reader.start()
+    summary = None
+    for line in proc.stderr:
+        if b" tokens (" in line and line.startswith(b"[lsjax] "):
+            summary = time.perf_counter() - t0
+            break
+    peak = _peak_mb(proc.pid)
+    proc.kill()
+    proc.wait()
+    reader.join()
+    if summary is None:
+        raise RuntimeError(f"decode.py {' '.join(cmd[2:])} printed no summary line")
+    return {"first_printed_s": round(first[0], 3), "summary_s": round(summary, 3), "peak_rss_mb": peak}
+
+
 def _peak_mb(pid: int) -> int | None:
     """A live process's peak resident memory so far in MB (`VmHWM`), None off Linux."""
     try:
@@ -108,6 +140,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--gap", type=float, default=0.0, help="seconds idle before each run (see above)")
     p.add_argument("--last-tokens", type=int, default=None, help="each prompt cut to its last N tokens")
+    p.add_argument("--printed", action="store_true", help="streaming runs, timed by what they print (see above)")
     args = p.parse_args(argv)
     runs = [(v, ROOT, v) for v in args.variants]
     if args.baseline:
@@ -127,11 +160,15 @@ def main(argv=None) -> int:
                     time.sleep(args.gap)
                     work = Path(tempfile.mkdtemp(dir=tmp))
                     row = {"suite": args.suite, "prompt": pr.id, "round": r, "variant": name}
-                    row.update(first_start(prompt, variant, args.max_new_tokens, work, root, args.to_exit))
+                    if args.printed:
+                        row.update(printed_start(prompt, variant, args.max_new_tokens, work, root))
+                    else:
+                        row.update(first_start(prompt, variant, args.max_new_tokens, work, root, args.to_exit))
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     for prompt in dict.fromkeys(r["prompt"] for r in rows):
-        for key in ("first_token_s", "last_token_s") + (("exit_s",) if args.to_exit else ()):
+        keys = ("first_printed_s", "summary_s") if args.printed else ("first_token_s", "last_token_s")
+        for key in keys + (("exit_s",) if args.to_exit and not args.printed else ()):
             med = {name: statistics.median(r[key] for r in rows if (r["prompt"], r["variant"]) == (prompt, name))
                    for name, _, _ in runs}  # fmt: skip
             says = ", ".join(f"{name} {s:.1f} s" for name, s in med.items())

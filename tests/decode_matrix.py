@@ -128,14 +128,14 @@ def main(devices: int, work: Path, selection: str) -> None:
     from lsjax.compile_cache import enable
     from lsjax.loading import LoadedModel
     from lsjax.methods import registry
-    from tests.tiny import tiny_model
+    from tests.tiny import fake_loading, tiny_model
 
     # A cell's second start (the profile modes) reads its programs from JAX's cache as a user's would; without
     # one it compiled auto's whole program again (~35 s of the default suite's ~3 min here).
     enable(str(work / "jax-cache"), "decode_matrix")
     config, params = tiny_model(arch=os.environ.get("LSJAX_MATRIX_ARCH", "llama"))
     model = LoadedModel(config, params, id_tokenizer(), work / "tiny.gguf")
-    lsjax.loading.load_model = lambda path=None, dtype="auto", store=None: model
+    lsjax.loading.__dict__.update(fake_loading(model))
     extra = drafts(model, work)
     base = ["--prompt", PROMPT, "--max-new-tokens", str(NEW), "--ignore-eos", "--json"]
     for method, mode in cells(selection, registry.names()):

@@ -25,7 +25,7 @@ from lsjax.tree import TreeConfig, check_fits
 from tests.test_bad_inputs import tiny_draft  # noqa: F401  (a fixture: a valid draft for the tiny target)
 from tests.test_decode_cli import ROOT
 from tests.test_decode_cli import decode as run_decode
-from tests.tiny import tiny_model
+from tests.tiny import fake_loading, tiny_model
 
 
 def only_line(proc, status: int = 2) -> str:
@@ -222,11 +222,56 @@ def test_one_token_prompt_prints_no_prefill_rate(monkeypatch, capsys, tmp_path):
 
     config, params = tiny_model()
     model = LoadedModel(config, params, ByteTokenizer(), tmp_path / "toy.gguf")
-    monkeypatch.setattr(lsjax.loading, "load_model", lambda path=None, dtype="float32", store=None: model)
+    for name, fn in fake_loading(model).items():
+        monkeypatch.setattr(lsjax.loading, name, fn)
     assert decode.main(["--prompt", "a", "--method", "ar", "--max-new-tokens", "3", "--ignore-eos"]) == 0
     summary = capsys.readouterr().err.strip().splitlines()[-1]
     assert summary.startswith("[lsjax] 3 tokens (max_new_tokens); prefill ") and "tok/s), decode" not in summary
     assert ", decode " in summary
+
+
+@pytest.mark.parametrize("method", ["ar", "auto", "longspec", "longspec-random"])
+def test_programs_compile_while_the_weights_load_where_cores_are_free(
+    monkeypatch,
+    capsys,
+    tmp_path,
+    method,
+    tiny_draft,  # noqa: F811
+):
+    """Where the load leaves cores free (`host.compile_beside_load`), a method that does not read the target's
+    weights compiles its programs from the target's shapes while they load (`decode.Ahead`); one that reads
+    them (a random LongSpec draft starts from the target's last layer) is built after the load, as everywhere
+    else. The same text either way."""
+    import lsjax.loading
+    from lsjax.engine import host
+    from lsjax.loading import LoadedModel
+    from tests.test_registry import ByteTokenizer
+
+    config, params = tiny_model()
+    model = LoadedModel(config, params, ByteTokenizer(), tmp_path / "toy.gguf")
+    for name, fn in fake_loading(model).items():
+        monkeypatch.setattr(lsjax.loading, name, fn)
+    made = []
+
+    class Seen(decode.Ahead):
+        def __init__(self, *a, **k):
+            made.append(1)
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(decode, "Ahead", Seen)
+    draft = {"longspec": [str(tiny_draft[1])], "longspec-random": ["random"]}.get(method)
+    draft = ["--draft", *draft, "--tree", "2,1"] if draft else []
+    name = method.removesuffix("-random")
+    argv = ["--prompt", "ab ab ab ab", "--method", name, *draft, "--max-new-tokens", "12", "--ignore-eos", "--json"]
+    texts = []
+    for free in (False, True):
+        monkeypatch.setattr(host, "compile_beside_load", lambda free=free: free)
+        assert decode.main([*argv, "--compile-cache", str(tmp_path / f"cache-{free}")]) == 0
+        out = capsys.readouterr()
+        assert "Traceback" not in out.err
+        texts.append(json.loads(out.out.strip().splitlines()[-1])["text"])
+    assert texts[0] == texts[1]
+    assert made == ([] if method == "longspec-random" else [1])
 
 
 def test_ctrl_c_is_one_line_and_status_130():

@@ -596,6 +596,43 @@ def test_load_model_hf_dir_end_to_end(tmp_path, hf_gguf_tokenizer):
     assert 2 in loaded.tokenizer.eos_token_ids
 
 
+def test_a_header_is_the_models_config_and_tokenizer_and_pending_params_say_so(tmp_path, ours, hf_gguf_tokenizer):
+    """`read_header`: a checkpoint's config and tokenizer without its weights (GGUF and HF directory), the same
+    `load_model` gives; `load_model(header=)` takes them from it; a pending model's params raise `WeightsPending`
+    on any use (how decode.py tells a method built before the load from one that reads the weights)."""
+    import jax
+    import jax.numpy as jnp
+
+    from lsjax.errors import InputError, WeightsPending
+    from lsjax.loading import read_header
+
+    head = read_header()
+    assert head.config == ours.config and head.path == ours.path
+    text = "def fib(n):\n    return n"
+    assert head.tokenizer.encode(text) == ours.tokenizer.encode(text)
+    model = _tiny_hf_model("qwen2", False)
+    model.save_pretrained(tmp_path)
+    hf_gguf_tokenizer[0].save_pretrained(tmp_path)
+    tiny = read_header(tmp_path)
+    loaded = load_model(tmp_path, header=tiny)
+    assert loaded.config == tiny.config == load_model(tmp_path).config and loaded.tokenizer is tiny.tokenizer
+    with pytest.raises(InputError, match="header: read for"):
+        load_model(tmp_path, dtype="bf16", header=tiny)
+    pending = tiny.pending()
+    assert pending.config == tiny.config and pending.tokenizer is tiny.tokenizer
+    for use in (
+        lambda p: p["embed"],
+        lambda p: p.get("embed"),
+        lambda p: list(p),
+        lambda p: jnp.asarray(p),
+        lambda p: np.asarray(p),
+        lambda p: jax.tree.map(jnp.asarray, p),
+        lambda p: p.embed,
+    ):
+        with pytest.raises(WeightsPending, match="still loading"):
+            use(pending.params)
+
+
 def test_a_store_keeps_the_loaded_params_and_maps_them_back(tmp_path, ours, capsys, monkeypatch):
     """decode.py's store (`lsjax.loading.stored`): the first load keeps what it made, later ones map it back
     (the same arrays, bf16 too); a damaged entry is made again, a store that cannot be written is one line."""
@@ -648,7 +685,10 @@ def test_decode_py_keeps_the_params_prepared_for_decoding_and_decodes_the_same_w
 
     monkeypatch.setattr(stored, "_defer", [True])  # decode.py's: written on a thread, waited for before exit
     made = decode.prepared(model, tmp_path / "weights")
+    # Held back until the output is out (`start_writes`; `wait` begins what is held back too).
+    assert not list((tmp_path / "weights").glob("*")) and stored._writers
     stored.wait()
+    assert list((tmp_path / "weights").glob("*")) and not stored._writers
     mapped = decode.prepared(model, tmp_path / "weights")
     assert target.is_prepared(mapped) and isinstance(mapped["layers"][0]["w_qkv"], np.memmap)
     assert jax.tree.all(jax.tree.map(np.array_equal, made, mapped))

@@ -13,7 +13,7 @@ import pytest
 
 from lsjax.methods import registry
 from tests.test_registry import ByteTokenizer
-from tests.tiny import tiny_model
+from tests.tiny import fake_loading, tiny_model
 
 FOLDER = Path(__file__).resolve().parent / "external_method"
 
@@ -48,7 +48,8 @@ def test_the_folder_decodes_through_decode_py(echo, monkeypatch, capsys, tmp_pat
 
     config, params = tiny_model()
     model = LoadedModel(config, params, ByteTokenizer(), tmp_path / "toy.gguf")
-    monkeypatch.setattr(lsjax.loading, "load_model", lambda path=None, dtype="float32", store=None: model)
+    for name, fn in fake_loading(model).items():
+        monkeypatch.setattr(lsjax.loading, name, fn)
     argv = ["--prompt", "aaaa bbbb aaaa", "--method", "echo", "--echo-depth", "2", "--max-new-tokens", "10"]
     assert decode.main([*argv, "--ignore-eos", "--compare", "ar"]) == 0
     err = capsys.readouterr().err

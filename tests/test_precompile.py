@@ -20,10 +20,10 @@ sys.path.insert(0, {root!r})
 import decode, lsjax.loading
 from lsjax.loading import LoadedModel
 from tests.decode_matrix import id_tokenizer
-from tests.tiny import tiny_model
+from tests.tiny import fake_loading, tiny_model
 config, params = tiny_model()
 model = LoadedModel(config, params, id_tokenizer(), __import__("pathlib").Path({work!r}) / "tiny.gguf")
-lsjax.loading.load_model = lambda path=None, dtype="auto", store=None: model
+lsjax.loading.__dict__.update(fake_loading(model))
 def main(*argv):
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

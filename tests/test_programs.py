@@ -252,17 +252,60 @@ def test_a_decode_program_compiled_while_prefilling_decodes_the_same(tmp_path, m
 
 def test_on_a_cpu_the_decode_program_compiles_beside_the_prefill(tmp_path):
     """The start program compiles first (its layers scanned: ~1.5 s for SmolLM2), the decode program on a host
-    thread while the prompt is prefilled (`host.beside` says what it measured); outputs are AR's either way."""
+    thread while the prompt is prefilled (`host.beside` says what it measured); outputs are AR's either way.
+    The first token streams as soon as the prefill has made it, before the decode program is waited for."""
     config, params = tiny_model()
     ids = [5, 6, 7, 8, 5, 6]
     gen = GenerateConfig(max_new_tokens=6, ignore_eos=True)
     g = Generator(config, params, program_cache=ProgramCache(tmp_path))
     g.compile(ids, gen, background=True)
     assert g.compiling and not g.loading_decode
-    result = g.run(ids, gen)
+    streamed, seen, ready = [], [], []  # seen, ready: tokens streamed when the prefill ended, when decoding began
+    result = g.run(
+        ids,
+        gen,
+        on_tokens=streamed.extend,
+        on_prefilled=lambda: seen.append(len(streamed)),
+        on_ready=lambda: ready.append(len(streamed)),
+    )
     assert result.prefill_alongside_compile and not g.compiling
     assert [(p.name, p.how) for p in g.program_log] == [("start", "compiled"), ("decode", "compiled")]
-    assert result.tokens == Generator(config, params).run(ids, gen).tokens
+    assert result.tokens == Generator(config, params).run(ids, gen).tokens == streamed
+    assert seen == [0] and ready == [1]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_programs_compile_from_the_targets_shapes_while_its_weights_load(tmp_path, arch):
+    """A generator made from the target's shapes (`target.abstract_params`: decode.py compiles while the model
+    loads) makes the programs a generator with the weights loads from the cache; `give_weights` hands the
+    weights over and the run equals one with them from the start; misuse is one named error."""
+    from lsjax.errors import InputError
+    from lsjax.models import target
+
+    config, params = tiny_model(arch=arch)
+    ids = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    gen = GenerateConfig(max_new_tokens=12, ignore_eos=True)
+    plain = Generator(config, params, PLDDrafter(num_tokens=3)).run(ids, gen)
+    g = Generator(
+        config, target.abstract_params(config), PLDDrafter(num_tokens=3), program_cache=ProgramCache(tmp_path)
+    )
+    assert g.weights_pending and g.compile(ids, gen) > 0
+    with pytest.raises(InputError, match="run: the target's weights are still to come"):
+        g.run(ids, gen)
+    with pytest.raises(InputError, match="shapes alone"):
+        g.give_weights(target.abstract_params(config))
+    short = {**params, "embed": params["embed"][:, :-1]}
+    with pytest.raises(InputError, match=r"give_weights: \['embed'\] is float32\[97, 47\], expected float32\[97, 48\]"):
+        g.give_weights(short)
+    g.give_weights(params)
+    assert not g.weights_pending
+    result = g.run(ids, gen)
+    assert result.tokens == plain.tokens and result.compile_s == 0
+    with pytest.raises(InputError, match="has its weights already"):
+        g.give_weights(params)
+    again = Generator(config, params, PLDDrafter(num_tokens=3), program_cache=ProgramCache(tmp_path))
+    assert again.run(ids, gen).tokens == plain.tokens
+    assert [p.how for p in again.program_log] == ["loaded", "loaded"]  # the programs made from shapes
 
 
 def test_a_background_compile_error_is_raised_by_run_and_the_next_run_compiles_again(monkeypatch):

@@ -20,7 +20,7 @@ from lsjax.engine.types import Drafter
 from lsjax.methods import registry
 from lsjax.methods.pld.config import PLD_TOKENS
 from lsjax.tree import TreeConfig, chain_parents, make_tree
-from tests.tiny import tiny_model
+from tests.tiny import fake_loading, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINER_MODULES = ("optax", "orbax", "grain")
@@ -105,7 +105,8 @@ def test_toy_drafter_runs_through_decode_py(toy, tiny_loaded, monkeypatch, capsy
     import decode
     import lsjax.loading
 
-    monkeypatch.setattr(lsjax.loading, "load_model", lambda path=None, dtype="float32", store=None: tiny_loaded)
+    for name, fn in fake_loading(tiny_loaded).items():
+        monkeypatch.setattr(lsjax.loading, name, fn)
     argv = ["--prompt", "abcabcabc abcabc", "--method", toy, "--max-new-tokens", "12", "--ignore-eos"]
     assert decode.main([*argv, "--compare", "ar"]) == 0
     err = capsys.readouterr().err

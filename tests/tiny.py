@@ -33,3 +33,14 @@ def tiny_model(vocab: int = 97, seed: int = 3, scale: float = 0.3, arch: str = "
         for i, name in enumerate(("q_norm", "k_norm")):
             layers[name] = layers[name] + 0.3 * jax.random.normal(jax.random.key(seed + i), layers[name].shape)
     return config, params
+
+
+def fake_loading(model) -> dict:
+    """`lsjax.loading`'s `load_model` and `read_header` giving `model` (a LoadedModel) whatever the path: for
+    decode.py run in-process on a tiny target (`lsjax.loading.__dict__.update(fake_loading(model))`)."""
+    from lsjax.loading import ModelHeader
+
+    return {
+        "load_model": lambda path=None, dtype="auto", store=None, header=None: model,
+        "read_header": lambda path=None, dtype="auto": ModelHeader(model.config, model.tokenizer, model.path),
+    }

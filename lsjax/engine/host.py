@@ -28,7 +28,7 @@ from lsjax.engine import cpu, loop
 from lsjax.engine.programs import ProgramCache
 from lsjax.engine.step import stop_ids, variant_groups
 from lsjax.engine.types import ARDrafter, Drafter, HostRun, HostTuned, SpecConfig, Summarized
-from lsjax.errors import LsjaxError
+from lsjax.errors import InputError, LsjaxError
 from lsjax.models import target
 
 
@@ -127,9 +127,23 @@ def exact_on(config: ModelConfig) -> bool:
     return config.invariant_rows > 0 or (jax.default_backend() == "cpu" and config.dtype == "float32")
 
 
+def shapes_only(tree) -> bool:
+    """Whether `tree` holds shapes where arrays would be (`jax.ShapeDtypeStruct` leaves: weights still to come)."""
+    return any(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(tree))
+
+
 def compiler_beside_device() -> bool:
     """Whether XLA compiles on other hardware than the programs run on (an accelerator, not the host CPU)."""
     return jax.default_backend() != "cpu"
+
+
+def compile_beside_load() -> bool:
+    """Whether a start's programs compile while the target's weights load (decode.py's `Ahead`: from the
+    target's shapes, `Generator.give_weights`): where the host has cores the load leaves free
+    (`target.host_threads` make the weights). On 2 cores it costs more than it hides: cold AR starts after 45 s
+    idle (2026-12-05, 2-core Xeon VM, dev code cut to 600 tokens) loaded in 5.8-6.3 s instead of 4.2-4.3 s
+    beside the start program's compile (1.5-3 s), and their first token came 1.2-1.3 s later (docs/CHANGELOG.md)."""
+    return target.host_cores() > target.host_threads()
 
 
 def beside(make: Callable[[], object]) -> concurrent.futures.Future:
@@ -602,7 +616,11 @@ class SplitDecode:
 
 
 class Generator:
-    """Compiles prefill + decode for one model and one drafter (AR by default) and runs prompts through them."""
+    """Compiles prefill + decode for one model and one drafter (AR by default) and runs prompts through them.
+
+    `params` may be the target's shapes alone (`target.abstract_params(config)`: its weights still loading):
+    `compile` then makes the programs from them, and `give_weights` hands the weights over before the first
+    `run` (decode.py compiles while the model loads)."""
 
     def __init__(
         self,
@@ -619,11 +637,13 @@ class Generator:
         # Compiled programs on disk, found without tracing (`lsjax.engine.programs`); never over a mesh.
         self.programs = program_cache if mesh is None else None
         self.mesh = mesh  # a ("data", "model") Mesh (lsjax.mesh.make): the target split over it
+        if shapes_only(params) and mesh is not None:
+            raise InputError("params: shapes alone (weights still to come) on a mesh; give the weights")
         if mesh is not None:
             draft_params = () if draft_params is None else draft_params
             self.params, self.draft_params = mesh_lib.place(params, draft_params, config, mesh)
         else:
-            self.params = jax.tree.map(on_device, target.prepare_for_decode(params, config))
+            self.params = self._prepared(params)
             self.draft_params = jax.tree.map(on_device, draft_params) if draft_params is not None else ()
         self.drafter = drafter
         self.backend = backend
@@ -641,6 +661,38 @@ class Generator:
         self._unsettled: set = set()  # (bucket, sampling) whose host params were taken before their programs were
         self._finish: list = []  # (prompt_ids, gen, seed) of runs that left something to `finish`
         self._stood_in: set = set()  # sigs whose first run decoded with AR's programs (`stands_in`)
+
+    def _prepared(self, params):
+        """`params` in the inference layout on the device, or their shapes in it where they are shapes alone."""
+        if shapes_only(params):
+            return jax.eval_shape(functools.partial(target.prepare_for_decode, config=self.config), params)
+        return jax.tree.map(on_device, target.prepare_for_decode(params, self.config))
+
+    @property
+    def weights_pending(self) -> bool:
+        """Whether this generator was made from the target's shapes alone and still waits for `give_weights`."""
+        return shapes_only(self.params)
+
+    def give_weights(self, params) -> None:
+        """The target's weights, for a generator made from their shapes (`target.abstract_params`): programs
+        compiled meanwhile run with them. Raises InputError where they are not the shapes it was made for."""
+        if not self.weights_pending:
+            raise InputError("give_weights: this generator has its weights already")
+        if shapes_only(params):
+            raise InputError("give_weights: params are shapes alone; give the loaded weights")
+        prepared = self._prepared(params)
+        want, got = jax.tree.structure(self.params), jax.tree.structure(prepared)
+        if want != got:
+            raise InputError(f"give_weights: params have another structure than the shapes given ({got} != {want})")
+        for (path, w), g in zip(jax.tree_util.tree_flatten_with_path(self.params)[0], jax.tree.leaves(prepared)):
+            if (tuple(w.shape), w.dtype) != (tuple(g.shape), g.dtype):
+                name = jax.tree_util.keystr(path)
+                raise InputError(f"give_weights: {name} is {g.dtype}{list(g.shape)}, expected {w.dtype}{list(w.shape)}")
+        self.params = prepared
+
+    def _check_weights(self, what: str) -> None:
+        if self.weights_pending:
+            raise InputError(f"{what}: the target's weights are still to come (give them with give_weights)")
 
     def first_programs(self) -> tuple[str, ...]:
         """The programs a run needs before its first decode step: the prefill's and the first decode program
@@ -723,7 +775,9 @@ class Generator:
             flags = (jnp.int32(PLAN), jnp.bool_(True), jnp.int32(0))
             if not wide(g):
                 return loop.group_decode_jit.lower(self.params, dp, spec, state_shape(), *flags, g)
-            params = target.prepare_for_decode(self.params, self.config, layout="in")
+            params = jax.eval_shape(
+                functools.partial(target.prepare_for_decode, config=self.config, layout="in"), self.params
+            )
             return WideLowered(loop.group_decode_jit.lower(params, dp, spec, state_shape(), *flags, g))
 
         def build(name, lower):
@@ -890,6 +944,7 @@ class Generator:
             else:
                 self._ready(sig)
         while self._finish:
+            self._check_weights("finish")
             prompt_ids, gen, seed = self._finish.pop()
             gen, P, buf, key, sig, _ = self._prepare(prompt_ids, gen, seed)
             start, decode, _ = self._compiled[sig]
@@ -927,6 +982,7 @@ class Generator:
     def programs_for(self, prompt_ids: list[int], gen: GenerateConfig, seed: int = 0):
         """(gen capped to the context, P, buf [1, bucket], key, (start, decode, drafter), compile_s): the
         compiled programs for this prompt, compiled now if they are not yet."""
+        self._check_weights("programs_for")
         gen, P, buf, key, sig, compile_s = self._prepare(prompt_ids, gen, seed)
         return gen, P, buf, key, self._compiled[sig], compile_s
 
@@ -936,7 +992,8 @@ class Generator:
         progress while compiling (`decode.py`). `background=True` compiles the prefill program and returns,
         leaving the decode program compiling on a host thread: the next `run` prefills meanwhile and waits
         for it (its compile seconds are then added to that run's `compile_s`; `beside` says what it saves on a
-        CPU). A split decode's groups keep their own rule (`split_loading`)."""
+        CPU). A split decode's groups keep their own rule (`split_loading`).
+        The target's shapes alone (`give_weights` later) are enough: nothing here reads the weights."""
         return self._prepare(prompt_ids, gen, seed, wait=not background, background=background)[-1]
 
     def run(
@@ -948,11 +1005,15 @@ class Generator:
         stream_every: int = 8,
         on_ready: Callable[[], None] | None = None,
         max_new: int | None = None,
+        on_prefilled: Callable[[], None] | None = None,
     ) -> GenerationResult:
         """Prefills and decodes `prompt_ids`; `on_tokens` gets the new tokens every `stream_every` steps (else
-        the decode runs in one call), `on_ready` is called once the programs are compiled and decoding starts.
+        the decode runs in one call), the first as soon as the prefill has made it (before a decode program
+        still being made is waited for); `on_prefilled` is called then, before it, and `on_ready` once the
+        programs are compiled and decoding starts.
         `max_new`: stop after this many new tokens, running the programs `gen`'s length compiles (a warm-up
         that makes them, and a `HostTuned` drafter's params, ready for later runs of `gen`)."""
+        self._check_weights("run")
         gen, P, buf, key, sig, compile_s = self._prepare(prompt_ids, gen, seed, wait=False)
         if max_new is not None and max_new < gen.max_new_tokens:
             gen = dataclasses.replace(gen, max_new_tokens=max(max_new, 1))
@@ -975,6 +1036,9 @@ class Generator:
                 on_tokens(np.asarray(state.out[0, emitted:n]).tolist())
                 emitted = n
 
+        if on_prefilled is not None:
+            on_prefilled()
+        stream(state)
         t0 = time.perf_counter()
         # Seconds inside the decode that ran no decode step: waiting for a program, host tuning.
         aside = time.perf_counter()

@@ -2,6 +2,8 @@
 
 model = load_model()                  # the default SmolLM2-135M-Instruct GGUF
 model.config, model.params, model.tokenizer
+head = read_header()                  # config and tokenizer alone, in a fraction of a second
+head.pending()                        # a LoadedModel whose params are still to come (`WeightsPending`)
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from lsjax.config import ModelConfig, resolve_dtype
-from lsjax.errors import ModelNotFoundError
+from lsjax.errors import InputError, ModelNotFoundError, WeightsPending
 from lsjax.loading import stored
 from lsjax.loading.corrupt import reading
 from lsjax.loading.gguf import GGUFFile, config_from_gguf, load_gguf, params_from_gguf
@@ -30,6 +32,50 @@ class LoadedModel(NamedTuple):
     params: dict[str, Any]  # numpy arrays in the layout of lsjax.models.target
     tokenizer: Tokenizer
     path: Path
+
+
+class _Pending:
+    """A model's params before they are loaded: any use raises `WeightsPending` (what a method's builder does with
+    them tells whether it can be built before the load: `ModelHeader.pending`)."""
+
+    def _pending(self, *_a, **_k):
+        raise WeightsPending("the target's weights are still loading")
+
+    __getitem__ = __iter__ = __len__ = __contains__ = __array__ = keys = items = values = get = _pending
+
+    def __getattr__(self, name):
+        return self._pending()
+
+
+class ModelHeader(NamedTuple):
+    """What a checkpoint says before its weights are read: config, tokenizer and path (`read_header`)."""
+
+    config: ModelConfig
+    tokenizer: Tokenizer
+    path: Path
+
+    def pending(self) -> LoadedModel:
+        """This model with its params still to come: a `LoadedModel` whose `params` raise `WeightsPending` on
+        any use, to build what does not read the weights (a draft-less method) while they load."""
+        return LoadedModel(self.config, _Pending(), self.tokenizer, self.path)
+
+
+def read_header(path: str | Path | None = None, dtype: str = "auto") -> ModelHeader:
+    """The config and tokenizer of a `.gguf` file or an HF directory (default: the bundled SmolLM2), without its
+    weights: ~0.2 s for a GGUF, so a caller can tokenize and compile while `load_model(..., header=)` loads.
+    `dtype` and the errors as `load_model`'s."""
+    dtype = resolve_dtype(dtype)
+    path = default_model_path() if path is None else Path(path)
+    if path.is_dir():
+        with reading(path, "HF checkpoint (config.json, tokenizer or safetensors)"):
+            return ModelHeader(
+                config_from_hf_dir(path, dtype), Tokenizer.from_hf_dir(path, eos_token_ids=_hf_eos_ids(path)), path
+            )
+    if path.is_file():
+        with reading(path, "GGUF file"):
+            f = GGUFFile(path)
+            return ModelHeader(config_from_gguf(f, dtype), Tokenizer.from_gguf_metadata(f.metadata), path)
+    raise ModelNotFoundError(f"model not found: {path} (expected a .gguf file or an HF safetensors directory)")
 
 
 def default_model_path() -> Path:
@@ -54,43 +100,50 @@ def _hf_eos_ids(path: Path) -> list[int]:
     return ids
 
 
-def load_model(path: str | Path | None = None, dtype: str = "auto", store: str | Path | None = None) -> LoadedModel:
+def load_model(
+    path: str | Path | None = None,
+    dtype: str = "auto",
+    store: str | Path | None = None,
+    header: ModelHeader | None = None,
+) -> LoadedModel:
     """Config, params and tokenizer from a `.gguf` file or an HF directory (default: the bundled SmolLM2).
 
     `dtype`: the weights' (and so the K/V cache's) dtype, "auto" = `lsjax.config.default_dtype()` (fp32 on a
     CPU, bf16 on TPU/GPU), or bf16|fp32|bfloat16|float32|float16; a bad name is a ConfigError. `store`: a
     directory where a GGUF's params are kept after they are made and mapped back by later loads
     (`lsjax.loading.stored`; decode.py's is in its compile cache); with one, the params are read-only, made or
-    mapped (a CPU device then uses them in place).
+    mapped (a CPU device then uses them in place). `header`: this checkpoint's `read_header(path, dtype)`, read
+    already (its config and tokenizer are used, not read again).
 
     Raises ModelNotFoundError, UnsupportedModelError, MissingTensorError, ShapeMismatchError or
     CorruptFileError (a truncated or damaged file): every one an LsjaxError with a one-line message."""
     dtype = resolve_dtype(dtype)
     path = default_model_path() if path is None else Path(path)
+    if header is None:
+        header = read_header(path, dtype)
+    elif header.path != path or header.config.dtype != dtype:
+        raise InputError(f"header: read for {header.path} ({header.config.dtype}), not {path} ({dtype})")
+    cfg = header.config
     if path.is_dir():
         with reading(path, "HF checkpoint (config.json, tokenizer or safetensors)"):
-            cfg = config_from_hf_dir(path, dtype)
-            tokenizer = Tokenizer.from_hf_dir(path, eos_token_ids=_hf_eos_ids(path))
             params = params_from_safetensors(SafetensorsDir(path), cfg, dtype)
-    elif path.is_file():
+    else:
         with reading(path, "GGUF file"):
             f = GGUFFile(path)
-            cfg = config_from_gguf(f, dtype)
-            tokenizer = Tokenizer.from_gguf_metadata(f.metadata)
             file = stored.model_file(path) if store is not None else None
             made = functools.partial(params_from_gguf, f, cfg, dtype)
             params = stored.kept(store, ("params", file, dtype), made) if file is not None else made()
-    else:
-        raise ModelNotFoundError(f"model not found: {path} (expected a .gguf file or an HF safetensors directory)")
-    return LoadedModel(cfg, params, tokenizer, path)
+    return LoadedModel(cfg, params, header.tokenizer, path)
 
 
 __all__ = [
     "LoadedModel",
+    "ModelHeader",
     "StreamDecoder",
     "Tokenizer",
     "default_model_path",
     "load_gguf",
     "load_hf",
     "load_model",
+    "read_header",
 ]

@@ -39,14 +39,28 @@ _defer: list = []  # non-empty: `kept` writes on a thread of its own (`defer_wri
 
 
 def defer_writes() -> None:
-    """From now on in this process, an entry `kept` makes is written on a thread of its own, so that the first
-    start does not wait for ~1.4 GB of writes before its prefill (decode.py, which calls `wait` before it
-    exits)."""
+    """From now on in this process, an entry `kept` makes is written later, on a thread of its own, once
+    `start_writes` (or `wait`) is called: decode.py, after its output. Writing ~1.4 GB beside a first start's
+    prefill and decode (at the lowest CPU priority) still cost it 2.6-3.6 s to the first token and 5-6 s to
+    the last on a 2-core VM (2026-12-05: the page cache is fresh memory too, docs/CHANGELOG.md)."""
     _defer.append(True)
 
 
+def start_writes() -> None:
+    """Begins the writes `defer_writes` has held back."""
+    for writer in _writers:
+        if writer.ident is None:
+            writer.start()
+
+
+def pending() -> bool:
+    """Whether writes `defer_writes` left are held back or under way."""
+    return any(writer.ident is None or writer.is_alive() for writer in _writers)
+
+
 def wait() -> None:
-    """Waits for the writes `defer_writes` left under way."""
+    """Begins the writes `defer_writes` has held back and waits for them."""
+    start_writes()
     while _writers:
         _writers.pop().join()
 
@@ -86,7 +100,6 @@ def kept(root: str | Path | None, what: tuple, make: Callable[[], object]):
         tree = read_only(make())
         if _defer:
             _writers.append(threading.Thread(target=_write_later, args=(root, entry, tree), name="lsjax-keep-weights"))
-            _writers[-1].start()
         else:
             _write(root, entry, tree)
     return tree

@@ -27,6 +27,7 @@ tree's ancestor mask) and returns the new tokens' K/V for the caller to commit.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -51,6 +52,7 @@ from lsjax.models.layers import (
     mlp,
     rms_norm,
     shape_problem,
+    unflatten,
 )
 from lsjax.rope import apply_rope, inverse_frequencies, rope_angles
 
@@ -119,6 +121,14 @@ def param_specs(config: ModelConfig) -> dict[str, ParamSpec]:
     if not config.tie_embeddings:
         specs["lm_head"] = ParamSpec((D, V), config.dtype, AXES["lm_head"])
     return specs
+
+
+def abstract_params(config: ModelConfig, prepared: bool = False) -> dict:
+    """`config`'s params as shapes and dtypes (`jax.ShapeDtypeStruct` leaves, `param_specs`' stacked layout, or
+    with `prepared` `prepare_for_decode`'s): what programs are compiled from before the weights are loaded."""
+    specs = param_specs(config)
+    params = unflatten({path: jax.ShapeDtypeStruct(s.shape, jnp.dtype(s.dtype)) for path, s in specs.items()})
+    return jax.eval_shape(functools.partial(prepare_for_decode, config=config), params) if prepared else params
 
 
 def check_params(params, config: ModelConfig) -> str | None:
@@ -297,11 +307,21 @@ def host_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
     return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
+def host_cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def host_threads() -> int:
+    """The threads `host_map` runs on: one per core, up to 8."""
+    return min(8, host_cores())
+
+
 def host_map(fn: Callable, items: Iterable) -> list:
     """`[fn(x) for x in items]` on up to 8 threads, for numpy work on the host (copies into new arrays): a VM that
     backs memory at its first touch does so per vCPU, so two threads fill fresh memory 2.1x as fast as one
     (540 MB: 2.8-2.9 s against 6.1-6.3 s on 2 cores), and weights are made before anything else needs the cores."""
-    workers = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    workers = host_threads()
     if workers < 2:
         return [fn(x) for x in items]
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="lsjax-host") as pool:
