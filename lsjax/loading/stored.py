@@ -41,8 +41,8 @@ _defer: list = []  # non-empty: `kept` writes on a thread of its own (`defer_wri
 def defer_writes() -> None:
     """From now on in this process, an entry `kept` makes is written later, on a thread of its own, once
     `start_writes` (or `wait`) is called: decode.py, after its output. Writing ~1.4 GB beside a first start's
-    prefill and decode (at the lowest CPU priority) still cost it 2.6-3.6 s to the first token and 5-6 s to
-    the last on a 2-core VM (2026-12-05: the page cache is fresh memory too, docs/CHANGELOG.md)."""
+    prefill and decode (at the lowest CPU priority) still cost it 2.6-3.6 s to the first token and 4-6 s to
+    the last on a 2-core VM (2026-12-05, docs/CHANGELOG.md; most likely the page cache, fresh memory there)."""
     _defer.append(True)
 
 
