@@ -371,7 +371,7 @@ def main(argv=None, *, as_program: bool = False) -> int:
             # its programs from the target's shapes while the weights load (`Ahead`).
             built = build_method(header.pending(), method, args)
             if built is not None:
-                ahead = Ahead(header, *built, args, ids, gen, programs, idle_loads=as_program)
+                ahead = Ahead(*built, args, ids, gen, programs, idle_loads=as_program)
         model = load_model(args.model, dtype=args.dtype, store=weights, header=header)
         load_s = time.perf_counter() - t0
         if ahead is None:
@@ -601,7 +601,7 @@ class Ahead:
     """A start's programs made from the target's shapes while its weights load (`Generator.give_weights`), where
     the load leaves cores free (`compile_beside_load`): a first start compiles beside the load, not after it."""
 
-    def __init__(self, header, drafter, draft_params, config, args, ids, gen, programs, idle_loads: bool):
+    def __init__(self, drafter, draft_params, config, args, ids, gen, programs, idle_loads: bool):
         from lsjax.engine.host import Generator
         from lsjax.models import target
 

@@ -35,7 +35,7 @@ MAX_ENTRIES = 4  # two models, each as loaded and as prepared
 INDEX = "index.json"
 _warned: list = []  # one warning line per process
 _writers: list[threading.Thread] = []  # writes under way (`defer_writes`)
-_defer: list = []  # non-empty: `kept` writes on a thread of its own (`defer_writes`)
+_defer: list = []  # non-empty: `kept` leaves its writes to a thread begun later (`defer_writes`)
 
 
 def defer_writes() -> None:
