@@ -556,10 +556,12 @@ def main(argv=None, *, as_program: bool = False) -> int:
             + f"; programs: {programs_said(generator.program_log)}",
             file=sys.stderr,
         )
-    stored = sys.modules.get("lsjax.loading.stored")
-    if stored is not None and stored.pending():  # a first start's weights, written now that the output is out
-        print("[lsjax] keeping the weights as loaded, for the next start (Ctrl-C skips)...", file=sys.stderr)
-        stored.start_writes()
+    if weights is not None:  # (this run's store: `stored` is process-wide state)
+        from lsjax.loading import stored
+
+        if stored.pending():  # a first start's weights, written now that the output is out
+            print("[lsjax] keeping the weights as loaded, for the next start (Ctrl-C skips)...", file=sys.stderr)
+            stored.start_writes()
     finish(generator)
     if programs is not None:  # (after `finish`: a first start at this width made the method's own programs there)
         programs.remember(launch_tag(args), generator.first_programs())

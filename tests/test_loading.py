@@ -684,6 +684,7 @@ def test_decode_py_keeps_the_params_prepared_for_decoding_and_decodes_the_same_w
     from lsjax.loading import stored
 
     monkeypatch.setattr(stored, "_defer", [True])  # decode.py's: written on a thread, waited for before exit
+    monkeypatch.setattr(stored, "_writers", [])  # (this test's own: none left to another test)
     made = decode.prepared(model, tmp_path / "weights")
     # Held back until the output is out (`start_writes`; `wait` begins what is held back too).
     assert not list((tmp_path / "weights").glob("*")) and stored._writers
@@ -709,3 +710,4 @@ def test_decode_py_keeps_the_params_prepared_for_decoding_and_decodes_the_same_w
     assert not isinstance(decode.prepared(model, tmp_path / "weights")["layers"][0]["w_qkv"], np.memmap)
     unkept = decode.prepared(model, None)  # no store (`--compile-cache off`): prepared here, nothing kept
     assert target.is_prepared(unkept) and jax.tree.all(jax.tree.map(np.array_equal, unkept, made))
+    stored.wait()  # (the changed file's entry, held back: written here, inside this test's directory)
