@@ -309,6 +309,9 @@ def main(argv=None, *, as_program: bool = False) -> int:
     # The engine's imports come after argument parsing, so `--help` and flag errors stay quick.
     programs = weights = None
     if as_program:
+        from lsjax.engine import cpu
+
+        cpu.no_fastbins()  # (before any program loads: they load faster without glibc's fastbins)
         from lsjax.compile_cache import enable, programs_dir, weights_dir
         from lsjax.engine.programs import ProgramCache
 

@@ -64,6 +64,31 @@ def test_each_kind_of_cpu_keeps_its_own_programs(monkeypatch, tmp_path):
     assert cpu.info.__wrapped__() == ("Some CPU @ 2.0GHz", frozenset({"fpu", "avx", "avx2", "fma"}))
 
 
+def test_fastbins_go_off_where_the_process_asks(monkeypatch):
+    """decode.py turns glibc's fastbins off (its program loads spend less in malloc): `mallopt(M_MXFAST, 0)`,
+    never where `$LSJAX_MALLOC` is "default", and a libc without mallopt (not glibc) is left as it is."""
+    import ctypes
+    import platform
+
+    calls = []
+
+    class Glibc:
+        def mallopt(self, param, value):
+            calls.append((param, value))
+            return 1
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda _: Glibc())
+    monkeypatch.setenv(cpu.MALLOC_ENV, "default")
+    assert cpu.no_fastbins() is False and calls == []
+    monkeypatch.delenv(cpu.MALLOC_ENV)
+    assert cpu.no_fastbins() is True and calls == [(1, 0)]
+    monkeypatch.setattr(ctypes, "CDLL", lambda _: object())
+    assert cpu.no_fastbins() is False
+    monkeypatch.undo()
+    if platform.libc_ver()[0] == "glibc":  # the real call (harmless here: this process's small frees stay slower)
+        assert cpu.no_fastbins() is True
+
+
 def test_code_from_outside_lsjax_is_never_cached():
     assert program_key("p", Foreign(), _args()) is None
     assert program_key("p", (1, Foreign()), _args()) is None

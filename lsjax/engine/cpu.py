@@ -27,3 +27,27 @@ def info() -> tuple[str, frozenset[str]]:
 
         model = platform.processor() or platform.machine()
     return model, flags
+
+
+MALLOC_ENV = "LSJAX_MALLOC"  # "default": leave glibc's malloc as it is (`no_fastbins`)
+
+
+def no_fastbins() -> bool:
+    """Turns off glibc malloc's fastbins for this process (`mallopt(M_MXFAST, 0)`), unless `$LSJAX_MALLOC` is
+    "default"; returns whether it did. For a process that loads stored XLA:CPU programs (decode.py): a load
+    builds and frees ~10^5 small objects (the program's HLO from its proto, twice, and a thunk per kernel), and
+    with fastbins a quarter of its time went to glibc consolidating them (`malloc_consolidate`, `unlink_chunk`).
+    Without, loading auto's two decode programs took 0.80 and 0.69 s against 0.92 and 0.81 (docs/CHANGELOG.md
+    2026-12-05). Process-wide and not undone, so only a program's entry point calls it, never the library. A no-op
+    off glibc."""
+    import ctypes
+    import os
+
+    if os.environ.get(MALLOC_ENV, "") == "default":
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to tune
+        return False
+    return bool(mallopt(1, 0))  # M_MXFAST = 1; glibc returns 1 on success
