@@ -35,11 +35,12 @@ MALLOC_ENV = "LSJAX_MALLOC"  # "default": leave glibc's malloc as it is (`no_fas
 def no_fastbins() -> bool:
     """Turns off glibc malloc's fastbins for this process (`mallopt(M_MXFAST, 0)`), unless `$LSJAX_MALLOC` is
     "default"; returns whether it did. For a process that loads stored XLA:CPU programs (decode.py): a load
-    builds and frees ~10^5 small objects (the program's HLO from its proto, twice, and a thunk per kernel), and
-    with fastbins a quarter of its time went to glibc consolidating them (`malloc_consolidate`, `unlink_chunk`).
-    Without, loading auto's two decode programs took 0.80 and 0.69 s against 0.92 and 0.81 (docs/CHANGELOG.md
-    2026-12-05). Process-wide and not undone, so only a program's entry point calls it, never the library. A no-op
-    off glibc."""
+    builds and frees a great many small objects (the program's HLO from its proto, twice, and a thunk per
+    kernel), and with fastbins a quarter of its time went to glibc consolidating them (`malloc_consolidate`,
+    `unlink_chunk`). Without, auto's two decode programs loaded in 0.87 and 0.63-0.66 s against 0.93-0.96 and
+    0.71-0.72 alone, and in 0.94-0.99 and 0.56-0.57 s against 1.12-1.24 and 0.72-0.73 beside decode.py's prefill
+    (docs/CHANGELOG.md 2026-12-05). Process-wide and not undone, so only a program's entry point calls it, never
+    the library. A no-op off glibc."""
     import ctypes
     import os
 
