@@ -85,7 +85,7 @@ def test_fastbins_go_off_where_the_process_asks(monkeypatch):
     monkeypatch.setattr(ctypes, "CDLL", lambda _: object())
     assert cpu.no_fastbins() is False
     monkeypatch.undo()
-    if platform.libc_ver()[0] == "glibc":  # the real call (harmless here: this process's small frees stay slower)
+    if platform.libc_ver()[0] == "glibc":  # the real call (it changes only how this process allocates)
         assert cpu.no_fastbins() is True
 
 
