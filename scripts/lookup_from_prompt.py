@@ -62,25 +62,12 @@ def self_tau(ids: list[int], start: int, chain: int = 8, ngram: int = 3) -> floa
     return made / steps if steps else 1.0
 
 
-def spearman(a: list[float], b: list[float]) -> float:
-    def ranks(x):
-        order = sorted(range(len(x)), key=lambda i: x[i])
-        r = [0.0] * len(x)
-        for pos, i in enumerate(order):
-            r[i] = float(pos)
-        return r
-
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
-    return cov / var if var else 0.0
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", nargs="+", default=RESULTS)
     args = p.parse_args(argv)
+    from scipy.stats import spearmanr
+
     from lsjax.bench.suites import load_suite
     from lsjax.loading import load_model
 
@@ -106,7 +93,7 @@ def main(argv=None) -> int:
     for suite, pairs in by_suite.items():
         print(
             f"{suite}: rank correlation of self tau and auto's tau over {len(pairs)} prompts: "
-            f"{spearman(*map(list, zip(*pairs))):.2f}"
+            f"{spearmanr(*zip(*pairs)).statistic:.2f}"
         )
     return 0
 

@@ -16,8 +16,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SUFFIX = ".lsjax-program"
-
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -33,6 +31,8 @@ def main(argv=None) -> int:
 
     import jax
     from jax.experimental.serialize_executable import deserialize_and_load
+
+    from lsjax.engine.programs import SUFFIX
 
     jax.devices()
     rows = []
