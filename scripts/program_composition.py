@@ -12,6 +12,7 @@ ar` after DIR, AR's). Instructions without a traceback (XLA's own) count under "
 from __future__ import annotations
 
 import collections
+import itertools
 import re
 import sys
 from pathlib import Path
@@ -22,47 +23,28 @@ INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%?[\w.-]+ = \S+ ([\w-]+)\(")
 
 
 def _section(text: str, name: str) -> list[str]:
-    """The lines of one of the tables XLA prints after a module's computations (FileNames, StackFrames, ...)."""
+    """The rows of one of the tables XLA prints beside a module's computations (FileNames, StackFrames, ...)."""
     lines = text.split(f"\n{name}\n", 1)[1].splitlines() if f"\n{name}\n" in text else []
-    return list(_until_blank(lines))
+    return list(itertools.takewhile(lambda ln: ln[:1].isdigit(), lines))
 
 
-def _until_blank(lines):
-    for ln in lines:
-        if not ln.strip() or not ln[0].isdigit():
-            return
-        yield ln
-
-
-def frames(text: str):
-    """stack frame id -> [(file, function)] innermost first, from the module's tables."""
-    files = {
-        int(ln.split()[0]): ln.split(None, 1)[1].strip('"').rsplit("/", 1)[-1] for ln in _section(text, "FileNames")
-    }
+def frames(text: str) -> dict[int, tuple[str, str]]:
+    """stack frame id -> (file, function) of the frame itself (the innermost: what traced the instruction)."""
+    files = {int(ln.split()[0]): Path(ln.split(None, 1)[1].strip('"')).name for ln in _section(text, "FileNames")}
     funcs = {int(ln.split()[0]): ln.split(None, 1)[1].strip('"') for ln in _section(text, "FunctionNames")}
     locs = {}
     for ln in _section(text, "FileLocations"):
         m = re.match(r"(\d+) \{file_name_id=(\d+) function_name_id=(\d+)", ln)
         locs[int(m[1])] = (files.get(int(m[2]), "?"), funcs.get(int(m[3]), "?"))
-    parent = {}
+    out = {}
     for ln in _section(text, "StackFrames"):
-        m = re.match(r"(\d+) \{file_location_id=(\d+)(?: parent_frame_id=(\d+))?", ln)
-        parent[int(m[1])] = (int(m[2]), int(m[3] or 0))
-
-    def chain(f: int):
-        out, seen = [], set()
-        while f and f not in seen and f in parent:  # (a root frame may name itself as its parent)
-            seen.add(f)
-            loc, f2 = parent[f]
-            out.append(locs.get(loc, ("?", "?")))
-            f = f2
-        return out
-
-    return chain
+        m = re.match(r"(\d+) \{file_location_id=(\d+)", ln)
+        out[int(m[1])] = locs.get(int(m[2]), ("?", "?"))
+    return out
 
 
 def composition(text: str):
-    chain = frames(text)
+    where_of = frames(text)
     by_file, by_function, ops = collections.Counter(), collections.Counter(), collections.Counter()
     for ln in text.splitlines():
         m = INSTRUCTION.match(ln)
@@ -70,8 +52,7 @@ def composition(text: str):
             continue
         ops[m[1]] += 1
         f = re.search(r"stack_frame_id=(\d+)", ln)
-        where = chain(int(f[1])) if f else []
-        file, func = where[0] if where else ("(none)", "")
+        file, func = where_of.get(int(f[1]), ("?", "?")) if f else ("(none)", "")
         by_file[file] += 1
         by_function[f"{file}:{func}"] += 1
     return by_file, by_function, ops
