@@ -23,7 +23,7 @@ METHOD_TRAINING_FILES = ("train", "train_local_head", "export", "losses", "step"
 
 def layer(module: str) -> int:
     parts = module.split(".")
-    if parts[0] != "lsjax" or module in ("lsjax", "lsjax.api") or parts[1:2] == ["bench"]:
+    if parts[0] != "lsjax" or module in ("lsjax", "lsjax.api") or parts[1:2] in (["bench"], ["cli"]):
         return TOP
     if module in TRAIN_TOOLS:
         return TOP
