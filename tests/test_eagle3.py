@@ -49,7 +49,7 @@ def _round(drafter, ctx, dcache, hidden, pairs, start):
 @pytest.mark.parametrize("name", ["llama", "qwen"])
 def test_draft_matches_the_reference_implementation(name):
     """Logits at every prompt pair, at the first draft step and at every expansion inside the tree, within
-    1e-4 of SafeAILab/EAGLE's (`scripts/eagle3_reference_fixtures.py`), and the same trees, twice: after the
+    1e-4 of SafeAILab/EAGLE's (`tests/fixtures/make/eagle3_reference_fixtures.py`), and the same trees, twice: after the
     prompt and after a round whose accepted pairs joined the draft's cache."""
     ref = np.load(FIXTURES / f"{name}.npz")
     target = fixture_target(name)
@@ -82,8 +82,8 @@ def test_draft_matches_the_reference_implementation(name):
 @pytest.mark.parametrize("name", ["spec-llama", "spec-qwen3"])
 def test_speculators_layout_matches_its_reference_layer(name):
     """The speculators layout: the draft's logits at every prompt pair within 1e-4 of vllm-project/speculators'
-    first layer (`scripts/eagle3_speculators_fixtures.py`): norm_before_residual and the aux layer ids it names
-    (Llama), the layer's per-head q/k norms (Qwen3)."""
+    first layer (`tests/fixtures/make/eagle3_speculators_fixtures.py`): norm_before_residual and the aux layer
+    ids it names (Llama), the layer's per-head q/k norms (Qwen3)."""
     ref = np.load(FIXTURES / f"{name}.npz")
     target = fixture_target(name)
     cfg, params, info = read_draft(FIXTURES / name, target)

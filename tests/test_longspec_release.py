@@ -1,5 +1,6 @@
 """Released LongSpec drafts (sail/longspec-*, the authors' `LlamaGlideDecoderLayer`) on lsjax: read as released,
-decoded with the released semantics, matched against the authors' code (`scripts/longspec_release_fixtures.py`)."""
+decoded with the released semantics, matched against the authors' code
+(`tests/fixtures/make/longspec_release_fixtures.py`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """TokenSwift's released heads (`model.medusa_layers.*` in a full-model checkpoint) read as released: parity with
-the reference's `MedusaModel` (scripts/tokenswift_reference_fixtures.py), lossless decoding, `--draft` and its
-deprecated alias, and the checkpoints that are neither layout."""
+the reference's `MedusaModel` (tests/fixtures/make/tokenswift_reference_fixtures.py), lossless decoding,
+`--draft` and its deprecated alias, and the checkpoints that are neither layout."""
 
 from __future__ import annotations
 
