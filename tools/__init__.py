@@ -1,1 +1,0 @@
-"""Developer tools run from a checkout (tools/README.md); the installed lsjax never imports them."""
