@@ -92,18 +92,18 @@ plan:
 # the gguf wheel for Python 3.12 and the default model's GGUF cut into 24 MB parts (docs/hardware/README.md).
 device-bundle: $(VENV)/.installed
 	rm -rf .device/whl .device/gguf.part-* && mkdir -p .device/whl
-	# gguf reads the model; grain, array_record and portpicker feed the device job's training (lsjax.train.device_job)
+	# gguf reads the model; grain, array_record and portpicker feed the device job's training (tools/device/device_job.py)
 	$(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
 		--platform manylinux2014_x86_64 --platform any -d .device/whl -c $(CONSTRAINTS) \
 		gguf grain array_record portpicker
-	# two halves, one per call to a GPU machine (scripts/device_trim.sh makes the tree small enough for them)
+	# two halves, one per call to a GPU machine (tools/device/device_trim.sh makes the tree small enough for them)
 	split -n 2 "$$($(PY) -c 'from lsjax.loading import default_model_path; print(default_model_path())')" \
 		.device/gguf.part-
 	# drafts are filed under the model's file name: the joined file must keep it
 	$(PY) -c 'from lsjax.loading import default_model_path; print(default_model_path().name)' > .device/gguf.name
 	@ls -l .device .device/whl
 
-# The draft-at-scale job's prompts (lsjax.train.device_job): train-split prompts as token ids, ~3.4 MB, ~3 min.
+# The draft-at-scale job's prompts (tools/device/device_job.py): train-split prompts as token ids, ~3.4 MB, ~3 min.
 device-prompts: $(VENV)/.installed
-	$(PY) -m lsjax.train.device_job --make-prompts .device/prompts.npz --per-task 600 --bucket 2K-4K
+	$(PY) -m tools.device.device_job --make-prompts .device/prompts.npz --per-task 600 --bucket 2K-4K

@@ -1,4 +1,4 @@
-"""The draft-at-scale job (lsjax.train.device_job) on a CPU: the tiny target end to end within its budget, the
+"""The draft-at-scale job (tools/device/device_job.py) on a CPU: the tiny target end to end within its budget, the
 prompt file, and its bad input as one line each."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from lsjax.errors import LsjaxError
-from lsjax.train import device_job as dj
+from tools.device import device_job as dj
 
 
 @pytest.mark.jax011
@@ -78,8 +78,8 @@ def test_the_command_line_says_what_is_wrong_in_one_line(tmp_path, capsys):
 
 
 def test_later_passes_answer_each_prompt_another_way_and_are_read_back(tmp_path):
+    from lsjax.cli.distill import sampling_index
     from lsjax.train.data import load_distilled
-    from lsjax.train.self_distill import sampling_index
 
     # pass 0 alternates greedy/sampled parts, pass 1 flips them, later passes only sample (greedy would repeat)
     assert [sampling_index(p) for p in range(4)] == [0, 1, 0, 1]

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from lsjax import api
+from lsjax.cli import distill as sd
 from lsjax.config import GenerateConfig, ModelConfig
 from lsjax.errors import LsjaxError
 from lsjax.models import target as target_lib
 from lsjax.prompts import Prompt
-from lsjax.train import self_distill as sd
 
 CFG = ModelConfig(
     vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64,

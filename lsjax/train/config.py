@@ -63,7 +63,7 @@ class DataConfig:
     seed: int = 0  # shuffling and offsets
     cache_dir: str = ""  # tokenized corpora; "" = ~/.cache/lsjax/tokens
     synthetic_tokens: int = 65536  # length of the random stream for source "synthetic"
-    # A self-distilled set (`lsjax.train.self_distill`, `lsjax.train.device_job`): its rows ([N, seq_len], loss on
+    # A self-distilled set (`lsjax.cli.distill`, `tools/device/device_job.py`): its rows ([N, seq_len], loss on
     # the target's answers) are the training sequences; data.sources then feed only the dev loss. "" = off.
     distilled: str = ""
 

@@ -329,7 +329,7 @@ __all__: Sequence[str] = (
 
 
 def load_distilled(out_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """A self-distilled set (`lsjax.train.self_distill`): every finished part's (tokens, loss_mask)
+    """A self-distilled set (`lsjax.cli.distill`): every finished part's (tokens, loss_mask)
     [N, seq_len], in part order, then those of its later passes (`pass-N/`, the device job's) in pass order."""
     pattern = "part-[0-9][0-9][0-9][0-9][0-9].npz"
     parts = sorted(Path(out_dir).glob(pattern)) + sorted(Path(out_dir).glob(f"pass-[0-9]*/{pattern}"))

@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard-size", type=int, default=16)
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--max-shards", type=int, default=None, help="stop after this many new shards (resume later)")
-    p.add_argument("--from-distilled", default="", help="a lsjax.train.self_distill directory instead of corpora")
+    p.add_argument("--from-distilled", default="", help="a lsjax.cli.distill directory instead of corpora")
     p.add_argument("--model", default="", help="target .gguf or HF dir (default: the bundled SmolLM2)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)

@@ -5,7 +5,7 @@ Training on text the target wrote (EAGLE, Medusa-2) aligns it with exactly that.
 benchmark's own builders (`lsjax.prompts`: summarise a speech, continue code, answer in a dialogue), on
 documents of the train split only, so no evaluation document is ever seen.
 
-    python -m lsjax.train.self_distill --out DIR --per-task 64 --max-new-tokens 192   # resumable
+    python -m lsjax.cli.distill --out DIR --per-task 64 --max-new-tokens 192         # resumable
     python -m lsjax.train.feature_cache --set self-distill --from-distilled DIR      # then its features
 
 Each example is one row of `seq_len` tokens: prompt, the target's answer, EOS, then padding. The loss mask
@@ -166,7 +166,7 @@ def write_answers(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lsjax.train.self_distill", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lsjax.cli.distill", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--per-task", type=int, default=64, help="prompts per task kind (summarization, code, dialogue)")
     p.add_argument("--bucket", default="1K-2K")

@@ -1,11 +1,11 @@
 """The draft-at-scale job for one accelerator lease: the target writes its own answers to train-split prompts,
 and the LongSpec draft trains on them, within one time budget.
 
-    python -m lsjax.train.device_job --make-prompts .device/prompts.npz         # here: corpora + tokenizer
-    python -m lsjax.train.device_job --prompts .device/prompts.npz --budget-minutes 9 --out OUT   # on the GPU
-    python -m lsjax.train.device_job --tiny --out DIR --budget-minutes 0.5      # a CPU: a tiny random target
+    python -m tools.device.device_job --make-prompts .device/prompts.npz         # here: corpora + tokenizer
+    python -m tools.device.device_job --prompts .device/prompts.npz --budget-minutes 9 --out OUT   # on the GPU
+    python -m tools.device.device_job --tiny --out DIR --budget-minutes 0.5      # a CPU: a tiny random target
 
-Phases, each against the one clock: (1) self-distillation (`lsjax.train.self_distill.write_answers`, batched and
+Phases, each against the one clock: (1) self-distillation (`lsjax.cli.distill.write_answers`, batched and
 jitted, half greedy and half sampled at T=1 with min-p 0.1) until `--gen-share` of the budget is used; (2) the
 LongSpec stage of `--config` on those rows with the target's features computed in the step (an accelerator needs
 no feature cache), checkpointing as it goes and stopping at the budget less the export margin; (3) the draft
@@ -85,8 +85,8 @@ class PromptSet:
 
 def make_prompts(path: str | Path, per_task: int, bucket: str, seed: int = 0, log=print) -> PromptSet:
     """Train-split prompts of every task kind, encoded with the default model's tokenizer, written to `path`."""
+    from lsjax.cli.distill import encode, train_prompts
     from lsjax.loading import load_model
-    from lsjax.train.self_distill import encode, train_prompts
 
     tok = load_model(None).tokenizer
     prompts = train_prompts(tok, per_task, bucket, seed)
@@ -126,7 +126,7 @@ def read_prompts(path: str | Path) -> PromptSet:
     """The prompt file, checked whole: one LsjaxError line for a missing, truncated or inconsistent file."""
     path = Path(path)
     if not path.is_file():
-        raise LsjaxError(f"prompts file not found: {path} (python -m lsjax.train.device_job --make-prompts builds it)")
+        raise LsjaxError(f"prompts file not found: {path} (python -m tools.device.device_job --make-prompts builds it)")
     try:
         with np.load(path) as z:
             if int(z["version"]) != PROMPT_FILE_VERSION:
@@ -207,8 +207,8 @@ def run(
     """The three phases (module docstring) against one clock started now; returns what `job.json` holds.
     `config_path` (the stage's YAML) goes into the draft's config.json after the lineage of the draft it
     continues."""
+    from lsjax.cli.distill import write_answers
     from lsjax.train import inputs
-    from lsjax.train.self_distill import write_answers
 
     t0 = time.monotonic()
     deadline = t0 + job.budget_minutes * 60
@@ -323,7 +323,7 @@ class _Named:  # what write_answers' manifest records of a prompt
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lsjax.train.device_job", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.device.device_job", description=__doc__.split("\n")[0])
     p.add_argument("--make-prompts", metavar="FILE", help="build the prompt file here (corpora + tokenizer) and stop")
     p.add_argument("--per-task", type=int, default=600, help="--make-prompts: prompts per task kind")
     p.add_argument("--bucket", default="2K-4K", help="--make-prompts: prompt length bucket (1K-2K, 2K-4K, 4K-7K)")

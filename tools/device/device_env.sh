@@ -1,4 +1,4 @@
-# Sourced by scripts/device_check.sh and scripts/device_job.sh on a GPU/TPU machine without a network: installs
+# Sourced by tools/device/device_check.sh and tools/device/device_job.sh on a GPU/TPU machine without a network: installs
 # the carried wheels (.device/whl) into a temporary directory on PYTHONPATH beside the machine's JAX (nothing of
 # lsjax is pip-installed there), joins the GGUF parts and sets $gguf to the joined file ("" without parts).
 site=$(mktemp -d)
