@@ -14,9 +14,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Layer of a module, bottom up. A module may import its own layer and the layers below it.
 BASE, MODELS, ENGINE, TRAIN, METHODS, TOP = range(6)
-# Training tools that drive decoding or a method to make data (`self_distill` generates with `lsjax.api`; `kinds`
-# reads the method registry, where the kinds are registered; `device_job` generates, then trains LongSpec's stage).
-TRAIN_TOOLS = {"lsjax.train.self_distill", "lsjax.train.kinds", "lsjax.train.device_job"}
 # Files of a method folder that belong to training: decoding never loads them.
 METHOD_TRAINING_FILES = ("train", "train_local_head", "export", "losses", "step")
 
@@ -24,8 +21,6 @@ METHOD_TRAINING_FILES = ("train", "train_local_head", "export", "losses", "step"
 def layer(module: str) -> int:
     parts = module.split(".")
     if parts[0] != "lsjax" or module in ("lsjax", "lsjax.api") or parts[1:2] in (["bench"], ["cli"]):
-        return TOP
-    if module in TRAIN_TOOLS:
         return TOP
     top = parts[1] if len(parts) > 1 else ""
     if top == "methods":

@@ -54,7 +54,7 @@ def test_local_head_trains_exports_and_loads(tmp_path, kind):
 
     from lsjax.methods.dels.checkpoint import load_local_head
     from lsjax.methods.dels.export import export_dels
-    from lsjax.train.kinds import fit
+    from lsjax.methods.registry import fit_kind as fit
 
     cfg = local_head_cfg(tmp_path, kind)
     out = fit(cfg, log=lambda *_: None)
@@ -78,7 +78,7 @@ def test_local_head_pruned_vocab_and_resume(tmp_path):
     params as an uninterrupted one."""
     from lsjax.methods.dels.checkpoint import load_local_head
     from lsjax.methods.dels.export import export_dels
-    from lsjax.train.kinds import fit
+    from lsjax.methods.registry import fit_kind as fit
 
     over = {"local_head": {"vocab_size": 40}, "checkpoint": {"every": 4}}
     full = fit(local_head_cfg(tmp_path / "a", "gru", steps=8, **over), log=lambda *_: None)
@@ -157,9 +157,9 @@ def test_block_drafter_trains_from_the_feature_cache_and_loads(tmp_path):
     from lsjax.methods.dels.checkpoint import load_block_draft
     from lsjax.methods.dels.export import export_dels
     from lsjax.methods.dels.train import initial_params, micro_block_losses
+    from lsjax.methods.registry import fit_kind as fit
     from lsjax.train import feature_cache as fcm
     from lsjax.train.inputs import load_target
-    from lsjax.train.kinds import fit
 
     feature_set = tiny_feature_set(tmp_path)
     cfg = block_cfg(tmp_path, feature_set, steps=40, optim={"lr": 3e-2})

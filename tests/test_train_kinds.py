@@ -1,6 +1,6 @@
-"""train.py's one path through the trainer-kind registry (lsjax.train.kinds): a config's `kind:` picks the
-config class, trainer and export; no `kind:` is the LongSpec draft; an unknown kind or an option that does not
-apply to the kind is one line and exit status 2."""
+"""train.py's one path through the training kinds the method folders register (lsjax.methods.registry): a
+config's `kind:` picks the config class, trainer and export; no `kind:` is the default kind, the LongSpec draft;
+an unknown kind or an option that does not apply to the kind is one line and exit status 2."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from lsjax.config import ConfigError, from_dict, load_yaml, to_dict
-from lsjax.train import kinds
+from lsjax.methods import registry
 from tests.test_train import tiny_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,28 +32,36 @@ def _run(capsys, *args) -> tuple[int, str, str]:
 
 
 def test_registry_names_every_trainer():
-    assert kinds.names() == ("longspec", "block", "local_head", "streams", "tokenswift-heads")
-    assert kinds.kind_of({}) == kinds.DEFAULT == "longspec"
-    assert kinds.kind_of({"kind": "block"}) == "block"
+    assert registry.kind_names() == ("longspec", "block", "local_head", "streams", "tokenswift-heads")
+    assert registry.kind_of({}) == registry.kind_of({"kind": None}) == registry.default_kind() == "longspec"
+    assert registry.kind_of({"kind": "block"}) == "block"
     with pytest.raises(ConfigError, match="^kind: unknown kind 'nope'; known kinds: longspec, block"):
-        kinds.get("nope")
+        registry.get_kind("nope")
     with pytest.raises(ConfigError, match="^kind: unknown kind"):
-        kinds.get(["longspec"])
+        registry.get_kind(["longspec"])
 
 
-@pytest.mark.parametrize("name", kinds.names())
+def test_one_kind_at_most_is_the_default():
+    """The default is the method folder's word (`register_kind(..., default=True)`), and only one folder's."""
+    second = registry.Kind("second", "", "x:C", "x:fit", "x:export", default=True)
+    with pytest.raises(ConfigError, match="^training kind: 'second' cannot be the default, 'longspec' is$"):
+        registry.register_kind(second)
+    assert "second" not in registry.kind_names()
+
+
+@pytest.mark.parametrize("name", registry.kind_names())
 def test_each_registered_kind_parses_its_config(name):
-    kind = kinds.get(name)
+    kind = registry.get_kind(name)
     cfg = from_dict(kind.config_class, {"kind": name})
     assert cfg.kind == name
     assert from_dict(kind.config_class, to_dict(cfg)) == cfg
-    assert callable(kinds.load(kind.trainer)) and callable(kinds.load(kind.exporter))
+    assert callable(registry.load(kind.trainer)) and callable(registry.load(kind.exporter))
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs" / "train").glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_shipped_config_resolves_to_a_kind(path):
     raw = yaml.safe_load(path.read_text()) or {}
-    kind = kinds.get(kinds.kind_of(raw))
+    kind = registry.get_kind(registry.kind_of(raw))
     assert load_yaml(kind.config_class, path).kind == kind.name
 
 
@@ -63,7 +71,7 @@ def test_unknown_kind_is_one_line_and_exit_2(tmp_path, capsys):
     code, out, err = _run(capsys, "--config", str(bad))
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "unknown kind 'nope'" in err
-    assert all(name in err for name in kinds.names())
+    assert all(name in err for name in registry.kind_names())
     # --set reaches the kind too
     code, _, err = _run(capsys, "--config", str(ROOT / "configs/train/smollm2-smoke.yaml"), "--set", "kind=nope")
     assert code == 2 and err.count("\n") == 1 and "unknown kind" in err

@@ -16,7 +16,9 @@ flag named by several methods is one flag read by each. `build` gets the options
 left unset at the method's default. `model` is a loaded target (`config`, `params`, `path`); `cache` lets
 methods built together share one loaded draft.
 
-Training kinds (`train.py --config`: the config's `kind:`) register beside it with `register_kind`.
+Training kinds (`train.py --config`: the config's `kind:`) register beside it with `register_kind`; one of them
+says `default=True`, what a config without `kind:` trains. The training scaffold (`lsjax.train`) knows no kind:
+`train.py` (`lsjax.cli.train`) resolves a config's kind here and hands its config to the kind's trainer.
 
 Every subpackage of `lsjax.methods` is imported on the first lookup, and so is every module or folder named in
 `$LSJAX_METHODS` (comma-separated: dotted module names, or paths to a method folder outside the package), so
@@ -105,6 +107,7 @@ class Kind:
     trainer: str  # fit(cfg, *, resume, overwrite, stop_after, log, progress, config_dict) -> summary dict
     exporter: str  # export(cfg, out_dir, *, config_path, tree) -> dict (what to report)
     flags: tuple[str, ...] = ()  # train.py options this kind reads beyond the common ones ("tree")
+    default: bool = False  # what a config without `kind:` trains (one kind at most)
 
     @property
     def config_class(self) -> type:
@@ -159,7 +162,9 @@ def unregister(name: str) -> None:
     _METHODS.pop(name, None)
 
 
-def register_kind(kind: Kind | str, help: str = "", *, config: str = "", export: str = "", flags=(), replace=False):
+def register_kind(
+    kind: Kind | str, help: str = "", *, config: str = "", export: str = "", flags=(), default=False, replace=False
+):
     """Registers a training kind: a `Kind`, or, called with its name, a decorator of its `fit(cfg, **run)` (a
     thin function in the folder's `__init__.py` that imports its trainer when called):
 
@@ -167,18 +172,22 @@ def register_kind(kind: Kind | str, help: str = "", *, config: str = "", export:
         def fit(cfg, **run):
             from pkg.train import fit_echo
             return fit_echo(cfg, **run)
-    """
+
+    `default=True`: the kind a config without `kind:` trains; a second default is refused."""
     if isinstance(kind, str):
 
         def add(fn: Callable) -> Callable:
             trainer = f"{fn.__module__}:{fn.__qualname__}"
-            register_kind(Kind(kind, help, config, trainer, export, tuple(flags)), replace=replace)
+            register_kind(Kind(kind, help, config, trainer, export, tuple(flags), default), replace=replace)
             return fn
 
         return add
     old = _KINDS.get(kind.name)
     if old is not None and not replace and old != kind:
         raise ConfigError(f"training kind: {kind.name!r} is already registered")
+    other = next((k.name for k in _KINDS.values() if k.default and k.name != kind.name), None)
+    if kind.default and other is not None:
+        raise ConfigError(f"training kind: {kind.name!r} cannot be the default, {other!r} is")
     _KINDS[kind.name] = kind
     return kind
 
@@ -273,6 +282,28 @@ def get_kind(name) -> Kind:
     if not isinstance(name, str) or name not in _KINDS:
         raise ConfigError(f"kind: unknown kind {name!r}; known kinds: {', '.join(kind_names())}")
     return _KINDS[name]
+
+
+def default_kind() -> str:
+    """The name of the kind registered with `default=True`."""
+    _discover()
+    name = next((k.name for k in _KINDS.values() if k.default), None)
+    if name is None:
+        raise ConfigError(
+            f"kind: the config names none and no kind is the default; known kinds: {', '.join(kind_names())}"
+        )
+    return name
+
+
+def kind_of(raw) -> str:
+    """The kind a config (the YAML as a dict) names; the default kind where it names none."""
+    kind = raw.get("kind") if isinstance(raw, dict) else None
+    return default_kind() if kind is None else kind
+
+
+def fit_kind(cfg, **run) -> dict:
+    """Trains `cfg` with the trainer of its kind (`cfg.kind`): `lsjax.train.runner.run_steps`' summary."""
+    return get_kind(cfg.kind).fit(cfg, **run)
 
 
 # ------------------------------------------------------------------------------------------- flags

@@ -1,7 +1,5 @@
 """Training drafts against a frozen target (`python train.py --config configs/train/X.yaml`).
 
-    kinds.py      the config's `kind:` -> its config class, trainer and export (longspec, block, local_head,
-                  tokenswift-heads, streams); train.py has one path through it
     config.py     TrainConfig and its sections (target, data, positions, loss, optim, checkpoint, features, log)
     inputs.py     the frozen target, the batch readers every trainer hands the loop (resumable position)
     features.py   the frozen target's features: live in the step, or cached once on disk (npy memmaps)
@@ -12,8 +10,9 @@
     checkpoint.py orbax checkpoints: params, optimizer state, step, RNG and data-iterator state
     runner.py     the step loop every trainer shares: resume, checkpoints, metrics, dev eval, limits, plots
 
-Decoding never imports this package (optax, orbax and grain stay unloaded). The names below are loaded
-on first use, so `import lsjax.train.config` stays light.
+It picks no trainer: each method folder registers the kinds it trains (`lsjax.methods.registry.register_kind`),
+and `train.py` resolves the config's `kind:` there. Decoding never imports this package (optax, orbax and grain
+stay unloaded). The names below are loaded on first use, so `import lsjax.train.config` stays light.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ def build(model, opts: LongSpecOptions, cache):
     config="lsjax.train.config:TrainConfig",
     export="lsjax.methods.longspec.export:export_kind",
     flags=("tree",),
+    default=True,  # every config written before kinds existed trains the LongSpec draft
 )
 def fit(cfg, **run):
     from lsjax.methods.longspec.train import fit

@@ -4,7 +4,7 @@ out = fit(train_cfg)            # what `python train.py --config configs/train/X
 
 The step loop (resume, checkpoints, logs, plots) is the one every trainer shares (`lsjax.train.runner`); the
 frozen target and the batch readers come from `lsjax.train.inputs`. Configs of another kind (block,
-local_head) are handed to their own trainer (`lsjax.train.kinds`).
+local_head) are handed to their own trainer (`lsjax.methods.registry.fit_kind`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ def fit(cfg: TrainConfig, **run) -> dict:
     from lsjax.train.runner import fit as run_fit
 
     if cfg.kind != "longspec":
-        raise ConfigError(f"kind: {cfg.kind!r} is not trained by the LongSpec trainer (lsjax.train.kinds.fit)")
+        raise ConfigError(
+            f"kind: {cfg.kind!r} is not trained by the LongSpec trainer (lsjax.methods.registry.fit_kind)"
+        )
     return run_fit(cfg, _setup, **run)
 
 

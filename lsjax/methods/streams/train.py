@@ -36,7 +36,7 @@ from lsjax.train.config import CheckpointConfig, LogConfig, OptimConfig, RunConf
 from lsjax.train.inputs import epoch_order
 
 LABELS = ("target", "data")
-KIND = "streams"  # the config's `kind:` (`lsjax.train.kinds`)
+KIND = "streams"  # the config's `kind:` (`lsjax.methods.registry.register_kind`)
 
 
 @dataclasses.dataclass(frozen=True)
