@@ -25,8 +25,9 @@ lengths [B] int32; window_start [B] int32; tree mask [B, T, T] bool
 
 The cache is heads-major ([B, K, S, H], not [B, S, K, H]) because every read of
 it is a [T*G, H] x [H, S] product per KV head: with S contiguous per head the
-score matmul needs no transpose. Measured on this CPU at S=4K: 0.27 ms vs
-0.92 ms for the seq-major layout. TPU attention kernels use the same layout.
+score matmul needs no transpose (on a CPU about a third of the seq-major
+layout's time: docs/design/cpu-verify-cost.md). TPU attention kernels use the
+same layout.
 """
 
 from __future__ import annotations
@@ -41,11 +42,10 @@ import jax.numpy as jnp
 from lsjax.band_attention import band_attention
 
 NEG_INF = float("-inf")
-# Keys per iteration of `prefix_attention_xla`'s loop. On a 2-core EPYC each iteration costs ~60 us
-# besides its data (a dozen small thunks), so 256-key blocks spent 3/4 of the time on overhead;
-# past ~1K keys the materialised K/V block (2 x 768 KB) no longer fits in L2 and a
-# block's copy costs more than it saves (SmolLM2, 30 layers, 4K context: 256 -> 30.7 ms,
-# 512 -> 21 ms, 1024 -> 13 ms, 2048 -> 15 ms, one 4352-key block -> 31 ms).
+# Keys per iteration of `prefix_attention_xla`'s loop. On a CPU each iteration costs tens of
+# microseconds besides its data (a dozen small thunks), so small blocks spend most of their time
+# on overhead; past ~1K keys the materialised K/V block no longer fits in L2 and a block's copy
+# costs more than it saves (the sweep: docs/design/cpu-verify-cost.md).
 XLA_BLOCK = 1024
 BACKENDS = ("auto", "xla", "pallas", "pallas:tpu", "pallas:cuda", "reference")
 
@@ -340,8 +340,8 @@ def _per_shard(plan, fn, args: tuple, specs: tuple, out_specs):
 @functools.cache
 def prefix_tuning(platform: str, interpret: bool):
     """The prefix kernel's tuning for the device this process runs on: 4 Triton pipeline stages on Hopper GPUs
-    (compute capability 9.x; both H200 leases measured 4 stages 15-28% faster than 2 at 32K, 80 vs 111 us on
-    2026-11-28), the kernel's default (2) elsewhere, whose shared memory may not hold 4 K/V blocks in flight."""
+    (compute capability 9.x, where 4 stages ran 15-28% faster than 2 at 32K: docs/design/gpu.md), the
+    kernel's default (2) elsewhere, whose shared memory may not hold 4 K/V blocks in flight."""
     from pallas_kernels import prefix_attention as pk
 
     if platform != "gpu" or interpret:

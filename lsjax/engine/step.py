@@ -206,7 +206,7 @@ def ar_stretch(
     """Up to n [] AR steps (AR's switched step with no draft update: no choosing, no bookkeeping), then one
     `drafter.catch_up` over the tokens they committed, as a chain verdict. `own` ([] bool, n = 0 with it): AR's
     own switched step instead, with its update, in the same loop: `group_loop`'s first program then holds one
-    target forward for both (two made it ~1.5x the size and its load 2.3x slower, 2026-12-03).
+    target forward for both (two forwards made it much larger and slower to load: docs/design/cpu-startup.md).
 
     Why: a switched step that runs AR still pays for choosing and every sub-drafter's update (3-4% of an AR
     step on a CPU for auto); a stretch pays that once. At most the drafter's `stretch_limit` steps: the chain

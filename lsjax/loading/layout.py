@@ -111,8 +111,7 @@ def to_params(cfg: ModelConfig, tensor: Callable[[Slot, int | None], np.ndarray]
     layer (`host_map`: on the host's cores side by side), the transpose and cast happening in the same copy: a
     load holds a layer's checkpoint tensor per thread beside the outputs rather than whole stacked copies, and
     writes each output byte once. (On a VM that backs memory at its first touch, fresh memory is what a cold
-    load pays for: SmolLM2's stacked copies took 11 s of its load on 2 cores.) `tensor` is called from several
-    threads at once.
+    load pays for: docs/design/cpu-startup.md.) `tensor` is called from several threads at once.
     """
     dt = numpy_dtype(dtype)
     D, N, K, H = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim

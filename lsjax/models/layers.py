@@ -122,7 +122,7 @@ def dense(x: jax.Array, w: jax.Array, spec: str | None = None) -> jax.Array:
     Why: with bf16 weights, a bf16 result rounds every activation and logit to 8 bits. Logits near 16 then
     step by 0.125, so two tokens often tie exactly, and which one wins depends on how the last bits of the
     hidden state happened to round; AR (1 row) and verification (T rows, another split of the attention sum)
-    round differently, and greedy speculative output left AR's (seen on an H100 and on this CPU, SmolLM2).
+    round differently, and greedy speculative output left AR's (docs/design/gpu.md).
     fp32 results leave ties only below fp32 resolution. fp32 weights run at HIGHEST precision (a GPU would
     otherwise use TF32 for them).
     """
@@ -165,7 +165,7 @@ def dense_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
 def head_logits(h: jax.Array, rows: jax.Array) -> jax.Array:
     """h [..., D] against output rows [V, D] (a tied embedding, a pruned head) -> fp32 logits [..., V].
 
-    `dense_rows`: for more than one row of h, XLA CPU runs h @ rows^T ~2x slower (measured at 2-16 rows x
-    49152 x 576); for one row both are the same GEMV.
+    `dense_rows`: for more than one row of h, XLA CPU runs h @ rows^T ~2x slower (at 2-16 rows x 49152 x 576:
+    docs/design/cpu-verify-cost.md); for one row both are the same GEMV.
     """
     return dense_rows(h, rows)

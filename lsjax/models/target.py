@@ -229,8 +229,8 @@ def default_layout() -> str:
 def prepare_for_decode(params: dict, config: ModelConfig, *, layout: str | None = None) -> dict:
     """The inference layout of `params` (module docstring): per-layer arrays, q/k/v and gate/up fused.
 
-    Why, measured on a 2-core CPU (SmolLM2, 1-token step): `lax.scan` over stacked weights copies each
-    layer's matrices out of the stack on every step (425 MB/step), and so does indexing a stacked array
+    Why (docs/design/cpu-verify-cost.md): `lax.scan` over stacked weights copies each layer's matrices out of
+    the stack on every step (425 MB per SmolLM2 token on a CPU), and so does indexing a stacked array
     in an unrolled loop; separate arrays per layer are read in place. One [D, (N+2K)H] GEMV reads at
     full bandwidth where the [D, KH] ones for k and v do not, and `wo` as [NH, D] spares XLA a
     transpose per layer. `layout`: the four projections stored [in, out] ("in"), [out, in] ("out") or
@@ -319,8 +319,8 @@ def host_threads() -> int:
 
 def host_map(fn: Callable, items: Iterable) -> list:
     """`[fn(x) for x in items]` on up to 8 threads, for numpy work on the host (copies into new arrays): a VM that
-    backs memory at its first touch does so per vCPU, so two threads fill fresh memory 2.1x as fast as one
-    (540 MB: 2.8-2.9 s against 6.1-6.3 s on 2 cores), and weights are made before anything else needs the cores."""
+    backs memory at its first touch does so per vCPU, so two threads fill fresh memory about twice as fast as
+    one (docs/design/cpu-startup.md), and weights are made before anything else needs the cores."""
     workers = host_threads()
     if workers < 2:
         return [fn(x) for x in items]
@@ -349,9 +349,9 @@ def stack_layers(params: dict, rows: int) -> dict:
     """Prepared params with the layers as one dict of [L, ...] arrays, which `forward_hidden` runs under
     `lax.scan`, keeping of each projection the copy `project` takes for `rows` rows of activations.
 
-    For a prefill program: 30 unrolled layers (SmolLM2, 2-core CPU, 2048-token buffer) take 5.4 s to lower and
-    compile, scanned 1.4 s, for the same prefill time and the same logits to the bit (the layer's code is the
-    same). The price is one copy of the projections while the program runs (stacking) and each layer's
+    For a prefill program: scanned layers lower and compile ~4x faster than 30 unrolled ones
+    (docs/design/cpu-startup.md), for the same prefill time and the same logits to the bit (the layer's code is
+    the same). The price is one copy of the projections while the program runs (stacking) and each layer's
     weights copied out of the stack per chunk, which a chunk of hundreds of tokens does not notice; a 1-token
     decode step would (`prepare_for_decode` says why it stays unrolled)."""
     if not is_prepared(params):

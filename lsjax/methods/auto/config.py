@@ -24,15 +24,15 @@ class AutoPolicy:
     # with explore_share > 0, its next look is spaced by what it can win (`PolicyRules._backoff`): exploration
     # may spend that share of the speedup the group would give were its first-depth rate `explore_optimism` std
     # above its estimate, at this device's costs (0.25 and 1.0 tried). Not the default: scripted it found the
-    # draft sooner after a change of text, but on real prompts (2026-11-27, T=0: dev 1.26x AR vs 1.46x, held-out
-    # 1.21x vs 1.27x) its longer quiet spells made longer AR stretches, inside which prompt lookup is not
-    # observed, and lookup started later or never (docs/methods/auto.md).
+    # draft sooner after a change of text, but on real prompts it lost at T=0: its longer quiet spells made
+    # longer AR stretches, inside which prompt lookup is not observed, and lookup started later or never
+    # (docs/design/auto-policy.md).
     explore_share: float = 0.0
     explore_optimism: float = 1.0
     optimism: float = 0.25  # confidence width (binomial std units) a probe's optimistic score adds
     # The never-slower budget (module doc): a run may spend at most `budget` of its AR-equivalent time, plus
     # `initial_slack` AR steps, on steps that accept less than they cost. Held-out prompts lost up to 18% to
-    # exploration without it (docs/methods/auto.md). With shadow drafts (~0.2 AR steps each) 1% of a 64-token
+    # exploration without it (docs/design/auto-policy.md). With shadow drafts (~0.2 AR steps each) 1% of a 64-token
     # run and half a step still buy ~5 looks at the draft; with probes (3%, 1 step) it bought 2-3 probes.
     budget: float = 0.01
     initial_slack: float = 0.5
@@ -51,8 +51,8 @@ class AutoPolicy:
     shadow: bool = True
     # The profile times each candidate forced, in isolation; mixed into a run, speculative steps cost more than
     # that, so each step's cost above AR's is scaled by 1 + cost_margin, in choosing and in the budget alike.
-    # Fitted on dev runs (2026-11-26, 14 runs with >= 3 AR steps of speculative extra: the margin that makes
-    # the profile predict the measured speed): median 0.24, spread -0.1 .. 1.0.
+    # Fitted on dev runs: the margin that makes the profile predict the measured speed had a median near 0.2
+    # and a wide spread (docs/design/auto-policy.md).
     cost_margin: float = 0.2
     # At T > 0 with sampled drafts, shadows score the draft chain's first depth as the probability that
     # rejection sampling accepts it (`DraftShadow.first_accept`); False: as the greedy token's match (biased low).
@@ -65,11 +65,9 @@ class AutoPolicy:
     # After a stretch, the draft's first level is computed at every root it passed in one pass and checked
     # against the emitted tokens (`AutoDrafter._stretch_drafts`): the chain's and the tree's first-depth rates
     # learnt from up to 16 roots, where a shadow draft sees one. Not the default: the estimates it gives are
-    # right (the same children as a proposal at each root, tested), but on 2 dev prompts and the first held-out
-    # one (2026-11-28, T=0, 128 tokens) auto then ran the draft less: tau 1.21 / 1.12 / 2.65 against the
-    # default's 1.34 / 1.59 / 2.82, 0.07-0.20x AR slower (medians of 2 rounds). With the draft near its
-    # break-even (first depth ~0.4 there), the rate of all the roots keeps the policy on AR where the default,
-    # from a few looks and then the chain's own steps, ran the chain that paid (docs/methods/auto.md).
+    # right (the same children as a proposal at each root, tested), but with the draft near its break-even the
+    # rate of all the roots keeps the policy on AR where the default, from a few looks and then the chain's own
+    # steps, runs the chain when it pays: auto ran the draft less, and slower (docs/design/auto-policy.md).
     stretch_observe: bool = False
 
     def __post_init__(self):
@@ -189,19 +187,16 @@ def draft_info(opts: AutoOptions) -> dict | None:
 
 
 # Prompt lookup's chains in the draft-less auto on a CPU: 8 alone. There a 9-node verify costs about what a
-# 5-node one does, so pld-4 ran 22 steps against pld-8's 1,899 in 236 warm `decode.py` runs (docs/results/,
-# 2026-12-03/04: 5 runs used it at all), while its program cost a first start ~6 s to compile and its profile
-# entry a measurement (docs/CHANGELOG.md 2026-12-05).
+# 5-node one does, so the 4-token chain almost never wins, while its program costs every first start a compile
+# and a profile measurement (docs/design/auto-policy.md).
 CPU_PLD_TOKENS = (8,)
 
 DRAFT_WORDS = (None, "random", "shipped", "none")  # `--draft` values that name no directory
 
 
 def without_draft(opts: AutoOptions) -> bool:
-    """Whether auto runs without a draft by choice: `--draft none`, or no `--draft` on a CPU. Measured there
-    (2026-12-04, `decode.py` warm, 200 tokens, 6 dev prompts, docs/methods/auto.md): with the shipped draft,
-    whose program groups load at 3-6 s beside the decode, auto was 0.98-1.15x AR's wall time; without it,
-    0.85-1.08x, and it beat the draft's auto on 5 of 6 prompts."""
+    """Whether auto runs without a draft by choice: `--draft none`, or no `--draft` on a CPU, where the draft's
+    program groups cost more to load beside the decode than its steps save (docs/design/auto-policy.md)."""
     import jax
 
     return opts.eagle3 is None and (opts.draft == "none" or (opts.draft is None and jax.default_backend() == "cpu"))

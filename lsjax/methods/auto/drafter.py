@@ -22,13 +22,13 @@ family is keyed by the n-gram its match used (a 3-gram match is far more reliabl
 the match is found before choosing, so a step without one never pays for an empty chain. Families start from
 a prior (a few pseudo-observations) and forget with a ~20-observation window.
 
-Prompt lookup learns from every step, whichever candidate ran (`lookup_shadow`): its would-be proposal at each
-root is put aside and compared, depth by depth, with the tokens committed after that root, which are the target's
-own, so its acceptance is observed exactly and for free (`LookupShadow`). The draft's families are explored by
-shadow drafts (`lsjax.methods.auto.shadow`, the default): when exploration is due, the draft alone proposes its
-tree at the new root (~0.2 AR steps on a 2-core CPU), the proposal waits until the tokens after that root are
-committed, and is then walked against them as verification would walk it, teaching ls-tree, ls-chain (read off
-the beam tree) and hybrid at once (at T > 0 with sampled drafts, the chain's first depth is scored as the
+Prompt lookup learns from every step, whichever candidate ran (`lookup_shadow`): its would-be proposal at each root
+is put aside and compared, depth by depth, with the tokens committed after that root, which are the target's own,
+so its acceptance is observed exactly and for free (`LookupShadow`). The draft's families are explored by shadow
+drafts (`lsjax.methods.auto.shadow`, the default): when exploration is due, the draft alone proposes its tree at
+the new root (~0.2 AR steps on a CPU: docs/design/auto-policy.md), the proposal waits until the tokens after that
+root are committed, and is then walked against them as verification would walk it, teaching ls-tree, ls-chain (read
+off the beam tree) and hybrid at once (at T > 0 with sampled drafts, the chain's first depth is scored as the
 probability that rejection sampling accepts a child drawn from the draft's q, from q and the target's p of the
 emitted token: `DraftShadow.first_accept`). Opt-in (`AutoPolicy.stretch_observe`), the draft's first depth is
 also learnt at every root an AR stretch passed, from one teacher-forced pass of the draft after it
@@ -362,9 +362,9 @@ class AutoDrafter(PolicyRules, Drafter):
     def stretch_stop(self, ctx: DraftContext, start, plan, state) -> jax.Array:
         """`Drafter.stretch_stop`: the prompt-lookup match the history has now (the stretch's tokens appended to
         the history it began with) is one the policy would act on (`stretch_plan`). A copy that begins inside a
-        stretch is run from its first match, as without stretches; before 2026-11-27 a stretch began only if no
-        possible match could tempt the policy, which kept a run with one well-rated 3-gram family out of
-        stretches altogether. The search runs only where some match would tempt it (on prose, none does)."""
+        stretch is run from its first match, as without stretches; stretches that began only where no possible
+        match could tempt the policy kept a run with one well-rated 3-gram family out of them altogether
+        (docs/design/auto-policy.md). The search runs only where some match would tempt it (on prose, none does)."""
 
         def search(_):
             ds: AutoState = start.draft

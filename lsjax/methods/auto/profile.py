@@ -19,7 +19,7 @@ CPU model sharing the directory) has. Never fatal.
 
 Only ratios matter to the policy (it maximises tokens per second), so the prior is in units of one AR step:
 verification ratios measured with `lsjax.bench.tree_cost` on a 2-core CPU at 1K context (1.21x / 1.35x /
-1.63x / 2.24x a 1-token forward at 2 / 4 / 8 / 16 nodes, 2026-11-28) plus drafting.
+1.63x / 2.24x a 1-token forward at 2 / 4 / 8 / 16 nodes: docs/design/cpu-verify-cost.md) plus drafting.
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ def profile_dir() -> Path:
 
 def device_name(device) -> str:
     """What the profile is keyed by: the runtime's `device_kind`, which on a CPU is just "cpu", so there the
-    processor's model and the cores this process may use are added: a profile measured on one CPU (an AMD EPYC
-    runs a 2-row verification at 1.13-1.16x a 1-row one, a Xeon at 1.25-1.31x) is not read on another that
+    processor's model and the cores this process may use are added: a profile measured on one CPU (two CPU
+    models price a 2-row verification ~10% apart: docs/design/cpu-verify-cost.md) is not read on another that
     shares the home directory."""
     if device.platform != "cpu":
         return device.device_kind
@@ -159,7 +159,7 @@ def borrowed_costs(
     """(costs, the bucket they were measured at): the entry of the nearest prompt bucket (on a log scale; the
     smaller of two as near) with the same sampling mode, when `bucket` has none; None when the file has no
     such entry. Only ratios steer the policy, and a neighbour's ratios hold nearly: a new prompt width starts
-    at once with them instead of measuring (~25 s for SmolLM2 on a 2-core CPU) before its first speculative
+    at once with them instead of measuring (tens of seconds on a small CPU) before its first speculative
     step (`decode.py --precompile WIDTH` measures its own)."""
     entries, why = load_profile(path, candidates, version)
     if why or entry_key(bucket, greedy) in entries:
@@ -332,8 +332,8 @@ def profile_costs(
     greedy = gen.sampling.greedy or not gen.sampling.sample_drafts
     borrow = borrow or not settled
     if borrow and mode == "cached":
-        # A start that loaded its programs takes its width's entry unchecked: the check is ~15 forced AR steps
-        # (2 s for SmolLM2 on a 2-core CPU), a fifth of a 200-token run; a start that compiles still checks.
+        # A start that loaded its programs takes its width's entry unchecked: the check is ~15 forced AR steps,
+        # a large share of a short run's decode on a CPU; a start that compiles still checks.
         entries, why = load_profile(path, names, lsjax_version())
         if not why and key in entries:
             return np.asarray(entries[key], np.float32)

@@ -1,12 +1,12 @@
 """`auto`'s shadow drafts: exploring the draft's candidates without verifying them.
 
-A probe (running a draft candidate to learn its acceptance) that accepts nothing costs a whole tree
-verification for one token: 1.3-2.3x an AR step on a 2-core CPU, so a few failed probes per 64 tokens
-were most of what `auto` lost to AR on held-out prompts. A shadow draft runs only the draft: after a step
-commits, the draft's own tree (and the prompt-lookup chain the hybrid would add) is proposed at the new root
-and put aside; once the tokens that follow are committed — by whatever candidates ran, and they are always the
-target's own — the proposal is walked against them exactly as verification would walk it. That costs one
-draft pass (~0.2 AR steps) and observes, for free afterwards:
+A probe (running a draft candidate to learn its acceptance) that accepts nothing costs a whole tree verification
+for one token: 1.3-2.3x an AR step on a CPU (docs/design/auto-policy.md), so a few failed probes per 64 tokens were
+most of what `auto` lost to AR on held-out prompts. A shadow draft runs only the draft: after a step commits, the
+draft's own tree (and the prompt-lookup chain the hybrid would add) is proposed at the new root and put aside; once
+the tokens that follow are committed — by whatever candidates ran, and they are always the target's own — the
+proposal is walked against them exactly as verification would walk it. That costs one draft pass (~0.2 AR steps)
+and observes, for free afterwards:
 
     ls-tree   the depth the tree reaches (a node is accepted iff its parent is and it equals the token)
     ls-chain  the greedy chain inside the beam tree: each level's best node while its parent is the chain's
