@@ -2,7 +2,7 @@
 `init` recomputing them (`engine.begin`), and a plain prefill alone: SmolLM2, a random draft, a 2000-token prompt
 in a 2048 buffer, compile excluded, interleaved, 3 rounds. Prints each variant's seconds and median.
 
-    python scripts/eagle3_prefill_ab.py
+    python -m studies.eagle3_prefill.eagle3_prefill
 """
 
 from __future__ import annotations

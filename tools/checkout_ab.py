@@ -1,17 +1,17 @@
 """`decode.py --json` end to end from two or more copies of the code (a change against the code before it), against
 `--method ar`: warm starts, interleaved, the order rotating; what a user waits for, compilation and loading included.
 
-    python scripts/checkout_ab.py new=DIR_A:auto old=DIR_B:auto ar=DIR_A:ar [--suite dev] [--rounds 2]
+    python tools/checkout_ab.py new=DIR_A:auto old=DIR_B:auto ar=DIR_A:ar [--suite dev] [--rounds 2]
         [--buckets 1K-2K 2K-4K] [--tasks code] [--prompt-file F] [--max-new-tokens 200] [--json rows.jsonl] [--share]
 
-Each NAME=DIR:METHOD[:VAR=VALUE...] runs DIR/decode.py (a copy of the repository: `git worktree add`, or the
-tracked files copied), with those environment variables set (`priced=DIR:auto:LSJAX_SPLIT_LOAD=priced`) and
-those decode.py arguments (`draft=DIR:auto:--draft=shipped`), and its
-own compile cache and auto cost profile (a copy's programs are its own: the program cache keys by lsjax's
-source); with `--share`, variants of one DIR and METHOD share theirs (one cold compile for both). Per prompt:
-one start on a sibling prompt of the same width fills each variant's caches, then `--rounds` rounds of warm
-starts on the prompt itself. One JSON line per run (with a hash of the text, so that equal outputs show), then
-per prompt the medians of the last token's time and their ratio to the variant named `ar`.
+Each NAME=DIR:METHOD[:VAR=VALUE...][:--FLAG=VALUE...] runs DIR/decode.py (a copy of the repository: `git worktree
+add DIR COMMIT`, or the tracked files copied), with those environment variables set (`noynn=DIR:auto:XLA_FLAGS=...`)
+and those decode.py arguments (`draft=DIR:auto:--draft=shipped`), and its own compile cache and auto cost profile
+(a copy's programs are its own: the program cache keys by lsjax's source); with `--share`, variants of one DIR and
+METHOD share theirs (one cold compile for both). Per prompt: one start on a sibling prompt of the same width fills
+each variant's caches, then `--rounds` rounds of warm starts on the prompt itself. One JSON line per run (with a
+hash of the text, so that equal outputs show), then per prompt the medians of the last token's time and their
+ratio to the variant named `ar`.
 """
 
 from __future__ import annotations
