@@ -3,7 +3,7 @@ device, on SmolLM2-135M (3 KV heads) with 3 fake CPU devices, on two long prompt
 a repository-level code prompt from the dev split), greedy. Prints one JSON row per prompt and a last line
 saying whether every pair is identical.
 
-    python scripts/mesh_default_check.py [--max-new-tokens 48] [--code-tokens 1024]
+    python -m studies.mesh_default.mesh_default [--max-new-tokens 48] [--code-tokens 1024]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def decode(prompt_args: list[str], extra: list[str], new: int, work: Path) -> dict:
@@ -30,7 +30,7 @@ def decode(prompt_args: list[str], extra: list[str], new: int, work: Path) -> di
         [*cmd, "--compile-cache", str(work / "cache"), *extra], capture_output=True, text=True, env=env, cwd=ROOT
     )
     if proc.returncode != 0:
-        sys.exit(f"mesh_default_check: decode.py {' '.join(extra)} failed:\n{proc.stderr[-3000:]}")
+        sys.exit(f"mesh_default: decode.py {' '.join(extra)} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
