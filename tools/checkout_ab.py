@@ -72,8 +72,8 @@ def main(argv=None) -> int:
     if args.prompt_file:
         texts = [(f, Path(f).read_text()) for f in args.prompt_file]
     else:
-        from lsjax.bench.suites import load_suite
         from lsjax.loading import load_model
+        from lsjax.prompts import load_suite
 
         tok = load_model().tokenizer
         texts = [
