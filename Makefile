@@ -75,7 +75,8 @@ lint: $(VENV)/.installed-test
 # The README's headline table (docs/results/headline.md: by task + T=0 equality) and every table of the same runs
 # (docs/results/tables.md), from the harness results kept in docs/results/ (heldout.json, and dev.json if there):
 # python -m lsjax.bench.run ... writes results.json; copy it there, then `make tables`.
-# It needs only report.py's aggregates: an existing .venv is used as it is, without reinstalling.
+# It needs only lsjax.bench.tables (aggregates and tables, no model): an existing .venv is used as it is, without
+# reinstalling.
 RESULTS := docs/results/heldout.json $(wildcard docs/results/dev.json)
 tables:
 	@test -x $(PY) || $(MAKE) install

@@ -53,7 +53,7 @@ class TreeConfig:
 
 
 # Presets: the paper's GPU tree, and smaller ones for devices where verifying many nodes is not free
-# (on a CPU a 16-token target forward costs ~2x a 1-token one, docs/design/cpu-verify-cost.md). `lsjax.bench.tree_cost` measures it.
+# (on a CPU a 16-token target forward costs ~2x a 1-token one, docs/design/cpu-verify-cost.md: studies/tree_cost).
 TREE_PRESETS = {
     "paper": TreeConfig((4, 16, 16, 16, 16)),
     "gpu": TreeConfig((4, 8, 8, 8, 8)),

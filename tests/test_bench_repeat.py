@@ -1,10 +1,17 @@
-"""`lsjax.bench.repeat`'s report: auto and its variants are each compared with the best *fixed* method."""
+"""`lsjax.bench.repeat`: its report compares auto and its variants with the best *fixed* method; the FLOP count
+behind the methods' cost table is one decode step, lowered (nothing runs)."""
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from lsjax.bench import repeat
+from lsjax.config import ModelConfig
+from lsjax.engine.types import ARDrafter
+from lsjax.methods.pld.drafter import PLDDrafter
+from lsjax.models import target
 
 
 def _rows():
@@ -66,22 +73,28 @@ def test_report_of_a_file_that_is_not_a_run_is_exit_2(tmp_path, capsys):
     assert "--report" in err and "not a file written by --out" in err.strip().splitlines()[-1]
 
 
-def test_accept_memory_counts_the_rate_after_a_hit_and_after_a_miss(capsys):
-    from lsjax.bench.accept_memory import main, memory
-
-    # hit, hit, miss, hit, miss, miss: after a hit (3 steps) 1 of 3 hits; after a miss (2 steps) 1 of 2.
-    p, p11, p01, n1, n0 = memory([2, 1, 0, 1, 0, 0])
-    assert (round(p, 3), round(p11, 3), round(p01, 3), n1, n0) == (0.5, 0.333, 0.5, 3, 2)
-    # Alternating steps: all memory, no hit after a hit.
-    assert memory([1, 0, 1, 0, 1])[1:3] == (0.0, 1.0)
-    with pytest.raises(SystemExit) as e:
-        main(["--steps", "1"])
-    assert e.value.code == 2 and "--steps: must be >= 2" in capsys.readouterr().err
-
-
 def test_saved_command_names_the_module_and_no_path_of_this_machine():
     """Saved rows go into docs/: the command they carry is the one a user types, whatever the paths here."""
     args = ["--suite", "dev", "--out", "/some/where/runs/dev.json", "--methods", "auto"]
     got = repeat.portable_command(args)
     assert got == ["python", "-m", "lsjax.bench.repeat", "--suite", "dev", "--out", "dev.json", "--methods", "auto"]
     assert not any("/" in a for a in got)
+
+
+CFG = ModelConfig(
+    vocab_size=97, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128
+)
+
+
+def test_a_step_costs_more_with_more_verified_nodes():
+    params = target.prepare_for_decode(target.init_params(CFG, jax.random.PRNGKey(0)), CFG)
+    params = jax.tree.map(jnp.asarray, params)
+    ar = repeat.step_flops(params, (), CFG, ARDrafter())
+    chain4 = repeat.step_flops(params, (), CFG, PLDDrafter(num_tokens=4))
+    chain8 = repeat.step_flops(params, (), CFG, PLDDrafter(num_tokens=8))
+    # The layers' matmuls alone (2 * params per token) bound each count from below.
+    per_token = 2 * 2 * CFG.num_layers * CFG.hidden_size * (CFG.hidden_size * 2 + CFG.intermediate_size * 3 // 2)
+    assert ar > per_token
+    assert ar < chain4 < chain8
+    assert repeat.extra_params(()) == 0
+    assert repeat.extra_params({"w": jnp.zeros((3, 4)), "b": jnp.zeros(5)}) == 17

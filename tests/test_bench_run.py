@@ -130,3 +130,12 @@ def test_bad_variant_is_one_line(spec, message, capsys):
     with pytest.raises(SystemExit) as e:
         bench.parse_args(["--variant", spec])
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_write_prompts_writes_the_suite_as_text_files_and_runs_nothing(tmp_path):
+    """`--write-prompts DIR`: one file per prompt, named by its id, holding the text decode.py reads."""
+    got = bench.run(["--suite", "quick", "--per-cell", "1", "--write-prompts", str(tmp_path)])
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["code-quick-00.txt", "summarization-quick-00.txt"]
+    assert sorted(got["files"]) == sorted(str(tmp_path / n) for n in names)
+    assert (tmp_path / "code-quick-00.txt").read_text(encoding="utf-8").strip()

@@ -94,7 +94,7 @@ def test_cli_out_section_and_commit(tmp_path):
 
 def test_stored_aggregates_when_rows_are_missing(tmp_path):
     result = _result()
-    result["aggregates"] = tables.report.aggregates(result.pop("rows"))
+    result["aggregates"] = tables.aggregates(result.pop("rows"))
     result["rows"] = []
     text = tables.tables(result, ("task",))
     assert "| lsjax-pld | 2.00x, tau 2.00 | 0.50x, tau 1.25 | 0.80x, tau 1.54 |" in text

@@ -199,27 +199,6 @@ def test_real_smollm2_greedy_equals_ar(ours, method):
     assert sp.tokens == ar.tokens
 
 
-@pytest.mark.slow
-def test_alpha_beta_sweep_reuses_one_program_and_starts_from_the_block_drafter():
-    """lsjax.bench.dels_sweep: every (α, β) reproduces AR at T = 0; α = β = 0 has the block drafter's τ."""
-    import types
-
-    from lsjax.bench.dels_sweep import markdown, sweep
-    from lsjax.engine.host import Generator
-
-    config, params = tiny_model()
-    block, bp, dels, dp, _ = drafters(config, params, s=4)
-    model = types.SimpleNamespace(config=config, params=params)
-    prompts = {f"p{i}": list(map(int, p)) for i, p in enumerate(repetitive_prompts(config, 2, 40, seed=5))}
-    gen = GenerateConfig(max_new_tokens=20, ignore_eos=True)
-    result = sweep(model, dels, dp, prompts, (0.0, 0.5), (0.0, 1.0), gen, log=lambda *_: None)
-    plain = Generator(config, params, block, bp)
-    tau_block = np.mean([plain.run(ids, gen).mean_accepted for ids in prompts.values()])
-    assert result["tau"][(0.0, 0.0)] == pytest.approx(tau_block)
-    assert len(result["tau"]) == 4
-    assert "Row-wise gain" in markdown(result, (0.0, 0.5), (0.0, 1.0), "t")
-
-
 def test_cli_bad_block_size_is_one_line():
     from tests.test_decode_cli import decode, one_error_line
 

@@ -9,7 +9,7 @@ import json
 import jax.numpy as jnp
 import pytest
 
-from lsjax.bench import device
+from lsjax.bench import device, device_kernels, device_model
 from pallas_kernels import prefix_attention as pk
 from pallas_kernels import tree_attention as tk
 
@@ -59,11 +59,11 @@ def test_a_wrong_kernel_fails_the_check(monkeypatch):
 
 
 def test_what_does_not_fit_is_a_skip_line(monkeypatch):
-    monkeypatch.setattr(device, "device_memory", lambda: 1 << 20)  # a 1 MiB device
+    monkeypatch.setattr(device_kernels, "device_memory", lambda: 1 << 20)  # a 1 MiB device
     rep = device.run(device.CheckConfig.for_dry_run(parts=("bandwidth",)), log=lambda s: None)
     assert not rep.parts["bandwidth"]["rows"]
     assert len(rep.parts["bandwidth"]["skips"]) == 2 and "do not fit" in rep.parts["bandwidth"]["skips"][0]
-    assert device.layers_that_fit(8192) == 0
+    assert device_model.layers_that_fit(8192) == 0
 
 
 def test_a_check_cut_short_keeps_the_parts_it_finished(monkeypatch, tmp_path):
@@ -108,10 +108,10 @@ def test_bad_options_are_one_line(capsys):
 
 def test_llama_shapes_and_read_bytes():
     """The step's read-time yardstick: Llama-3.1-8B's untied embedding is not read, its LM head is."""
-    cfg = device.LLAMA_8B
+    cfg = device_model.LLAMA_8B
     assert 8.0e9 < cfg.num_params() < 8.1e9
-    assert device.weight_bytes(cfg) == 2 * (cfg.num_params() - cfg.vocab_size * cfg.hidden_size)
-    assert device.kv_bytes(cfg, 1) == 2 * 32 * 8 * 128 * 2
+    assert device_model.weight_bytes(cfg) == 2 * (cfg.num_params() - cfg.vocab_size * cfg.hidden_size)
+    assert device_model.kv_bytes(cfg, 1) == 2 * 32 * 8 * 128 * 2
 
 
 @pytest.mark.jax011
@@ -139,9 +139,9 @@ def test_e2e_compares_every_prompt_and_names_the_first_difference(monkeypatch):
 
 
 def test_first_difference():
-    assert device.first_difference([1, 2, 3], [1, 2, 3]) is None
-    assert device.first_difference([1, 2, 3], [1, 5, 3]) == 1
-    assert device.first_difference([1, 2], [1, 2, 3]) == 2
+    assert device_model.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert device_model.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert device_model.first_difference([1, 2], [1, 2, 3]) == 2
 
 
 def test_the_tuning_sweep_times_each_variant():

@@ -25,7 +25,7 @@ draft passes over prompt + continuation give, at every root of the continuation:
 
 Each root's value is exact (T = 0: what a proposal there accepts, tested against `propose`; T > 0: the
 acceptance probability itself, not a draw), so two drafts compared on the same continuations differ by what
-the drafts do, not by timing noise: a minute per prompt where a decode benchmark needs rounds. The draft's
+the drafts do, not by timing noise: one pass per prompt where a decode benchmark needs rounds. The draft's
 self-attention here is the training band of `window` keys (the ring at decode time holds up to a tree's depth
 more). Dev split by default: the held-out one is for reporting.
 
@@ -300,7 +300,6 @@ def main(argv=None) -> int:
     import jax
     import jax.numpy as jnp
 
-    from lsjax.bench.suites import encode, load_suite
     from lsjax.config import GenerateConfig, SamplingConfig
     from lsjax.engine.host import Generator
     from lsjax.errors import LsjaxError
@@ -308,6 +307,7 @@ def main(argv=None) -> int:
     from lsjax.methods import registry
     from lsjax.methods.longspec.checkpoint import load_longspec
     from lsjax.models import target
+    from lsjax.prompts import encode, load_suite
 
     model = load_model()
     drafts = {}

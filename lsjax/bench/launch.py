@@ -15,8 +15,8 @@ For every prompt and round, each method (the default, then AR; the order alterna
 Each run is a `decode.py --json` process: seconds from launch to the first token, until the method's own decode
 program is in use, and to the last token (`first_token_s`, `decode_program_in_use_s`, `last_token_s`), how many
 programs it compiled or loaded, AR steps bridged while it loaded, tau. One row per run; a summary per cell
-(median over rounds) with the default's wall time over AR's. `--no-cold` skips the cold runs (~2 min each for
-auto on a 2-core CPU). `--last-tokens N ...`: each suite prompt's last N tokens instead (one prompt per N, the
+(median over rounds) with the default's wall time over AR's. `--no-cold` skips the cold runs (the longest: they
+compile every program). `--last-tokens N ...`: each suite prompt's last N tokens instead (one prompt per N, the
 text decoded from them): short prompts of real text, whose prefill is short enough for "in use within seconds
 of launch" to be measurable.
 """
@@ -114,8 +114,8 @@ def main(argv=None) -> int:
         work = Path(tmp)
         files = [Path(f) for f in args.prompt_file]
         if not files:
-            from lsjax.bench.suites import load_suite
             from lsjax.loading import load_model
+            from lsjax.prompts import load_suite
 
             tok = load_model().tokenizer
             for i, pr in enumerate(load_suite(tok, args.suite, None, args.per_cell, args.tasks, args.buckets)):

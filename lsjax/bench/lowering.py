@@ -4,8 +4,8 @@
 target: Mosaic (TPU) reads the chip kind and its TensorCore count, Pallas Triton (CUDA) the GPU kind. Both
 read them from the abstract mesh in scope when it names an `AbstractDevice`, which is the one way that works
 on JAX 0.10 and 0.11 alike (patching `jax._src.pallas.mosaic.tpu_info` stopped steering the chip in 0.11,
-and 0.11's Triton lowering refuses to guess an abstract GPU). Used by tests/test_lowering.py and device
-checks; nothing in the library imports it.
+and 0.11's Triton lowering refuses to guess an abstract GPU). `lsjax.bench.plan` and tests/test_lowering.py
+use it; nothing below the benchmarks imports it.
 
     with abstract_target("tpu", "TPU v5 lite"):
         exported = jax.export.export(jax.jit(fn), platforms=("tpu",))(*args)

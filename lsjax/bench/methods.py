@@ -1,20 +1,39 @@
-"""The methods the harness compares, behind one small interface.
+"""The methods the harness compares, behind one small interface, and AR against HF transformers.
 
 A method turns (prompt ids, GenerateConfig, seed) into an `Outcome`. lsjax methods wrap a `Generator`
 (AR, PLD and LongSpec share one engine, so they differ only in the drafter); HF methods wrap
 `transformers.generate` on the same GGUF weights (torch fp32, sdpa). Methods with `lossless=True` must
 reproduce lsjax AR token for token at T=0; the harness enforces it.
+
+As a command, AR decoding of lsjax against HF's on the same prompts, with the memory-bandwidth roofline
+(bytes read per token: weights + K/V cache at that context, over a measured copy bandwidth):
+
+    python -m lsjax.bench.methods                      # ~1K and ~4K-token stdlib prompts, 128 greedy tokens
+    python -m lsjax.bench.methods --lengths 1024 --new-tokens 64 --repeats 1
+
+Both decode the same prompt greedily on the CPU (HF: 2 threads). Runs alternate lsjax / HF so machine noise
+hits both; each cell reports the best of `--repeats`.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import functools
+import json
 import time
+from pathlib import Path
 from typing import Protocol
 
-from lsjax.bench.profiling import state_nbytes, time_split
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lsjax import engine
 from lsjax.config import GenerateConfig
 from lsjax.engine.host import Generator
+from lsjax.engine.profiling import time_split
+from lsjax.prompts import stdlib_code_prompt
 
 
 @dataclasses.dataclass
@@ -121,7 +140,7 @@ class HFMethod:
 
 
 def load_hf(model, threads: int = 2):
-    """The HF peer on the same GGUF file as lsjax (as in lsjax.bench.ar)."""
+    """The HF peer on the same GGUF file as lsjax."""
     import torch
     import transformers
 
@@ -156,3 +175,122 @@ def parse_variant(spec: str) -> tuple[str, tuple[str, dict]]:
             raise ValueError(f"option {item!r} is not key=value")
         options[k] = value(v)
     return name, (method, options)
+
+
+def state_nbytes(generator: Generator, prompt_len: int, gen: GenerateConfig) -> dict[str, int]:
+    """Bytes of the decode state for a prompt of this length: the target's KV cache and the drafter's own
+    state (ring cache, token history; 0 for AR). Shapes are static, so this is also their peak."""
+    gen = dataclasses.replace(gen, max_new_tokens=min(gen.max_new_tokens, generator.config.max_position - prompt_len))
+    bucket = engine.prompt_bucket(prompt_len)
+    capacity = engine.required_capacity(bucket, gen, generator.drafter)
+    shape = jax.eval_shape(
+        functools.partial(
+            engine.start,
+            config=engine.SpecConfig(
+                generator.config, gen, generator.drafter, capacity=capacity, backend=generator.backend
+            ),
+        ),
+        generator.params,
+        generator.draft_params,
+        tokens=jax.ShapeDtypeStruct((1, bucket), jnp.int32),
+        lengths=jax.ShapeDtypeStruct((1,), jnp.int32),
+        key=jax.random.key(0),
+    )
+
+    def nbytes(tree) -> int:
+        return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
+
+    return {"kv_cache": nbytes(shape.cache), "draft": nbytes(shape.draft)}
+
+
+def measure_bandwidth(num_bytes: int = 512 * 2**20, repeats: int = 5) -> float:
+    """Bytes/s of a large fp32 copy (read + write) on this machine."""
+    a = np.ones(num_bytes // 4, np.float32)
+    b = np.empty_like(a)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t)
+    return 2 * num_bytes / best
+
+
+def bytes_per_token(config, context: int) -> int:
+    """Weights (fp32) plus the K and V of every layer at this context length."""
+    weights = config.num_params() * 4
+    kv = 2 * config.num_layers * config.num_kv_heads * config.head_dim * context * 4
+    return weights + kv
+
+
+def run_hf(model, ids: list[int], new_tokens: int) -> tuple[float, list[int]]:
+    """HF `generate` (greedy, its own KV cache); decode time = time(n tokens) - time(1 token) (the prefill)."""
+    import torch
+
+    inp = torch.tensor([ids])
+    kw = dict(do_sample=False, min_new_tokens=new_tokens, pad_token_id=0)
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        model.generate(inp, max_new_tokens=1, **{**kw, "min_new_tokens": 1})
+        t1 = time.perf_counter()
+        out = model.generate(inp, max_new_tokens=new_tokens, **kw)
+        t2 = time.perf_counter()
+    decode_s = (t2 - t1) - (t1 - t0)
+    return (new_tokens - 1) / decode_s, out[0, len(ids) :].tolist()
+
+
+def main(argv=None) -> None:
+    """AR decoding, lsjax against HF transformers (the module's command)."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096], help="prompt lengths in tokens")
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2, help="torch threads for the HF peer")
+    p.add_argument("--json-out", type=Path, help="also write the results here as JSON")
+    args = p.parse_args(argv)
+
+    from lsjax.loading import load_model
+
+    model = load_model()
+    hf = load_hf(model, args.threads)
+    gen_ar = Generator(model.config, model.params)
+    gen = GenerateConfig(max_new_tokens=args.new_tokens, ignore_eos=True)
+    bandwidth = measure_bandwidth()
+
+    rows = []
+    for length in args.lengths:
+        prompt = stdlib_code_prompt(model.tokenizer, length)
+        ids = model.tokenizer.encode(prompt.text)
+        gen_ar.run(ids, gen)  # compile + warm up
+        ours, theirs, same = [], [], True
+        for _ in range(args.repeats):
+            r = gen_ar.run(ids, gen)
+            ours.append(r.tokens_per_s)
+            tps, hf_tokens = run_hf(hf, ids, args.new_tokens)
+            theirs.append(tps)
+            same &= hf_tokens == r.tokens
+        roof = bandwidth / bytes_per_token(model.config, len(ids) + args.new_tokens // 2)
+        rows.append(
+            dict(
+                prompt_tokens=len(ids),
+                lsjax_tok_s=max(ours),
+                hf_tok_s=max(theirs),
+                ratio=max(ours) / max(theirs),
+                roofline_tok_s=roof,
+                identical_tokens=same,
+            )
+        )
+
+    print(f"AR decoding, {args.new_tokens} greedy tokens, best of {args.repeats}; bandwidth {bandwidth / 1e9:.1f} GB/s")
+    print(f"{'prompt':>8} {'lsjax tok/s':>12} {'HF tok/s':>10} {'ratio':>7} {'roofline':>9} {'same tokens':>12}")
+    for r in rows:
+        print(
+            f"{r['prompt_tokens']:>8} {r['lsjax_tok_s']:>12.1f} {r['hf_tok_s']:>10.1f} {r['ratio']:>6.2f}x "
+            f"{r['roofline_tok_s']:>9.1f} {str(r['identical_tokens']):>12}"
+        )
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -23,15 +23,15 @@ Each step is
 * counted by hand from the shardings: every leaf's shard shape x its dtype's size, for the weights, the
   K/V cache, the draft, the optimizer state and the batch.
 
-The roofline time of a step is max(bytes / bandwidth, FLOPs / peak) with the chip's numbers (`CHIPS`). Two
-byte counts give two times: the bytes the step must read (weights and the filled K/V cache, from the
-shardings) and the compiler's `bytes accessed`. The CPU compiler's count is an upper bound: it charges a
-per-layer slice of the stacked K/V cache with the whole cache, so it lands near 10x the real traffic at 32K.
-XLA's cost analysis counts a loop body once, so the decode plan traces the prefix attention as one block over
-the cache (its FLOPs are then all counted); the train step's loops (layers under `lax.scan`, micro-batches,
-LM-head chunks) stay loops and its compiler FLOPs are one iteration's, so its roofline uses the model FLOPs
-count (6 x trained + 2 x frozen parameters per token) and the whole target read once per micro-batch (what FSDP
-gathers onto every chip) instead.
+The roofline time of a step is max(bytes / bandwidth, FLOPs / peak) with the chip's numbers (`CHIPS`). Two byte
+counts give two times: the bytes the step must read (weights and the filled K/V cache, from the shardings) and the
+compiler's `bytes accessed`. The CPU compiler's count is an upper bound: it charges a per-layer slice of the
+stacked K/V cache with the whole cache, so at long contexts it lands an order of magnitude above the real traffic
+(docs/plan.md shows both counts). XLA's cost analysis counts a loop body once, so the decode plan traces the
+prefix attention as one block over the cache (its FLOPs are then all counted); the train step's loops (layers
+under `lax.scan`, micro-batches, LM-head chunks) stay loops and its compiler FLOPs are one iteration's, so its
+roofline uses the model FLOPs count (6 x trained + 2 x frozen parameters per token) and the whole target read once
+per micro-batch (what FSDP gathers onto every chip) instead.
 
 A step FITS when its per-device peak (the compiler's arguments + outputs + temporaries - aliased outputs,
 plus the draft for decoding, which the verify step does not take) and the exact sum both stay within the

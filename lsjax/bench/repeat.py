@@ -12,14 +12,28 @@ in an unrecorded warm-up round per prompt bucket and temperature.
 Prints per prompt and temperature the median (min-max) speedup over AR of every method, then per temperature
 each method's mean speedup, auto's share of the best fixed method's mean and its worst prompt (every row,
 with auto's choices, goes to --out; `--report FILE...` prints that summary again from saved rows, decoding
-nothing: the tables in docs/ are made with it). Prompts come from a suite (`lsjax.bench.suites`: dev, or heldout, which
-nothing is tuned on) or a JSONL file (--prompts).
+nothing: the tables in docs/ are made with it). Prompts come from a suite (`lsjax.prompts.load_suite`: dev, or
+heldout, which nothing is tuned on) or a JSONL file (--prompts).
+
+What a method adds to the target, the shape of Speculative Streaming's Table 3: extra parameters, and
+floating-point work per step and per token (`--flops` after a run, with its tau; `--flops-only` alone):
+
+    python -m lsjax.bench.repeat --flops-only --methods pld longspec streams tokenswift dels
+
+FLOPs are XLA's own count (`cost_analysis`) of one whole decode step (draft, verification, commit, the
+drafter's update) lowered for batch 1 at a 1024-slot cache. At that capacity every loop over the cache's
+key blocks runs once (`lsjax.attention` reads 1024-key blocks), so the count is exact for a 1K context:
+a loop XLA cannot unroll is counted once, and at longer contexts it would undercount the attention. Per
+token divides by the tokens a step emits (tau); nothing runs for the count: the step is lowered from
+abstract shapes.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import math
 import os
 import sys
 import time
@@ -53,7 +67,12 @@ def main(argv=None) -> int:
     p.add_argument(
         "--flops",
         action="store_true",
-        help="also print each method's extra parameters and FLOPs per step and per token (lsjax.bench.flops)",
+        help="also print each method's extra parameters and FLOPs per step and per token",
+    )
+    p.add_argument(
+        "--flops-only",
+        action="store_true",
+        help="decode nothing: print each method's extra parameters and FLOPs per step",
     )
     p.add_argument(
         "--variant",
@@ -65,6 +84,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.report:
         return report_files(args.report, p)
+    if args.flops_only:
+        return flops_only(args.methods)
     if args.out:  # before the run, not after it: a run takes most of an hour
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     from lsjax.bench.methods import parse_variant
@@ -77,19 +98,17 @@ def main(argv=None) -> int:
             p.error(f"--variant {spec!r}: {e}")
         variants[name] = built_as
 
-    import functools
-
     import jax
     import jax.numpy as jnp
 
     from lsjax import engine
-    from lsjax.bench.suites import encode, load_suite
     from lsjax.config import GenerateConfig, SamplingConfig
     from lsjax.engine.host import check_prompt
     from lsjax.loading import load_model
     from lsjax.methods import registry
     from lsjax.methods.auto.profile import profile_costs
     from lsjax.models import target
+    from lsjax.prompts import encode, load_suite
 
     model = load_model()
     config = model.config
@@ -182,13 +201,11 @@ def main(argv=None) -> int:
             json.dump({"command": portable_command(sys.argv[1:]), "rows": rows}, f, indent=1)
     report(rows, methods, args.temperatures)
     if args.flops:
-        from lsjax.bench import flops
-
-        costs = flops.method_costs(model, params, specs, cache=cache)
+        costs = method_costs(model, params, specs, cache=cache)
         for t in args.temperatures:
             taus = {m: float(np.mean([r["tau"] for r in rows if r["T"] == t and r["method"] == m])) for m in methods}
             print(f"\nT={t:g}, extra work per emitted token (mean tau of this run):")
-            print(flops.table(costs, taus, config.num_params()))
+            print(flops_table(costs, taus, config.num_params()))
     return 0
 
 
@@ -274,6 +291,94 @@ def report(rows: list[dict], methods: list[str], temperatures) -> None:
     unequal = {(r["prompt"], r["method"]) for r in rows if r["equal_to_ar"] is False}
     if unequal:
         print(f"T=0 outputs different from AR: {sorted(unequal)}")
+
+
+# ----------------------------------------------------------------------------- FLOPs (--flops)
+
+CONTEXT = 1024  # cache slots; one attention block (see the module doc)
+PROMPT = 512
+
+
+def extra_params(draft_params) -> int:
+    """Trained numbers a method adds to the target (its draft params; a cost profile or a lookup table is not
+    counted: `auto` carries a float per candidate, PLD nothing)."""
+    import jax
+
+    leaves = jax.tree.leaves(
+        draft_params.get("draft", draft_params) if isinstance(draft_params, dict) else draft_params
+    )
+    return sum(math.prod(getattr(x, "shape", ())) for x in leaves if getattr(x, "ndim", 0) >= 1)
+
+
+def step_flops(params, draft_params, config, drafter, max_new_tokens: int = 64, temperature: float = 0.0) -> float:
+    """XLA's FLOP count for one decode step at a 1K context (batch 1)."""
+    import jax
+    import jax.numpy as jnp
+
+    from lsjax import engine
+    from lsjax.config import GenerateConfig, SamplingConfig
+
+    gen = GenerateConfig(max_new_tokens, SamplingConfig(temperature=temperature), ignore_eos=True)
+    tokens = jax.ShapeDtypeStruct((1, PROMPT), jnp.int32)
+    lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    start = functools.partial(engine.start, config=engine.SpecConfig(config, gen, drafter, capacity=CONTEXT))
+    state = jax.eval_shape(start, params, draft_params, tokens=tokens, lengths=lengths, key=key)
+
+    def one(tp, dp, s):
+        ctx = engine.context(tp, dp, config, gen, CONTEXT)
+        return engine.spec_step(ctx, drafter, gen, s)
+
+    cost = jax.jit(one).lower(params, draft_params, state).cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older jax: one dict per computation
+        cost = cost[0]
+    return float(cost["flops"])
+
+
+def method_costs(model, params, methods, cache: dict | None = None) -> dict[str, dict]:
+    """{label: {"params", "step_flops"}} for AR (the reference) and `methods`: registry names, or a dict
+    label -> (registry method, build options) for variants."""
+    from lsjax.methods import registry
+
+    specs = methods if isinstance(methods, dict) else {m: (m, {}) for m in methods}
+    specs = {"ar": ("ar", {}), **specs}
+    out = {}
+    for label, (name, opts) in specs.items():
+        drafter, dp = registry.build(name, model, cache=cache if cache is not None else {}, **opts)
+        dp = dp if dp is not None else ()
+        out[label] = {"params": extra_params(dp), "step_flops": step_flops(params, dp, model.config, drafter)}
+    return out
+
+
+def flops_table(costs: dict[str, dict], taus: dict[str, float], target_params: int) -> str:
+    """Markdown: extra params, GFLOP per step, FLOPs per emitted token relative to AR (needs each method's tau)."""
+    ar = costs["ar"]["step_flops"]
+    lines = [
+        "| method | extra params | % of target | GFLOP per step (1K) | x AR step | tau | FLOPs per token x AR |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for m, c in costs.items():
+        tau = taus.get(m, 1.0 if m == "ar" else None)
+        per_token = "n/a" if tau is None else f"{c['step_flops'] / tau / ar:.2f}x"
+        lines.append(
+            f"| {m} | {c['params']:,} | {100 * c['params'] / target_params:.2f}% | {c['step_flops'] / 1e9:.3f} | "
+            f"{c['step_flops'] / ar:.2f}x | {'n/a' if tau is None else f'{tau:.2f}'} | {per_token} |"
+        )
+    return "\n".join(lines)
+
+
+def flops_only(methods: list[str]) -> int:
+    """`--flops-only`: the table of extra parameters and FLOPs per step, without decoding."""
+    import jax
+    import jax.numpy as jnp
+
+    from lsjax.loading import load_model
+    from lsjax.models import target
+
+    model = load_model()
+    params = jax.tree.map(jnp.asarray, target.prepare_for_decode(model.params, model.config))
+    print(flops_table(method_costs(model, params, methods), {}, model.config.num_params()))
+    return 0
 
 
 if __name__ == "__main__":

@@ -9,6 +9,11 @@ the same seed and max tokens. At T=0 every lossless method's output must equal l
 reported as it happens and makes the run exit with status 1 (after the results are written), naming the
 prompt. Outputs in --out: results.json (per-prompt rows + aggregates + machine/command), results.md and
 PNGs (table1, table5, latency, accepted).
+
+    python -m lsjax.bench.run --suite dev --per-cell 1 --write-prompts DIR   # the prompts as files, no run
+
+writes each prompt of the suite as `DIR/<task>-<bucket>-<i>.txt` for `decode.py --prompt-file` and
+`lsjax.bench.launch` (chat prompts already rendered: pass no `--chat`).
 """
 
 from __future__ import annotations
@@ -104,8 +109,7 @@ class EqualityError(RuntimeError):
 
 
 def parse_args(argv):
-    from lsjax.bench.suites import SUITES
-    from lsjax.prompts import BUCKETS, TASKS
+    from lsjax.prompts import BUCKETS, SUITES, TASKS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", choices=SUITES, default="quick")
@@ -138,6 +142,7 @@ def parse_args(argv):
     p.add_argument("--split-steps", type=int, default=8, help="steps profiled for the draft/verify/commit split")
     p.add_argument("--hf-threads", type=int, default=2)
     p.add_argument("--out", type=Path, help="output directory (default bench_results/<suite>-<time>)")
+    p.add_argument("--write-prompts", type=Path, metavar="DIR", help="write the prompts as text files, run nothing")
     args = p.parse_args(argv)
     if args.max_new_tokens is not None and args.max_new_tokens < 2:
         p.error("--max-new-tokens must be >= 2 (the first token comes from prefill)")
@@ -249,14 +254,15 @@ def run(argv=None) -> dict:
     when a lossless method's T=0 output differs from lsjax-ar's."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.write_prompts:
+        return write_prompts(args)
 
     from tqdm import tqdm
 
-    from lsjax.bench import plots, report
-    from lsjax.bench.suites import encode, load_suite
+    from lsjax.bench import tables
     from lsjax.config import GenerateConfig, SamplingConfig
     from lsjax.loading import load_model
-    from lsjax.prompts import BUCKETS
+    from lsjax.prompts import BUCKETS, encode, load_suite
 
     suite = "file" if args.prompts else args.suite
     default_new, default_methods, split_temps = SUITE_DEFAULTS[args.suite]
@@ -402,15 +408,32 @@ def run(argv=None) -> dict:
             "prompts": [{"id": p.id, "task": p.task, "bucket": p.bucket, "tokens": p.num_tokens} for p in prompts],
         },
         "rows": rows,
-        "aggregates": report.aggregates(rows),
+        "aggregates": tables.aggregates(rows),
         "passed": not failures,
         "failures": failures,
     }
-    _write(result, out_dir, report, plots)
+    _write(result, out_dir, tables)
     partial.unlink(missing_ok=True)
     if failures:
         raise EqualityError("; ".join(failures))
     return result
+
+
+def write_prompts(args) -> dict:
+    """`--write-prompts DIR`: the suite's prompts as text files, one per prompt; returns {"files": [...]}."""
+    from lsjax.loading import load_model
+    from lsjax.prompts import load_suite
+
+    tok = _shared("model", load_model).tokenizer
+    prompts = load_suite(tok, args.suite, args.prompts, args.per_cell, args.tasks, args.buckets, args.seed)
+    args.write_prompts.mkdir(parents=True, exist_ok=True)
+    files = []
+    for prompt in prompts[: args.limit] if args.limit else prompts:
+        path = args.write_prompts / f"{prompt.id.replace('/', '-')}.txt"
+        path.write_text(prompt.text, encoding="utf-8")
+        print(f"{path}  {prompt.num_tokens} tokens")
+        files.append(str(path))
+    return {"files": files}
 
 
 def _draft_name(draft: str) -> str:
@@ -428,11 +451,11 @@ def _tree_name(methods) -> str:
     return ",".join(map(str, getattr(drafter, "longspec", drafter).tree.widths))
 
 
-def _write(result: dict, out_dir: Path, report, plots) -> None:
+def _write(result: dict, out_dir: Path, tables) -> None:
     (out_dir / "results.json").write_text(json.dumps(result, indent=1, default=float))
-    (out_dir / "results.md").write_text(report.markdown(result))
-    plots.write_all(result, out_dir)
-    print(f"[bench] wrote {out_dir}/results.json, results.md, {', '.join(plots.FIGURES)}", file=sys.stderr)
+    (out_dir / "results.md").write_text(tables.markdown(result))
+    tables.write_all(result, out_dir)
+    print(f"[bench] wrote {out_dir}/results.json, results.md, {', '.join(tables.FIGURES)}", file=sys.stderr)
 
 
 def main(argv=None) -> int:

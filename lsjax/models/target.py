@@ -217,7 +217,7 @@ OUT_MAJOR_MIN_ROWS = 3
 def default_layout() -> str:
     """The projections' storage for this backend: both orders on a CPU, [in, out] elsewhere.
 
-    Measured on 2 CPU cores (SmolLM2 at 1.5K and 4K context, `python -m lsjax.bench.tree_cost --layout in
+    Measured on 2 CPU cores (SmolLM2 at 1.5K and 4K context, `python -m studies.tree_cost.tree_cost --layout in
     out`): a verification forward of 5-13 nodes costs 10-20% less with [out, in] weights (5 nodes: 1.33x a
     1-token forward instead of 1.49x), 1 node the same, 2 nodes ~8% more (1.23x against 1.13x). So a CPU
     keeps both copies (twice the projections' memory: 0.5 GB for SmolLM2 in fp32) and `project` picks by

@@ -18,7 +18,7 @@ measured again, with one line saying why; so is a profile missing for this devic
 CPU model sharing the directory) has. Never fatal.
 
 Only ratios matter to the policy (it maximises tokens per second), so the prior is in units of one AR step:
-verification ratios measured with `lsjax.bench.tree_cost` on a 2-core CPU at 1K context (1.21x / 1.35x /
+verification ratios measured with `studies.tree_cost.tree_cost` on a 2-core CPU at 1K context (1.21x / 1.35x /
 1.63x / 2.24x a 1-token forward at 2 / 4 / 8 / 16 nodes: docs/design/cpu-verify-cost.md) plus drafting.
 """
 

@@ -56,7 +56,8 @@ def short_logprobs(r: jax.Array, table: jax.Array, in_head: jax.Array, prior: ja
     return jnp.where(in_head, raw - logz, prior)
 
 
-# The best (α, β) of `lsjax.bench.dels_sweep --suite dev` for the shipped block-s8 + GRU head (docs/methods/dels.md).
+# The best (α, β) of the α-β sweep on the dev suite (studies/dels_sweep) for the shipped block-s8 + GRU head
+# (docs/methods/dels.md).
 
 
 def prepare_dels_params(block, local: dict, prior, head_vocab, embed, alpha=0.3, beta=0.3) -> dict:
@@ -64,7 +65,7 @@ def prepare_dels_params(block, local: dict, prior, head_vocab, embed, alpha=0.3,
     the local head with its vocabulary map folded and the prior and head mask gathered at the block draft's
     vocabulary (derived at load, never saved). `head_vocab`: the ids the head's loss covered (None: all). α and
     β are arrays here, not drafter fields, so one compiled program serves every (α, β) (`with_weights`; the
-    α-β sweep of `lsjax.bench.dels_sweep`)."""
+    α-β sweep of studies/dels_sweep)."""
     block = DraftParams.of(block)
     ids = block.vocab_ids
     V = embed.shape[0]

@@ -126,7 +126,7 @@ def load_longspec(model, draft: str | None, tree_spec: str | TreeConfig | None):
 
 def shipped_tree(meta: dict, backend: str) -> TreeConfig:
     """The tree a draft's metadata names for `backend`: `"tree"` is widths for every device or a mapping
-    backend -> widths or preset (the tree was measured on that device: `lsjax.bench.trees`); without one,
+    backend -> widths or preset (the tree was measured on that device: studies/trees); without one,
     the device's preset."""
     tree = for_device(meta.get("tree"), backend)
     if tree:

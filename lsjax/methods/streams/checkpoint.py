@@ -116,7 +116,7 @@ def load_streams_drafter(model, draft=None, num_streams=None, msa_layers=None, t
 
 
 def default_tree(scfg: ss.StreamsConfig) -> str:
-    # On a CPU one stream node: each verified node costs (lsjax.bench.tree_cost) more than the streams'
+    # On a CPU one stream node: each verified node costs (studies/tree_cost) more than the streams'
     # acceptance returns (docs/methods/streams.md); wider elsewhere.
     if jax.default_backend() == "cpu":
         return "1"

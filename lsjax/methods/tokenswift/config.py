@@ -80,7 +80,7 @@ class TokenSwiftConfig:
 
 
 # The paper's configuration (its GPU setting), and one for devices where every verified node costs time and a
-# draft pass costs a whole weight read (a CPU: `lsjax.bench.ultralong` measures them).
+# draft pass costs a whole weight read (a CPU: studies/ultralong measures them).
 TS_PRESETS = {
     "paper": TokenSwiftConfig(),
     "cpu": TokenSwiftConfig(draft_pass="verified", topk=(1, 1, 1), ngram_topk=1, ngram_n=8),

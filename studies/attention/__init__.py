@@ -1,0 +1,1 @@
+"""Hybrid tree attention (split prefix + tree, LSE merge) against naive masked attention."""

@@ -1,0 +1,1 @@
+"""What a method's programs cost to get ready: compile seconds, executable bytes, load seconds."""

@@ -1,0 +1,1 @@
+"""Which LongSpec tree is fastest for this device, draft and kind of text."""
