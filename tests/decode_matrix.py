@@ -123,11 +123,11 @@ def cells(selection: str, methods: tuple[str, ...]) -> list[tuple[str, str]]:
 
 
 def main(devices: int, work: Path, selection: str) -> None:
-    import decode
     import lsjax.loading
-    from lsjax.compile_cache import enable
+    from lsjax.cli import decode
     from lsjax.loading import LoadedModel
     from lsjax.methods import registry
+    from lsjax.runtime.cache import enable
     from tests.tiny import fake_loading, tiny_model
 
     # A cell's second start (the profile modes) reads its programs from JAX's cache as a user's would; without

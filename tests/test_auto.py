@@ -571,7 +571,7 @@ def test_profile_is_keyed_by_device_model_backend_and_candidates(tmp_path, monke
 
 
 def test_profiles_live_beside_the_program_cache_unless_placed(tmp_path, monkeypatch):
-    from lsjax import compile_cache
+    from lsjax.runtime import cache as compile_cache
 
     monkeypatch.delenv("LSJAX_PROFILE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

@@ -211,7 +211,7 @@ def test_eagle3_without_a_draft_is_one_line():
 
 def test_presets_expand_into_the_authors_flags_and_given_flags_win():
     sys.path.insert(0, str(ROOT))
-    import decode as cli
+    from lsjax.cli import decode as cli
 
     args = cli.parse_args(["--preset", "tokenswift-paper", "--penalty", "1.1"])
     assert (args.method, args.ts_preset, args.temperature, args.min_p) == ("tokenswift", "paper", 1.0, 0.1)
@@ -226,7 +226,7 @@ def test_the_process_ends_when_its_output_is_out():
     """decode.py's process ends with the status its main returned, its output flushed, without waiting for a
     background thread Python's exit would join (a split program still loading: `exit_now`)."""
     code = (
-        "import sys, threading, time; sys.path.insert(0, '.'); import decode; "
+        "import sys, threading, time; from lsjax.cli import decode; "
         "threading.Thread(target=time.sleep, args=(120,)).start(); "
         "print('{\"out\": 1}'); sys.stderr.write('said\\n'); decode.exit_now(3)"
     )

@@ -16,7 +16,7 @@ import warnings
 
 import pytest
 
-import decode
+from lsjax.cli import decode
 from lsjax.config import ConfigError, GenerateConfig
 from lsjax.errors import MethodNote, ModelNotFoundError
 from lsjax.loading import default_model_path
@@ -238,12 +238,12 @@ def test_programs_compile_while_the_weights_load_where_cores_are_free(
     method,
     tiny_draft,  # noqa: F811
 ):
-    """Where the load leaves cores free (`host.compile_beside_load`), a method that does not read the target's
-    weights compiles its programs from the target's shapes while they load (`decode.Ahead`); one that reads
-    them (a random LongSpec draft starts from the target's last layer) is built after the load, as everywhere
-    else. The same text either way."""
+    """Where the load leaves cores free (`lsjax.runtime.compile_beside_load`), a method that does not read the
+    target's weights compiles its programs from the target's shapes while they load (`decode.Ahead`); one that
+    reads them (a random LongSpec draft starts from the target's last layer) is built after the load, as
+    everywhere else. The same text either way."""
     import lsjax.loading
-    from lsjax.engine import host
+    import lsjax.runtime
     from lsjax.loading import LoadedModel
     from tests.test_registry import ByteTokenizer
 
@@ -265,7 +265,7 @@ def test_programs_compile_while_the_weights_load_where_cores_are_free(
     argv = ["--prompt", "ab ab ab ab", "--method", name, *draft, "--max-new-tokens", "12", "--ignore-eos", "--json"]
     texts = []
     for free in (False, True):
-        monkeypatch.setattr(host, "compile_beside_load", lambda free=free: free)
+        monkeypatch.setattr(lsjax.runtime, "compile_beside_load", lambda free=free: free)
         assert decode.main([*argv, "--compile-cache", str(tmp_path / f"cache-{free}")]) == 0
         out = capsys.readouterr()
         assert "Traceback" not in out.err
@@ -305,7 +305,7 @@ def test_the_ticker_prints_elapsed_seconds_while_it_runs(capsys):
 
 
 def test_compile_cache_location(tmp_path, monkeypatch):
-    from lsjax import compile_cache
+    from lsjax.runtime import cache as compile_cache
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv(compile_cache.ENV, raising=False)

@@ -287,10 +287,11 @@ def test_loaded_weights_are_aligned_and_a_kept_tree_is_used_in_place(tmp_path, m
     mapped, so a CPU device takes it in place (`on_device`): a first start copies no weights to the device."""
     import jax
 
-    import decode
+    from lsjax.cli import decode
     from lsjax.engine.host import on_device
-    from lsjax.loading import LoadedModel, stored
+    from lsjax.loading import LoadedModel
     from lsjax.models import target
+    from lsjax.runtime import weights as stored
 
     model = _tiny_hf_model("llama", False)
     _write_gguf(tmp_path / "m.gguf", "llama", model.config, _state_dict_np(model), quant=gguf.GGMLQuantizationType.Q8_0)
@@ -634,7 +635,7 @@ def test_a_header_is_the_models_config_and_tokenizer_and_pending_params_say_so(t
 
 
 def test_a_store_keeps_the_loaded_params_and_maps_them_back(tmp_path, ours, capsys, monkeypatch):
-    """decode.py's store (`lsjax.loading.stored`): the first load keeps what it made, later ones map it back
+    """decode.py's store (`lsjax.runtime.weights`): the first load keeps what it made, later ones map it back
     (the same arrays, bf16 too); a damaged entry is made again, a store that cannot be written is one line."""
 
     def same(a, b):
@@ -645,7 +646,7 @@ def test_a_store_keeps_the_loaded_params_and_maps_them_back(tmp_path, ours, caps
             else:
                 assert a[k].dtype == b[k].dtype and np.array_equal(np.asarray(a[k]), np.asarray(b[k])), k
 
-    from lsjax.loading import stored
+    from lsjax.runtime import weights as stored
 
     monkeypatch.setattr(stored, "_defer", [])  # written before load_model returns (decode.py's defer is its own)
     store = tmp_path / "weights"
@@ -671,7 +672,7 @@ def test_a_store_keeps_the_loaded_params_and_maps_them_back(tmp_path, ours, caps
 def test_decode_py_keeps_the_params_prepared_for_decoding_and_decodes_the_same_with_them(tmp_path, monkeypatch):
     import jax
 
-    import decode
+    from lsjax.cli import decode
     from lsjax.config import GenerateConfig
     from lsjax.engine.host import Generator
     from lsjax.loading import LoadedModel
@@ -681,7 +682,7 @@ def test_decode_py_keeps_the_params_prepared_for_decoding_and_decodes_the_same_w
     config, params = tiny_model()
     (tmp_path / "tiny.gguf").write_bytes(b"a model file")
     model = LoadedModel(config, params, None, tmp_path / "tiny.gguf")
-    from lsjax.loading import stored
+    from lsjax.runtime import weights as stored
 
     monkeypatch.setattr(stored, "_defer", [True])  # decode.py's: written on a thread, waited for before exit
     monkeypatch.setattr(stored, "_writers", [])  # (this test's own: none left to another test)

@@ -31,7 +31,7 @@ def echo(tmp_path, monkeypatch):
 
 
 def test_the_folder_brings_its_flag_and_its_kind(echo):
-    import decode
+    from lsjax.cli import decode
 
     assert "echo" in registry.names() and "echo-bias" in registry.kind_names()
     parser, dests = decode.build_parser()
@@ -42,8 +42,8 @@ def test_the_folder_brings_its_flag_and_its_kind(echo):
 
 
 def test_the_folder_decodes_through_decode_py(echo, monkeypatch, capsys, tmp_path):
-    import decode
     import lsjax.loading
+    from lsjax.cli import decode
     from lsjax.loading import LoadedModel
 
     config, params = tiny_model()

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = """
 import contextlib, io, json, sys
 sys.path.insert(0, {root!r})
-import decode, lsjax.loading
+import lsjax.loading
+from lsjax.cli import decode
 from lsjax.loading import LoadedModel
 from tests.decode_matrix import id_tokenizer
 from tests.tiny import fake_loading, tiny_model
@@ -76,11 +77,8 @@ def test_precompile_names_a_bad_width_and_a_combination_that_keeps_nothing():
 
 
 def test_the_status_line_says_loading_for_a_program_read_from_the_cache(monkeypatch):
-    import decode
-    from lsjax.engine.host import LOAD_ENV
+    from lsjax.cli import decode
     from lsjax.methods.pld.drafter import PLDDrafter
-
-    monkeypatch.delenv(LOAD_ENV, raising=False)
 
     assert decode.loading_label(PLDDrafter()) == "loading the decode program from the compile cache"
 

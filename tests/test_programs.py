@@ -1,4 +1,4 @@
-"""The compiled-program cache (`lsjax.engine.programs`): keys that change with what determines a program and
+"""The compiled-program cache (`lsjax.runtime.programs`): keys that change with what determines a program and
 with nothing else, a second Generator that loads instead of tracing and decodes the same, damaged files."""
 
 from __future__ import annotations
@@ -14,11 +14,14 @@ import numpy as np
 import pytest
 
 from lsjax.config import GenerateConfig
-from lsjax.engine import cpu, programs
-from lsjax.engine.host import Generator, InLayout, SplitDecode
-from lsjax.engine.programs import ProgramCache, program_key
+from lsjax.engine.host import Generator
 from lsjax.engine.types import SpecConfig
 from lsjax.methods.pld.drafter import PLDDrafter
+from lsjax.runtime import Startup, cpu, programs
+from lsjax.runtime import split as split_mod
+from lsjax.runtime.cpu import InLayout
+from lsjax.runtime.programs import ProgramCache, program_key
+from lsjax.runtime.split import SplitDecode
 from tests.tiny import tiny_model
 
 AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma"})  # the flags of a CPU without AVX-512
@@ -65,8 +68,8 @@ def test_each_kind_of_cpu_keeps_its_own_programs(monkeypatch, tmp_path):
 
 
 def test_fastbins_go_off_where_the_process_asks(monkeypatch):
-    """decode.py turns glibc's fastbins off (its program loads spend less in malloc): `mallopt(M_MXFAST, 0)`,
-    never where `$LSJAX_MALLOC` is "default", and a libc without mallopt (not glibc) is left as it is."""
+    """decode.py turns glibc's fastbins off (its program loads spend less in malloc): `mallopt(M_MXFAST, 0)`;
+    a libc without mallopt (not glibc) is left as it is."""
     import ctypes
     import platform
 
@@ -78,9 +81,6 @@ def test_fastbins_go_off_where_the_process_asks(monkeypatch):
             return 1
 
     monkeypatch.setattr(ctypes, "CDLL", lambda _: Glibc())
-    monkeypatch.setenv(cpu.MALLOC_ENV, "default")
-    assert cpu.no_fastbins() is False and calls == []
-    monkeypatch.delenv(cpu.MALLOC_ENV)
     assert cpu.no_fastbins() is True and calls == [(1, 0)]
     monkeypatch.setattr(ctypes, "CDLL", lambda _: object())
     assert cpu.no_fastbins() is False
@@ -148,7 +148,7 @@ def jax_cache(tmp_path):
 _JAX_CACHE_SCRIPT = """
 import sys
 import jax, jax.numpy as jnp
-from lsjax.engine.programs import ProgramCache
+from lsjax.runtime.programs import ProgramCache
 jax.config.update("jax_compilation_cache_dir", sys.argv[1])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 x = jnp.arange(5.0)
@@ -203,9 +203,9 @@ def test_a_second_generator_loads_both_programs_and_decodes_the_same(tmp_path, m
     ids = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
     gen = GenerateConfig(max_new_tokens=12, ignore_eos=True)
     kw = {} if drafter is None else {"drafter": drafter}
-    first = Generator(config, params, program_cache=ProgramCache(tmp_path), **kw).run(ids, gen)
+    first = Generator(config, params, startup=Startup(ProgramCache(tmp_path)), **kw).run(ids, gen)
     cache = ProgramCache(tmp_path)
-    second = Generator(config, params, program_cache=cache, **kw).run(ids, gen)
+    second = Generator(config, params, startup=Startup(cache), **kw).run(ids, gen)
     assert cache.hits == 2 and second.tokens == first.tokens
 
 
@@ -215,11 +215,11 @@ def test_a_start_reads_ahead_the_programs_the_last_start_with_its_tag_fetched_fi
     gen = GenerateConfig(max_new_tokens=12, ignore_eos=True)
     first = ProgramCache(tmp_path)
     assert first.read_ahead("tag") == 0  # nothing noted yet
-    plain = Generator(config, params, program_cache=first).run(ids, gen)
+    plain = Generator(config, params, startup=Startup(first)).run(ids, gen)
     first.remember("tag", ("start", "decode"))
     cache = ProgramCache(tmp_path)
     assert cache.read_ahead("another tag") == 0 and cache.read_ahead("tag") == 2
-    again = Generator(config, params, program_cache=cache).run(ids, gen)
+    again = Generator(config, params, startup=Startup(cache)).run(ids, gen)
     assert again.tokens == plain.tokens and cache.hits == 2 and cache.read_ahead_hits == 2
     # Read ahead or not, each read is timed: what a later load will cost by its size (`SplitDecode` prices one).
     assert first.seconds_per_byte() is None and len(cache.reads) == 2 and cache.seconds_per_byte() > 0
@@ -227,7 +227,7 @@ def test_a_start_reads_ahead_the_programs_the_last_start_with_its_tag_fetched_fi
     other = ProgramCache(tmp_path)
     assert other.read_ahead("tag") == 2
     longer = ids * 30
-    assert Generator(config, params, program_cache=other).run(longer, gen).tokens == (
+    assert Generator(config, params, startup=Startup(other)).run(longer, gen).tokens == (
         Generator(config, params).run(longer, gen).tokens
     )
     assert other.read_ahead_hits == 0
@@ -236,7 +236,7 @@ def test_a_start_reads_ahead_the_programs_the_last_start_with_its_tag_fetched_fi
         path.write_bytes(b"not a program")
     damaged = ProgramCache(tmp_path)
     assert damaged.read_ahead("tag") == 2
-    assert Generator(config, params, program_cache=damaged).run(ids, gen).tokens == plain.tokens
+    assert Generator(config, params, startup=Startup(damaged)).run(ids, gen).tokens == plain.tokens
     assert damaged.hits == damaged.read_ahead_hits == 0 and damaged.seconds_per_byte() is None
 
 
@@ -244,8 +244,8 @@ def test_a_mesh_generator_does_not_use_the_cache(tmp_path):
     config, params = tiny_model()
     from lsjax import mesh as mesh_lib
 
-    g = Generator(config, params, mesh=mesh_lib.make("data=1"), program_cache=ProgramCache(tmp_path))
-    assert g.programs is None
+    g = Generator(config, params, mesh=mesh_lib.make("data=1"), startup=Startup(ProgramCache(tmp_path)))
+    assert g.startup.store is None
 
 
 # ------------------------------------------------------------------ the decode program compiled during prefill
@@ -253,17 +253,17 @@ def test_a_mesh_generator_does_not_use_the_cache(tmp_path):
 
 @pytest.mark.parametrize("where", ["accelerator", "cpu-loading"])
 def test_a_decode_program_compiled_while_prefilling_decodes_the_same(tmp_path, monkeypatch, where):
-    from lsjax.engine import host
+    import lsjax.runtime
 
     config, params = tiny_model()
     ids = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
     gen = GenerateConfig(max_new_tokens=12, ignore_eos=True)
-    plain = Generator(config, params, PLDDrafter(num_tokens=3), program_cache=ProgramCache(tmp_path)).run(ids, gen)
+    plain = Generator(config, params, PLDDrafter(num_tokens=3), startup=Startup(ProgramCache(tmp_path))).run(ids, gen)
     if where == "accelerator":
-        monkeypatch.setattr(host, "compiler_beside_device", lambda: True)
+        monkeypatch.setattr(lsjax.runtime, "beside_device", lambda: True)
         g = Generator(config, params, PLDDrafter(num_tokens=3))
     else:  # on a CPU: only a program loaded from disk (one thread) is left to the background
-        g = Generator(config, params, PLDDrafter(num_tokens=3), program_cache=ProgramCache(tmp_path))
+        g = Generator(config, params, PLDDrafter(num_tokens=3), startup=Startup(ProgramCache(tmp_path)))
     assert g.compile(ids, gen, background=True) > 0 and g.compiling
     assert g.loading_decode == (where == "cpu-loading")  # what decode.py's status line says it is doing
     ready = []
@@ -277,12 +277,12 @@ def test_a_decode_program_compiled_while_prefilling_decodes_the_same(tmp_path, m
 
 def test_on_a_cpu_the_decode_program_compiles_beside_the_prefill(tmp_path):
     """The start program compiles first (its layers scanned: ~1.5 s for SmolLM2), the decode program on a host
-    thread while the prompt is prefilled (`host.beside` says what it measured); outputs are AR's either way.
+    thread while the prompt is prefilled (`lsjax.runtime.beside`); outputs are AR's either way.
     The first token streams as soon as the prefill has made it, before the decode program is waited for."""
     config, params = tiny_model()
     ids = [5, 6, 7, 8, 5, 6]
     gen = GenerateConfig(max_new_tokens=6, ignore_eos=True)
-    g = Generator(config, params, program_cache=ProgramCache(tmp_path))
+    g = Generator(config, params, startup=Startup(ProgramCache(tmp_path)))
     g.compile(ids, gen, background=True)
     assert g.compiling and not g.loading_decode
     streamed, seen, ready = [], [], []  # seen, ready: tokens streamed when the prefill ended, when decoding began
@@ -312,7 +312,7 @@ def test_programs_compile_from_the_targets_shapes_while_its_weights_load(tmp_pat
     gen = GenerateConfig(max_new_tokens=12, ignore_eos=True)
     plain = Generator(config, params, PLDDrafter(num_tokens=3)).run(ids, gen)
     g = Generator(
-        config, target.abstract_params(config), PLDDrafter(num_tokens=3), program_cache=ProgramCache(tmp_path)
+        config, target.abstract_params(config), PLDDrafter(num_tokens=3), startup=Startup(ProgramCache(tmp_path))
     )
     assert g.weights_pending and g.compile(ids, gen) > 0
     with pytest.raises(InputError, match="run: the target's weights are still to come"):
@@ -328,15 +328,16 @@ def test_programs_compile_from_the_targets_shapes_while_its_weights_load(tmp_pat
     assert result.tokens == plain.tokens and result.compile_s == 0
     with pytest.raises(InputError, match="has its weights already"):
         g.give_weights(params)
-    again = Generator(config, params, PLDDrafter(num_tokens=3), program_cache=ProgramCache(tmp_path))
+    again = Generator(config, params, PLDDrafter(num_tokens=3), startup=Startup(ProgramCache(tmp_path)))
     assert again.run(ids, gen).tokens == plain.tokens
     assert [p.how for p in again.program_log] == ["loaded", "loaded"]  # the programs made from shapes
 
 
 def test_a_background_compile_error_is_raised_by_run_and_the_next_run_compiles_again(monkeypatch):
-    from lsjax.engine import host, loop
+    import lsjax.runtime
+    from lsjax.engine import loop
 
-    monkeypatch.setattr(host, "compiler_beside_device", lambda: True)
+    monkeypatch.setattr(lsjax.runtime, "beside_device", lambda: True)
     config, params = tiny_model()
     ids = [5, 6, 7, 8, 5, 6]
     gen = GenerateConfig(max_new_tokens=6, ignore_eos=True)
@@ -355,16 +356,16 @@ def test_a_background_compile_error_is_raised_by_run_and_the_next_run_compiles_a
 
 
 def test_a_loaded_program_that_fails_to_run_is_removed_with_one_line(tmp_path, monkeypatch, capsys):
-    import decode
-    from lsjax import compile_cache
-    from lsjax.loading import stored
+    from lsjax.cli import decode
+    from lsjax.runtime import cache as compile_cache
+    from lsjax.runtime import weights as stored
 
     class JaxRuntimeError(RuntimeError):  # XLA's error type, by name (jax.errors.JaxRuntimeError)
         pass
 
     def loaded_then_broken(self, *a, **k):
-        self.programs.hits = 1
-        (self.programs.root / f"decode-x{programs.SUFFIX}").write_bytes(b"")
+        self.startup.store.hits = 1
+        (self.startup.store.root / f"decode-x{programs.SUFFIX}").write_bytes(b"")
         raise JaxRuntimeError("NOT_FOUND: Function iota_compare_fusion not found (type id: 1)\ndetails")
 
     monkeypatch.setattr(compile_cache, "enable", lambda *a: None)  # JAX's own cache stays as the test has it
@@ -386,13 +387,12 @@ def test_a_split_decode_runs_with_the_groups_loaded_so_far_and_takes_the_rest_as
     """A second start of `auto`: its first group (AR's) loads before decoding, the other group's program loads
     on a host thread once auto asks for it (held here until 3 tokens have streamed); auto runs on AR meanwhile,
     then uses it. Greedy output equals AR's; every step is counted as one candidate's."""
-    from lsjax.engine.host import LOAD_ENV
     from lsjax.methods.auto.drafter import AutoDrafter, auto_params
 
     monkeypatch.setenv("LSJAX_PROFILE_DIR", str(tmp_path / "profiles"))
-    # Every group asked for is loaded, as if loads took no time: a tiny model's 40 tokens would be over before a
-    # load was in (`SplitDecode._pays`).
-    monkeypatch.setenv(LOAD_ENV, "asked")
+    # The second group loads only when asked for (as in a split of more groups than load at once), as if loads
+    # took no time: a tiny model's 40 tokens would be over before a load was in (`SplitDecode._pays`).
+    monkeypatch.setattr(split_mod, "EAGER_GROUPS", 1)
     monkeypatch.setattr(SplitDecode, "_make_estimate", lambda self, g: 0.0)
     monkeypatch.setattr(cpu, "info", lambda: ("an AVX2 CPU", AVX2))  # (where the 4-node group is a wide program)
     config, params = tiny_model()
@@ -401,7 +401,7 @@ def test_a_split_decode_runs_with_the_groups_loaded_so_far_and_takes_the_rest_as
     gen = GenerateConfig(max_new_tokens=40, ignore_eos=True)
     ar = Generator(config, params).run(ids, gen)
 
-    first = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path))
+    first = Generator(config, params, drafter, auto_params(drafter), startup=Startup(ProgramCache(tmp_path)))
     assert first.splits() and first.partial(gen)
     assert first.run(ids, gen).tokens == ar.tokens
     assert sorted(p.name for p in first.program_log) == ["decode-1n", "decode-4n", "start"]
@@ -415,7 +415,7 @@ def test_a_split_decode_runs_with_the_groups_loaded_so_far_and_takes_the_rest_as
         return load(self, path)
 
     monkeypatch.setattr(ProgramCache, "_load", held)
-    g = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path))
+    g = Generator(config, params, drafter, auto_params(drafter), startup=Startup(ProgramCache(tmp_path)))
     g.compile(ids, gen, background=True)
     assert g.compiling and g.loading_decode
     streamed, split = [], next(iter(g._compiled.values()))[1]
@@ -433,9 +433,9 @@ def test_a_split_decode_runs_with_the_groups_loaded_so_far_and_takes_the_rest_as
     assert result.decode_program_at > result.first_token_at
     assert result.drafter_stats["steps_by_candidate"].get("pld-3", 0) > 0  # the second group ran once loaded
     assert sum(result.drafter_stats["steps_by_candidate"].values()) == result.target_forwards - 1
-    assert g.programs.hits == 3 and not g.compiling  # start and both groups, all loaded
+    assert g.startup.store.hits == 3 and not g.compiling  # start and both groups, all loaded
     # Loaded beside the prefill, the first group is soon ready: a status line says "prefilling", not "loading".
-    again = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path))
+    again = Generator(config, params, drafter, auto_params(drafter), startup=Startup(ProgramCache(tmp_path)))
     again.compile(ids, gen, background=True)
     deadline = time.monotonic() + 60
     while again.first_pending and time.monotonic() < deadline:
@@ -452,8 +452,10 @@ def test_a_wide_program_compiles_without_ynnpack_and_runs_on_the_in_major_projec
     """`wide_program`: verifications of 3+ rows on one CPU device without AVX-512; `WideLowered` compiles without
     YNNPACK fusions (an XLA without the option: as it is); `InLayout` hands the program the [in, out] view of
     the params."""
-    from lsjax.engine.host import WIDE_ROWS, WideLowered, wide_program
+    import functools
+
     from lsjax.models import target
+    from lsjax.runtime.cpu import WIDE_ROWS, WideLowered, wide_program
 
     monkeypatch.setattr(cpu, "info", lambda: ("an AVX2 CPU", AVX2))
     assert WIDE_ROWS == 3 and not wide_program(1) and not wide_program(2) and wide_program(3) and wide_program(9)
@@ -481,7 +483,8 @@ def test_a_wide_program_compiles_without_ynnpack_and_runs_on_the_in_major_projec
     config, params = tiny_model()
     both = target.prepare_for_decode(params, config, layout="both")
     seen = []
-    program = InLayout(lambda p, *rest: seen.append((p, rest)) or "ran", config)
+    view = functools.partial(target.prepare_for_decode, config=config, layout="in")
+    program = InLayout(lambda p, *rest: seen.append((p, rest)) or "ran", view)
     assert program(both, 1, 2) == "ran" and program(both, 3) == "ran"
     view = seen[0][0]
     assert target.layout_of(view) == "in" and seen[1][0] is view  # made once per params object
@@ -501,7 +504,7 @@ def _first_start_setup(tmp_path, monkeypatch):
     ar = Generator(config, params).run(ids, gen)
 
     def generator():
-        return Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path / "p"))
+        return Generator(config, params, drafter, auto_params(drafter), startup=Startup(ProgramCache(tmp_path / "p")))
 
     return ids, gen, ar, generator
 
@@ -510,9 +513,6 @@ def test_a_first_start_decodes_with_ars_programs_and_compiles_the_methods_after(
     """A start with nothing stored (greedy, exact, on a CPU) decodes with AR's own programs, which compile in
     AR's time, and leaves the method's to `finish` (its costs measured with them), so the next start loads
     everything and reads them; a second run in the same process runs the method's own programs."""
-    from lsjax.engine.host import LOAD_ENV
-
-    monkeypatch.delenv(LOAD_ENV, raising=False)
     ids, gen, ar, generator = _first_start_setup(tmp_path, monkeypatch)
     g = generator()
     assert g.stands_in(ids, gen)
@@ -533,7 +533,7 @@ def test_a_first_start_decodes_with_ars_programs_and_compiles_the_methods_after(
     assert not nxt.stands_in(ids, gen)
     nxt.compile(ids, gen, background=True)
     assert nxt.loading_decode
-    # AR's group and one more, stored: the second loads at once, unasked (`split_loading`)
+    # AR's group and one more, stored: the second loads at once, unasked (`lsjax.runtime.split.loading`)
     assert [c[1].eager for c in nxt._compiled.values()] == [True]
     assert nxt.run(ids, gen).tokens == ar.tokens and not nxt.owes
     assert all(p.how == "loaded" for p in nxt.program_log)
@@ -543,9 +543,6 @@ def test_a_first_start_decodes_with_ars_programs_and_compiles_the_methods_after(
 def test_a_first_start_with_ars_group_stored_keeps_to_it_and_compiles_the_rest_after(tmp_path, monkeypatch):
     """AR's group stored, a tree's not: the run keeps to AR's group (compiling beside the decode takes the cores
     it runs on) and `finish` compiles the tree for the next start."""
-    from lsjax.engine.host import LOAD_ENV
-
-    monkeypatch.delenv(LOAD_ENV, raising=False)
     ids, gen, ar, generator = _first_start_setup(tmp_path, monkeypatch)
     full = generator()
     full.run(ids, gen)  # (foreground: every program compiled and stored)
@@ -563,13 +560,14 @@ def test_a_first_start_with_ars_group_stored_keeps_to_it_and_compiles_the_rest_a
     assert list((tmp_path / "p").glob("decode-4n-*"))
 
 
-def test_a_first_start_can_compile_beside_the_decode(tmp_path, monkeypatch):
-    """`$LSJAX_SPLIT_LOAD=eager` (for timing the two): AR's group compiles beside the prefill and decodes while
-    the others compile; the costs are the prior meanwhile (measuring would wait for every program). `finish`
-    then compiles the rest and measures the width's costs, so the next start loads everything and reads them."""
-    from lsjax.engine.host import LOAD_ENV
+def test_beside_an_accelerator_a_first_start_compiles_every_group_beside_the_decode(tmp_path, monkeypatch):
+    """Where XLA compiles beside the device (an accelerator's host, simulated), a first start does not stand in
+    with AR's programs: AR's group compiles beside the prefill and decodes while the others compile; the costs
+    are the prior meanwhile (measuring would wait for every program). `finish` then compiles the rest and
+    measures the width's costs, so the next start loads everything and reads them."""
+    import lsjax.runtime
 
-    monkeypatch.setenv(LOAD_ENV, "eager")
+    monkeypatch.setattr(lsjax.runtime, "beside_device", lambda: True)
     ids, gen, ar, generator = _first_start_setup(tmp_path, monkeypatch)
     g = generator()
     assert not g.stands_in(ids, gen)
@@ -595,14 +593,16 @@ def test_split_and_partial_only_where_they_hold(tmp_path):
     auto = AutoDrafter(pld_tokens=(3,))
     greedy = GenerateConfig(max_new_tokens=8)
     sampled = GenerateConfig(max_new_tokens=8, sampling=SamplingConfig(temperature=1.0))
-    cached = Generator(config, params, auto, auto_params(auto), program_cache=ProgramCache(tmp_path))
+    cached = Generator(config, params, auto, auto_params(auto), startup=Startup(ProgramCache(tmp_path)))
     assert cached.splits() and cached.partial(greedy) and not cached.partial(sampled)
     assert not Generator(config, params, auto, auto_params(auto)).splits()  # no program cache: one program
-    assert not Generator(config, params, PLDDrafter(3), program_cache=ProgramCache(tmp_path)).splits()
+    assert not Generator(config, params, PLDDrafter(3), startup=Startup(ProgramCache(tmp_path))).splits()
     ar_only = AutoDrafter(pld_tokens=())  # one group: nothing to split
-    assert not Generator(config, params, ar_only, auto_params(ar_only), program_cache=ProgramCache(tmp_path)).splits()
+    assert not Generator(
+        config, params, ar_only, auto_params(ar_only), startup=Startup(ProgramCache(tmp_path))
+    ).splits()
     bf16 = dataclasses.replace(config, dtype="bfloat16")
-    assert not Generator(bf16, params, auto, auto_params(auto), program_cache=ProgramCache(tmp_path)).partial(greedy)
+    assert not Generator(bf16, params, auto, auto_params(auto), startup=Startup(ProgramCache(tmp_path))).partial(greedy)
 
 
 @pytest.mark.parametrize(
@@ -625,17 +625,17 @@ def test_split_programs_are_stored_from_jax_bytes_where_they_can_be(tmp_path, ja
     config, params = tiny_model()
     drafter = dataclasses.replace(AutoDrafter(pld_tokens=(3,)), cost_profile="prior")
     ids, gen = [5, 6, 7, 8, 5, 6], GenerateConfig(max_new_tokens=6, ignore_eos=True)
-    Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path / "a")).compile(
+    Generator(config, params, drafter, auto_params(drafter), startup=Startup(ProgramCache(tmp_path / "a"))).compile(
         ids, gen
     )
     jax.clear_caches()
-    again = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path / "b"))
+    again = Generator(config, params, drafter, auto_params(drafter), startup=Startup(ProgramCache(tmp_path / "b")))
     del from_jax_cache[:]
     again.compile(ids, gen)
     assert from_jax_cache == [True, True, True]  # start and both groups came from JAX's cache
     stored = list((tmp_path / "b").glob(f"decode-*{programs.SUFFIX}"))
     assert len(stored) == (2 if bytes_kept else 0)
-    last = Generator(config, params, drafter, auto_params(drafter), program_cache=ProgramCache(tmp_path / "b"))
+    last = Generator(config, params, drafter, auto_params(drafter), startup=Startup(ProgramCache(tmp_path / "b")))
     last.compile(ids, gen, background=True)
     assert last.loading_decode == bytes_kept  # else compiled in the background, AR's group first
     last.finish()
@@ -646,10 +646,10 @@ def test_a_start_that_loaded_its_decode_program_may_borrow_host_params(tmp_path)
     from the cache, never at a start that compiles it (which then measures its own) or in a warm-up."""
     config, params = tiny_model()
     ids, gen = [5, 6, 7, 8, 5, 6], GenerateConfig(max_new_tokens=6, ignore_eos=True)
-    first = Generator(config, params, PLDDrafter(num_tokens=3), program_cache=ProgramCache(tmp_path))
+    first = Generator(config, params, PLDDrafter(num_tokens=3), startup=Startup(ProgramCache(tmp_path)))
     first.run(ids, gen)
     assert not first._host_run(gen, 256, None, None).borrow
-    again = Generator(config, params, PLDDrafter(num_tokens=3), program_cache=ProgramCache(tmp_path))
+    again = Generator(config, params, PLDDrafter(num_tokens=3), startup=Startup(ProgramCache(tmp_path)))
     again.run(ids, gen)
     assert again._host_run(gen, 256, None, None).borrow and not again._host_run(gen, 512, None, None).borrow
     again.warming_up = True
@@ -661,7 +661,7 @@ def test_an_unwritable_program_cache_is_one_warning_and_the_run_goes_on(tmp_path
     ids, gen = [5, 6, 7, 8, 5, 6], GenerateConfig(max_new_tokens=6, ignore_eos=True)
     blocked = tmp_path / "not-a-dir"
     blocked.write_text("a file where the cache directory should be")
-    result = Generator(config, params, program_cache=ProgramCache(blocked)).run(ids, gen)
+    result = Generator(config, params, startup=Startup(ProgramCache(blocked))).run(ids, gen)
     assert result.tokens == Generator(config, params).run(ids, gen).tokens
     warnings = [line for line in capsys.readouterr().err.splitlines() if "cannot store compiled programs" in line]
     assert len(warnings) == 1 and "decoding goes on" in warnings[0], warnings

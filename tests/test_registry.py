@@ -102,8 +102,8 @@ def test_registry_builds_the_builtin_methods():
 
 
 def test_toy_drafter_runs_through_decode_py(toy, tiny_loaded, monkeypatch, capsys):
-    import decode
     import lsjax.loading
+    from lsjax.cli import decode
 
     for name, fn in fake_loading(tiny_loaded).items():
         monkeypatch.setattr(lsjax.loading, name, fn)

@@ -20,13 +20,20 @@ import pytest
 from lsjax import engine
 from lsjax.config import GenerateConfig, SamplingConfig
 from lsjax.engine import loop
-from lsjax.engine.host import SplitDecode, group_name
-from lsjax.engine.step import variant_groups
+from lsjax.engine.host import group_name
+from lsjax.engine.step import PLAN, variant_groups
 from lsjax.engine.types import ARDrafter, SpecConfig
 from lsjax.methods.auto.drafter import auto_params
+from lsjax.runtime import split as split_mod
 from tests.test_auto import SMALL, repetitive_prompts
 from tests.test_speculative import longspec_params, run
 from tests.tiny import tiny_model
+
+
+def SplitDecode(drafter, programs, partial, **kw):
+    """A split decode of `drafter`'s node-count groups, as the engine's host makes one."""
+    return split_mod.SplitDecode(drafter, variant_groups(drafter), programs, partial, plan=PLAN, **kw)
+
 
 GREEDY = GenerateConfig(max_new_tokens=48, sampling=SamplingConfig(temperature=0.0), ignore_eos=True)
 SAMPLED = GenerateConfig(max_new_tokens=48, sampling=SamplingConfig(temperature=1.0), ignore_eos=True)
@@ -188,7 +195,7 @@ def test_a_group_never_made_is_never_chosen():
     np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out))
 
 
-def _lazy(gen, costs, partial, priced=False, first_only=False):
+def _lazy(gen, costs, partial, first_only=False):
     """A split decode that makes each group's program only when asked for (`eager=False`), recording which."""
     config, params, ls, spec, state, programs = _setup(gen)
     made = []
@@ -199,7 +206,7 @@ def _lazy(gen, costs, partial, priced=False, first_only=False):
         return progs[g]
 
     futures = [concurrent.futures.Future() for _ in progs]
-    split = SplitDecode(SMALL, futures, partial=partial, make=make, eager=False, priced=priced, first_only=first_only)
+    split = SplitDecode(SMALL, futures, partial=partial, make=make, eager=False, first_only=first_only)
     return split, made, params, auto_params(SMALL, ls, costs), spec, state
 
 
@@ -245,31 +252,12 @@ def test_a_partial_split_loads_what_the_drafter_wants_while_ar_bridges():
     np.testing.assert_array_equal(np.asarray(again.out), np.asarray(ref.out))
 
 
-def test_a_priced_split_loads_a_group_only_where_it_pays():
-    """`priced`: with programs that are made at once every group the drafter wants pays; with programs that take
-    an hour to make none does, and the run keeps to the groups it has (AR's) with AR's tokens."""
-    config, _ = tiny_model()
-    split, made, params, dp, spec, state = _lazy(GREEDY, CHEAP, partial=True, priced=True)
-    ref = run(params, config, repetitive_prompts(), GREEDY, ARDrafter())
-    out = split(params, dp, state(), 1000)
-    np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out))
-    assert len(made) >= 2 and split.declined == 0 and split.restricted_steps > 0
-
-    split, made, params, dp, spec, state = _lazy(GREEDY, CHEAP, partial=True, priced=True)
-    split._make_s[-1] = 3600.0  # as if a program had taken an hour to make
-    out = split(params, dp, state(), 1000)
-    np.testing.assert_array_equal(np.asarray(out.out), np.asarray(ref.out))
-    assert made == [0] and split.declined > 0 and split.restricted_steps == 0
-    assert np.asarray(out.draft.policy.uses)[1:].sum() == 0
-
-
-@pytest.mark.parametrize("priced", [False, True], ids=["asked", "priced"])
-def test_no_split_loads_a_group_that_would_come_after_the_last_token(priced):
-    """Asked for or priced: a group whose load (by its size at the seconds per byte this process's reads took)
+def test_no_split_loads_a_group_that_would_come_after_the_last_token():
+    """A group whose load (by its size at the seconds per byte this process's reads took)
     would end after the run's last token at its pace so far is not asked for; the run keeps to AR's group, with
     AR's tokens."""
     config, _ = tiny_model()
-    split, made, params, dp, spec, state = _lazy(GREEDY, CHEAP, partial=True, priced=priced)
+    split, made, params, dp, spec, state = _lazy(GREEDY, CHEAP, partial=True)
     ref = run(params, config, repetitive_prompts(), GREEDY, ARDrafter())
     split.sizes = [1_000_000] * len(split.programs)
     split.load_rate = lambda: 1e-3  # 1000 s a program
@@ -280,8 +268,8 @@ def test_no_split_loads_a_group_that_would_come_after_the_last_token(priced):
 
 
 def test_a_split_kept_to_its_first_group_loads_no_other():
-    """The "first" loading (a timing baseline): where the drafter wants a tree it keeps to AR's group, with AR's
-    tokens."""
+    """Compiling on a CPU (`first_only`: the rest compile after the output): where the drafter wants a tree it
+    keeps to AR's group, with AR's tokens."""
     config, _ = tiny_model()
     split, made, params, dp, spec, state = _lazy(GREEDY, CHEAP, partial=True, first_only=True)
     out = split(params, dp, state(), 1000)
@@ -290,9 +278,9 @@ def test_a_split_kept_to_its_first_group_loads_no_other():
     assert made == [0] and split.declined > 0 and np.asarray(out.draft.policy.uses)[1:].sum() == 0
 
 
-def test_a_load_is_priced_by_the_size_of_its_program():
+def test_a_load_is_estimated_by_the_size_of_its_program():
     n = len(variant_groups(SMALL))
-    split = SplitDecode(SMALL, [object()] * n, partial=True, priced=True, sizes=[10_000_000] + [4_000_000] * (n - 1))
+    split = SplitDecode(SMALL, [object()] * n, partial=True, sizes=[10_000_000] + [4_000_000] * (n - 1))
     split._make_s = {0: 3.0}  # AR's group, 10 MB, in 3 s
     assert split._make_estimate(1) == pytest.approx(1.2)
     split.load_rate = lambda: 0.5e-6  # this process's reads: 0.5 s per MB (the first group's read ahead)
@@ -305,32 +293,22 @@ def test_a_load_is_priced_by_the_size_of_its_program():
     assert split._make_estimate(1) is None  # nothing to go by: asked for (`_pays`)
 
 
-def test_split_load_env(monkeypatch):
-    from lsjax.engine.host import LOAD_ENV, split_loading
-    from lsjax.errors import LsjaxError
-
-    monkeypatch.delenv(LOAD_ENV, raising=False)
-    assert split_loading(stored=False) == "first" and split_loading(stored=True) == "asked"  # on a CPU
-    assert split_loading(stored=True, idle=True) == "idle" and split_loading(stored=False, idle=True) == "first"
-    # AR's group and one more (the draft-less CPU default), loaded from disk: both at once; compiling: "first"
-    assert split_loading(stored=True, idle=True, groups=2) == "eager" == split_loading(stored=True, groups=2)
-    assert split_loading(stored=False, idle=True, groups=2) == "first"
-    assert split_loading(stored=True, idle=True, groups=3) == "idle" and split_loading(stored=True, groups=3) == "asked"
-    for how in ("eager", "asked", "priced", "idle", "first"):
-        monkeypatch.setenv(LOAD_ENV, how)
-        assert split_loading(stored=True) == how == split_loading(stored=False, idle=True)
-    monkeypatch.setenv(LOAD_ENV, "lazy")
-    named = r"LSJAX_SPLIT_LOAD: expected one of idle, priced, asked, eager, first, got 'lazy'"
-    with pytest.raises(LsjaxError, match=named):
-        split_loading(stored=True)
+def test_one_loading_rule():
+    """Beside an accelerator every group at once; compiling on a CPU the first group only; read from disk on a
+    CPU, a split of two at once, a larger one as the drafter asks, at idle priority in a one-decode process."""
+    loading = split_mod.loading
+    assert loading(stored=False, beside_device=True, groups=6, one_decode=True) == {"eager": True}
+    assert loading(stored=True, beside_device=True, groups=6, one_decode=False) == {"eager": True}
+    assert loading(stored=False, beside_device=False, groups=2, one_decode=True) == {"eager": False, "first_only": True}
+    assert loading(stored=True, beside_device=False, groups=2, one_decode=True) == {"eager": True}
+    assert loading(stored=True, beside_device=False, groups=3, one_decode=True) == {"eager": False, "idle": True}
+    assert loading(stored=True, beside_device=False, groups=3, one_decode=False) == {"eager": False, "idle": False}
 
 
 def test_an_idle_split_loads_the_groups_after_the_first_at_idle_priority(monkeypatch):
-    from lsjax.engine import host
-
     lowered = []
-    monkeypatch.setattr(host, "idle_priority", lambda: lowered.append(True) or True)
-    monkeypatch.setattr(host, "_idled", [])
+    monkeypatch.setattr(split_mod, "idle_priority", lambda: lowered.append(True) or True)
+    monkeypatch.setattr(split_mod, "_idled", [])
     made = []  # (group, whether the priority was lowered before it was made)
     n = len(variant_groups(SMALL))
     futures = [concurrent.futures.Future() for _ in range(n)]
@@ -343,7 +321,7 @@ def test_an_idle_split_loads_the_groups_after_the_first_at_idle_priority(monkeyp
 IDLE_CHECK = """
 import os, threading, time
 import jax.numpy as jnp
-from lsjax.engine.host import COMPUTE_THREADS, idle_priority
+from lsjax.runtime.cpu import COMPUTE_THREADS, idle_priority
 jnp.ones(2).block_until_ready()  # XLA's thread pools exist
 base = os.getpriority(os.PRIO_PROCESS, os.getpid())
 seen, go = [], threading.Event()

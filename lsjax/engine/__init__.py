@@ -9,7 +9,7 @@
 Layers import downwards only (types < verify < step < loop < host); nothing here imports a method.
 """
 
-from lsjax.engine.host import GenerationResult, Generator, PromptError, check_prompt
+from lsjax.engine.host import Generator, PromptError, check_prompt
 from lsjax.engine.loop import (
     PREFILL_CHUNK,
     PROMPT_BUCKETS,
@@ -46,6 +46,7 @@ from lsjax.engine.types import (
     DecodeState,
     DraftContext,
     Drafter,
+    GenerationResult,
     HostRun,
     HostTuned,
     SpecConfig,

@@ -231,7 +231,8 @@ def decode_pinned(state_shardings):
 @functools.partial(jax.jit, static_argnames=("spec", "group"), donate_argnames=("state",))
 def group_decode_jit(target_params, draft_params, spec: SpecConfig, state, nxt, fresh, step_limit, group: int):
     """One node-count group's share of a switched drafter's decode loop (`step.group_loop`): a program as small
-    as one method's, so the host loads the groups one by one and switches between them (`SplitDecode`).
+    as one method's, so the host loads the groups one by one and switches between them
+    (`lsjax.runtime.split.SplitDecode`).
     Returns (state, [nxt, fresh, every row done, steps, wanted, tokens left] int32, rates [V] float32): what the
     host needs. `wanted`: the variant the drafter would choose now with every group loaded (-1 for a drafter
     whose choice cannot be restricted), so that the host loads the group the drafter asks for next; `tokens

@@ -20,7 +20,7 @@ big buffer threaded through a conditional's outputs is copied at its boundary
 (XLA CPU copied the whole target cache ~8 times per step that way), while one
 only read inside the branches is not. The same steps can also run one
 node-count group per program (`group_loop`), the host switching between them
-(`lsjax.engine.host.SplitDecode`).
+(`lsjax.runtime.split.SplitDecode`).
 
 For profiling, `draft_phase`, `verify_phase` and `commit_phase` are the same
 step cut in three jittable pieces (`lsjax.engine.host` times them separately).

@@ -195,14 +195,14 @@ class Drafter:
     def choice_rates(self, ctx: DraftContext, state) -> jax.Array | None:
         """[V] float32: each variant's expected tokens per unit of time as `choose` weighs them (-inf where none
         can run; any unit, only ratios are read), for the host to price loading a variant's program against
-        what running it would save (`lsjax.engine.host.SplitDecode`). None (the default): unknown, and the
+        what running it would save (`lsjax.runtime.split.SplitDecode`). None (the default): unknown, and the
         host loads whatever `choose` wants."""
         return None
 
     def ready_params(self, draft_params, ready) -> Any:
         """Draft params under which `choose` picks only the variants `ready` ([V] bool; the first is) marks:
         the host decodes with a switched drafter while the programs of its other variants still load
-        (`lsjax.engine.host.SplitDecode`). None (the default): it cannot, and the host waits for them all."""
+        (`lsjax.runtime.split.SplitDecode`). None (the default): it cannot, and the host waits for them all."""
         return None
 
     def ar_stretch(self, ctx: DraftContext, state) -> jax.Array | None:
@@ -403,3 +403,49 @@ def invariant_rows_for(drafter: Drafter | None) -> int:
     16: the kernels' tiles are at least 16 rows."""
     nodes = 1 if drafter is None else drafter.num_nodes
     return max(16, 1 << (nodes - 1).bit_length())
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    tokens: list[int]
+    prompt_tokens: int
+    compile_s: float
+    prefill_s: float
+    decode_s: float
+    target_forwards: int  # prefill counts as one
+    stop_reason: str  # "eos" | "max_new_tokens"
+    method: str = "ar"
+    # Drafter diagnostics (auto: steps run by each candidate), from `drafter.summary(draft_state)` if it has one.
+    drafter_stats: dict | None = None
+    # The prefill ran while the decode program compiled (`Generator.compile(background=True)`): prefill_s then
+    # includes sharing the host with XLA.
+    prefill_alongside_compile: bool = False
+    # Steps a split decode ran with the drafter restricted to the groups loaded so far while it wanted another
+    # (AR, or a smaller tree, bridging); they are part of decode_s and target_forwards.
+    bridged_steps: int = 0
+    # Times a split decode did not load a group its drafter wanted: it would have been in only after the last
+    # token.
+    declined_loads: int = 0
+    # `time.perf_counter()` when the speculative program could first run as it would with everything loaded
+    # (after its host tuning; for a split decode, after the last step the drafter ran restricted): "seconds
+    # until the speculative program is in use" (`decode.py --json`).
+    decode_program_at: float = 0.0
+    first_token_at: float = 0.0  # `time.perf_counter()` when the first new token was ready (after the prefill)
+    # The run decoded with AR's own programs while the method's were not compiled (`Generator.stands_in`): its
+    # steps all count as bridged, and `decode_program_at` stays 0.
+    ar_stand_in: bool = False
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode throughput: tokens after the first (which prefill produces) per decode second."""
+        return (self.new_tokens - 1) / self.decode_s if self.decode_s > 0 and self.new_tokens > 1 else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """tau: tokens emitted per target forward during decoding (1.0 for AR)."""
+        steps = self.target_forwards - 1
+        return (self.new_tokens - 1) / steps if steps > 0 else 0.0

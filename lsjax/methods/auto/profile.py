@@ -34,11 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
-from lsjax.engine import cpu
+from lsjax.runtime import cpu
 
 # 2: T > 0 steps got cheaper (lsjax.sampling.draw), so profiles of format 1 overstate them. 3: + the shadow draft.
 # 4: verifications of 3+ nodes got cheaper on a CPU (out-major projections, `target.default_layout`).
-# 5: and again (compiled without YNNPACK fusions, projections [in, out]: `lsjax.engine.host.wide_program`).
+# 5: and again (compiled without YNNPACK fusions, projections [in, out]: `lsjax.runtime.cpu.wide_program`).
 # 6: ... except on a CPU with AVX-512, where those programs keep YNNPACK (`lsjax.engine.host.xla_gemm_pays`).
 FORMAT = 6
 STEPS = 4  # forced steps per timing
@@ -71,7 +71,7 @@ def prior_costs(drafter) -> np.ndarray:
 def profile_dir() -> Path:
     # Beside the program cache: one XDG_CACHE_HOME moves both, so a fresh cache never meets a profile measured
     # with another one's programs.
-    from lsjax.compile_cache import cache_root
+    from lsjax.runtime.cache import cache_root
 
     return Path(os.environ.get("LSJAX_PROFILE_DIR") or cache_root() / "profiles")
 

@@ -1,6 +1,5 @@
 """JAX's persistent compilation cache for the command-line tools: a second `decode.py` run of the same
-decode reads its compiled programs from disk instead of compiling them again (a short AR decode of SmolLM2
-on a 2-core CPU: 10.7 s of compiling, then 3.4 s).
+decode reads its compiled programs from disk instead of compiling them again (docs/design/cpu-startup.md).
 
 Only the CLIs call `enable`. It changes JAX's global configuration (`jax_compilation_cache_dir` and the
 thresholds for what is cached), which a library must not do behind its caller's back: `lsjax.generate`,
@@ -74,7 +73,7 @@ def enable(flag: str | None, prog: str = "lsjax") -> Path | None:
 
 
 def programs_dir(flag: str | None) -> Path | None:
-    """Where the CLIs keep whole compiled programs (`lsjax.engine.programs`, found without tracing): a folder
+    """Where the CLIs keep whole compiled programs (`lsjax.runtime.programs`, found without tracing): a folder
     in JAX's cache directory, wherever that is; None when `--compile-cache off` (or the variable) says off."""
     spec = _requested(flag)
     if spec is not None and _is_off(spec):
@@ -86,6 +85,6 @@ def programs_dir(flag: str | None) -> Path | None:
 
 
 def weights_dir(flag: str | None) -> Path | None:
-    """Where the CLIs keep a GGUF model's loaded params (`lsjax.loading.stored`): beside `programs_dir`."""
+    """Where the CLIs keep a GGUF model's loaded params (`lsjax.runtime.weights`): beside `programs_dir`."""
     programs = programs_dir(flag)
     return programs.with_name("lsjax-weights") if programs is not None else None

@@ -1,8 +1,8 @@
 """A disk cache of compiled programs, found without tracing: a second `decode.py` of the same decode loads its
 prefill and decode programs instead of tracing, lowering and compiling them again.
 
-JAX's persistent compilation cache (`lsjax.compile_cache`) spares XLA's compile, but JAX must still trace and
-lower a program to find its cache key: 9 of the 36 s of a second start of `auto` on a 2-core CPU. This cache
+JAX's persistent compilation cache (`lsjax.runtime.cache`) spares XLA's compile, but JAX must still trace and
+lower a program to find its cache key, a large share of a second start on a CPU (docs/design/cpu-startup.md). This cache
 keys a program by what determines it, known before any tracing: lsjax's source, JAX's version and
 configuration, `XLA_FLAGS`, the devices, the static configuration (the repr of a frozen dataclass such as
 `SpecConfig`) and the arguments' tree structure, shapes and dtypes. It stores the executable serialized
@@ -16,8 +16,8 @@ kernels (jaxlib 0.10.2: loaded again, it fails at its first run with "NOT_FOUND:
 those bytes cannot be had, such a program is not stored. A file that cannot be read or loaded is compiled
 again and replaced; the newest `MAX_FILES` programs are kept.
 
-Only `Generator(program_cache=...)` uses it, and only `decode.py` passes one (next to JAX's cache): a library
-writes nothing to disk unless asked.
+Only a `lsjax.runtime.Startup` given one uses it, and only the command lines make one (next to JAX's cache): a
+library writes nothing to disk unless asked.
 
 Read ahead: a start notes the programs it needs first (`Generator.first_programs`: the prefill's and the first
 decode program) under a tag (decode.py's: the model file and every flag but the prompt's), and the next start
@@ -47,7 +47,7 @@ from pathlib import Path
 
 import jax
 
-from lsjax.engine import cpu
+from lsjax.runtime import cpu
 
 MAX_FILES = 96  # a split `auto` keeps ~8 programs per prompt width, 3-5 MB each on a CPU
 SUFFIX = ".lsjax-program"

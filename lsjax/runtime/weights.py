@@ -1,10 +1,9 @@
 """Weights made from a model file, kept on disk so that the next start maps them instead of making them again:
 a GGUF's params as `load_model` makes them, and decode.py's params prepared for decoding.
 
-Why: `decode.py` on the bundled SmolLM2 spent ~2.3 s in `load_model` on a 2-core CPU before its prefill (1.1 s
-of the `gguf` package's dequantization, 0.6 s of transposes into lsjax's layout, 0.3 s parsing) and 1.4 s more
-in `prepare_for_decode` (per-layer fused and transposed copies), every start and every method; mapped back,
-the same arrays take a fraction of that. Only `decode.py` keeps them (in its compile cache's directory, off
+Why: making them (a GGUF's dequantization, transposes into lsjax's layout, and `prepare_for_decode`'s per-layer
+fused and transposed copies) takes seconds of every start on a CPU; mapped back, the same arrays take a
+fraction of that (docs/design/cpu-startup.md). Only `decode.py` keeps them (in its compile cache's directory, off
 with `--compile-cache off`): a library writes nothing to disk unless asked.
 
 An entry is keyed by what made it: the model file as it is on disk (path, size, modification time), what the
@@ -40,9 +39,9 @@ _defer: list = []  # non-empty: `kept` leaves its writes to a thread begun later
 
 def defer_writes() -> None:
     """From now on in this process, an entry `kept` makes is written later, on a thread of its own, once
-    `start_writes` (or `wait`) is called: decode.py, after its output. Writing ~1.4 GB beside a first start's
-    prefill and decode (at the lowest CPU priority) still cost it 2.6-3.6 s to the first token and 4-6 s to
-    the last on a 2-core VM (2026-12-05, docs/CHANGELOG.md; most likely the page cache, fresh memory there)."""
+    `start_writes` (or `wait`) is called: decode.py, after its output. Written beside a first start's prefill
+    and decode, even at the lowest CPU priority, they delay its first and last token
+    (docs/design/cpu-startup.md)."""
     _defer.append(True)
 
 
@@ -107,8 +106,8 @@ def kept(root: str | Path | None, what: tuple, make: Callable[[], object]):
 
 def read_only(tree):
     """`tree` with its numpy arrays made read-only (in place), which a CPU device then uses without a copy
-    (`lsjax.engine.host.on_device`): on a first start, the prepared weights' copy cost decode.py's prefill
-    3-5 s on 2 cores (fresh memory for ~1 GB). Only for arrays nothing else will change."""
+    (`lsjax.engine.host.on_device`), sparing a first start the copy (fresh memory for the whole model). Only
+    for arrays nothing else will change."""
     for _, array in _flat(tree):
         if isinstance(array, np.ndarray):
             array.flags.writeable = False
