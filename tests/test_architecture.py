@@ -5,6 +5,7 @@ fails here with the file and the import that made it."""
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Layer of a module, bottom up. A module may import its own layer and the layers below it.
 BASE, MODELS, ENGINE, TRAIN, METHODS, TOP = range(6)
 # Files of a method folder that belong to training: decoding never loads them.
-METHOD_TRAINING_FILES = ("train", "train_local_head", "export", "losses", "step")
+METHOD_TRAINING_FILES = ("train", "train_config", "train_local_head", "export", "losses", "step")
 
 
 def layer(module: str) -> int:
@@ -137,3 +138,67 @@ def test_no_import_cycles():
         if v not in index:
             visit(v)
     assert not cycles, f"import cycles: {cycles}"
+
+
+def _snake(identifier: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", identifier).lower()
+
+
+def method_names_in(source: str, names) -> list[tuple[int, str, str]]:
+    """(line, what, the name) of each method or kind name in `source`'s code: a string (not a docstring) that
+    holds it as a word, an identifier that is it or holds it between underscores (`DelsConfig`: dels_config)."""
+    tree = ast.parse(source)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    snaked = {n: n.replace("-", "_").lower() for n in names}
+    words = {n: re.compile(rf"(?<![A-Za-z0-9_-]){re.escape(n)}(?![A-Za-z0-9_-])", re.IGNORECASE) for n in names}
+    out = []
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            out += [(line, repr(node.value), n) for n in names if words[n].search(node.value)]
+            continue
+        ident = {
+            ast.Name: "id",
+            ast.Attribute: "attr",
+            ast.arg: "arg",
+            ast.keyword: "arg",
+            ast.FunctionDef: "name",
+            ast.AsyncFunctionDef: "name",
+            ast.ClassDef: "name",
+            ast.alias: "asname",
+        }.get(type(node))
+        text = getattr(node, ident, None) if ident else None
+        for part in [text] + (node.name.split(".") if isinstance(node, ast.alias) else []):
+            if part:
+                padded = f"_{_snake(part)}_"
+                out += [(line, part, n) for n, s in snaked.items() if f"_{s}_" in padded]
+    return out
+
+
+def test_the_training_scaffold_names_no_method():
+    """No module of lsjax/train/ names a registered method or training kind in its code: the scaffold serves
+    every kind, and the method folders, which register themselves, are where a kind's name and sections live.
+    Comments and docstrings are not read (a method's or a paper's name may explain a choice there)."""
+    from lsjax.methods import registry
+
+    names = sorted(set(registry.names()) | set(registry.kind_names()))
+    planted = (
+        '"""A docstring may say longspec."""\n'
+        'KIND = "tokenswift-heads"  # so may a comment: pld\n'
+        "cfg.block.size\n"
+        "class DelsConfig: pass\n"
+    )
+    assert {n for _, _, n in method_names_in(planted, names)} == {"tokenswift-heads", "block", "dels"}
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {what} names {name!r}"
+        for path in sorted((ROOT / "lsjax" / "train").rglob("*.py"))
+        for line, what, name in method_names_in(path.read_text(), names)
+    ]
+    assert not found, "the training scaffold names a method:\n" + "\n".join(found)

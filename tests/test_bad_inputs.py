@@ -21,7 +21,7 @@ from lsjax.loading import default_model_path, load_hf, load_model
 from lsjax.methods import registry
 from lsjax.methods.longspec import model as draft_lib
 from lsjax.methods.longspec.checkpoint import load_draft
-from lsjax.train.config import TrainConfig
+from lsjax.methods.longspec.train_config import LongSpecTrainConfig
 from tests.test_decode_cli import ROOT, decode, one_error_line
 from tests.tiny import tiny_model
 
@@ -130,12 +130,12 @@ def test_truncated_draft_weights(tiny_draft, tmp_path):
 )
 def test_override_types_are_checked(override, message):
     with pytest.raises(ConfigError) as e:
-        from_dict(TrainConfig, override)
+        from_dict(LongSpecTrainConfig, override)
     assert _one_line(e).startswith(message)
 
 
 def test_numbers_that_yaml_reads_as_strings_still_parse():
-    assert from_dict(TrainConfig, {"optim": {"lr": "5e-4"}}).optim.lr == 5e-4
+    assert from_dict(LongSpecTrainConfig, {"optim": {"lr": "5e-4"}}).optim.lr == 5e-4
 
 
 def test_train_cli_bad_override_type(tmp_path):

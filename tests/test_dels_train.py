@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from lsjax.config import from_dict, to_dict
+from lsjax.methods.dels.train_config import DelsTrainConfig
 from lsjax.methods.dels.train_local_head import split_blocks
-from lsjax.train.config import TrainConfig
 from tests.tiny import tiny_model
 
 QUIET = {"progress": False, "plot": False, "tensorboard": False}
@@ -32,7 +32,7 @@ def local_head_cfg(tmp_path, kind, steps=30, **over):
     }
     for k, v in over.items():
         raw[k] = {**raw.get(k, {}), **v} if isinstance(v, dict) else v
-    return from_dict(TrainConfig, raw)
+    return from_dict(DelsTrainConfig, raw)
 
 
 def test_split_blocks_cuts_consecutive_blocks_at_the_phase():
@@ -112,7 +112,7 @@ def block_cfg(tmp_path, feature_set, steps=30, **over):
     }
     for k, v in over.items():
         raw[k] = {**raw.get(k, {}), **v} if isinstance(v, dict) else v
-    return from_dict(TrainConfig, raw)
+    return from_dict(DelsTrainConfig, raw)
 
 
 def tiny_feature_set(tmp_path):

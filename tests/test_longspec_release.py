@@ -137,11 +137,12 @@ def test_training_loss_matches_the_authors_training_forward(tmp_path):
     flash noisy cross-attention at the reference's lag) on the fixture row equals the authors' training forward's
     loss within 1e-4 relative: the trainer is checked, not only the loader. The same row at another lag does not."""
     from lsjax.methods.longspec.losses import micro_losses
-    from lsjax.train.config import PositionConfig, TrainConfig
+    from lsjax.methods.longspec.train_config import LongSpecTrainConfig
+    from lsjax.train.config import PositionConfig
 
     fx, config, dcfg, weights, _, ctx, _, _ = _setup("llama", tmp_path)
     tokens = jnp.asarray(fx["train_tokens"], jnp.int32)
-    cfg = TrainConfig()
+    cfg = LongSpecTrainConfig()
     cfg = dataclasses.replace(cfg, draft=dcfg, positions=PositionConfig(num_anchors=int(fx["train_sink"])))
     micro = {
         "tokens": tokens,

@@ -214,7 +214,7 @@ def test_process_rows_put_together_are_the_global_batch():
     """Each host's rows (any split, across epochs) side by side are the one-process batch, element for
     element: tokens, masks, anchor offsets, sequence indices."""
     cfg = tiny_cfg()  # A = 2 micro-batches of B = 4
-    seqs, mask = data_lib.load_sequences(cfg, None, 2, TINY.vocab_size)
+    seqs, mask = data_lib.load_sequences(cfg.data, None, 2, TINY.vocab_size)
     whole = data_lib.batches(seqs, mask, cfg, TINY.max_position)
     parts = [data_lib.batches(seqs, mask, cfg, TINY.max_position, rows=r) for r in ((0, 1), (1, 3), (3, 4))]
     epoch = len(seqs) // 8

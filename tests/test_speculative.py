@@ -410,11 +410,11 @@ def test_trained_draft_greedy_equals_ar(tmp_path):
     from lsjax import train as tr
     from lsjax.config import from_dict, to_dict
     from lsjax.methods.longspec import train as ls_train
-    from lsjax.train.config import TrainConfig
+    from lsjax.methods.longspec.train_config import LongSpecTrainConfig
 
     tiny_cfg, _ = tiny_model()
     cfg = from_dict(
-        TrainConfig,
+        LongSpecTrainConfig,
         {
             "name": "tiny-draft",
             "run_dir": str(tmp_path / "run"),

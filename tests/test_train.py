@@ -26,9 +26,9 @@ from lsjax.methods.longspec import model as draft_lib
 from lsjax.methods.longspec import step as ls_step
 from lsjax.methods.longspec import train as ls_train
 from lsjax.methods.longspec import train as train_loop
+from lsjax.methods.longspec.train_config import LongSpecTrainConfig
 from lsjax.models import target as target_lib
 from lsjax.train import data as data_lib
-from lsjax.train.config import TrainConfig
 from lsjax.tree import TreeConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,8 +66,8 @@ def tiny_dict(run_dir: Path | str = "", **over) -> dict:
     return d
 
 
-def tiny_cfg(run_dir="", **over) -> TrainConfig:
-    return from_dict(TrainConfig, tiny_dict(run_dir, **over))
+def tiny_cfg(run_dir="", **over) -> LongSpecTrainConfig:
+    return from_dict(LongSpecTrainConfig, tiny_dict(run_dir, **over))
 
 
 # ----------------------------------------------------------------------------- positions
@@ -93,7 +93,7 @@ def test_anchor_offset_positions_from_data():
 
 def test_batches_carry_offsets_and_resume_from_state():
     cfg = tiny_cfg()
-    seqs, mask = data_lib.load_sequences(cfg, None, 2, TINY.vocab_size)
+    seqs, mask = data_lib.load_sequences(cfg.data, None, 2, TINY.vocab_size)
     ds = data_lib.batches(seqs, mask, cfg, TINY.max_position)
     it = iter(ds.to_iter_dataset())
     b0 = next(it)
@@ -242,7 +242,7 @@ def test_stage3_loss_is_on_assistant_tokens_only(ours, tiny_models):
 
 
 def _batch(cfg, n=1):
-    seqs, mask = data_lib.load_sequences(cfg, None, 2, TINY.vocab_size)
+    seqs, mask = data_lib.load_sequences(cfg.data, None, 2, TINY.vocab_size)
     it = iter(data_lib.batches(seqs, mask, cfg, TINY.max_position).to_iter_dataset())
     return [{k: v for k, v in next(it).items() if k != "index"} for _ in range(n)]
 
@@ -420,7 +420,7 @@ def test_partition_specs():
     assert sharding.spec_for("wq", (2, 32, 4, 8), mesh) == jax.sharding.PartitionSpec(None, "fsdp", None, None)
     assert sharding.spec_for("count", (), mesh) == jax.sharding.PartitionSpec()
     with pytest.raises(ConfigError, match="mesh"):
-        sharding.make_mesh(from_dict(TrainConfig, {"mesh": {"data": 3, "fsdp": 1}}).mesh)
+        sharding.make_mesh(from_dict(LongSpecTrainConfig, {"mesh": {"data": 3, "fsdp": 1}}).mesh)
 
 
 # ----------------------------------------------------------------------------- configs
@@ -430,12 +430,10 @@ def test_partition_specs():
 def test_every_train_config_parses(path):
     import yaml
 
+    from lsjax.methods import registry
+
     raw = yaml.safe_load(path.read_text()) or {}
-    kind = TrainConfig
-    if "streams" in raw:  # Speculative Streaming's own trainer
-        from lsjax.methods.streams.train import StreamsTrainConfig as kind
-    elif raw.get("kind") == "tokenswift-heads":
-        from lsjax.methods.tokenswift.train import HeadsTrainConfig as kind
+    kind = registry.get_kind(registry.kind_of(raw)).config_class  # the class its kind registered
     cfg = load_yaml(kind, path)
     assert from_dict(kind, to_dict(cfg)) == cfg
     hash(cfg)
@@ -460,7 +458,7 @@ def test_config_validation_names_the_field(override, field):
     import re
 
     with pytest.raises(ConfigError, match="^" + re.escape(field)):
-        from_dict(TrainConfig, override)
+        from_dict(LongSpecTrainConfig, override)
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -659,7 +657,7 @@ def test_shared_feature_set_trains_like_live_features(tmp_path):
 
     cfg = tiny_cfg(tmp_path / "run", steps=6, optim__total_steps=6, checkpoint__every=6)
     _, tp, _ = tr.load_target(cfg)
-    seqs, mask = data_lib.load_sequences(cfg, None, 2, TINY.vocab_size)
+    seqs, mask = data_lib.load_sequences(cfg.data, None, 2, TINY.vocab_size)
     fc = fcm.build(tmp_path / "set", seqs[:24], mask[:24], tp, TINY, shard_size=8, progress=False)
     fcm.build(tmp_path / "set2", seqs[24:40], mask[24:40], tp, TINY, shard_size=8, progress=False)
     shared = tiny_cfg(

@@ -346,13 +346,17 @@ def _draft_params(config: ModelConfig, target_params: dict) -> dict:
 
 
 def load_train(path: str, mesh_text: str | None, layers: int | None):
-    from lsjax.train.config import TrainConfig
+    import yaml
+
+    from lsjax.methods import registry
+    from lsjax.methods.longspec.train_config import KIND, LongSpecTrainConfig
 
     if not Path(path).is_file():
         raise PlanError(f"--train: no such config file {path!r}")
-    cfg = load_yaml(TrainConfig, path)
-    if cfg.kind != "longspec":
-        raise PlanError(f"--train: plans the LongSpec train step; {path} has kind {cfg.kind!r}")
+    kind = registry.kind_of(yaml.safe_load(Path(path).read_text()))
+    if kind != KIND:
+        raise PlanError(f"--train: plans the LongSpec train step; {path} has kind {kind!r}")
+    cfg = load_yaml(LongSpecTrainConfig, path)
     if mesh_text:
         cfg = dataclasses.replace(cfg, mesh=parse_train_mesh(mesh_text))
     if cfg.mesh.data < 1 or cfg.mesh.fsdp < 1:

@@ -1,6 +1,7 @@
 """Training drafts against a frozen target (`python train.py --config configs/train/X.yaml`).
 
-    config.py     TrainConfig and its sections (target, data, positions, loss, optim, checkpoint, features, log)
+    config.py     the sections every kind's config may share: RunConfig (the run, optim, checkpoint, log),
+                  target, data, positions, features
     inputs.py     the frozen target, the batch readers every trainer hands the loop (resumable position)
     features.py   the frozen target's features: live in the step, or cached once on disk (npy memmaps)
     feature_cache.py  the target-feature cache shared by several trainers: the build pass and its CLI
@@ -36,7 +37,7 @@ _EXPORTS = {
     "training_summary": "runner",
     "load_target": "inputs",
     "eos_id": "inputs",
-    "TrainConfig": "config",
+    "RunConfig": "config",
 }
 
 __all__ = sorted(_EXPORTS)

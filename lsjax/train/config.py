@@ -1,30 +1,20 @@
-"""The training sections of a draft-training run (`python train.py --config configs/train/X.yaml`).
+"""The sections every trainer's config may share (`python train.py --config configs/train/X.yaml`).
 
 One frozen config per concern, each mapping one-to-one onto a YAML section and validated in `__post_init__`
-(errors name the field and its allowed range); `TrainConfig` bundles them. The model, draft, sampling and
-mesh configs live in `lsjax.config`.
+(errors name the field and its allowed range). `RunConfig` is the base of every trainer's config (the run,
+optimizer, checkpoint and log sections the step loop reads); `TargetConfig`, `DataConfig`, `PositionConfig`
+and `FeatureCacheConfig` are what the scaffold's target loader, data pipeline and feature cache read. A kind's
+own config (its draft, loss and `kind:`) lives in its method's folder, which registers it
+(`lsjax.methods.registry.register_kind`); the model, draft and mesh configs live in `lsjax.config`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from lsjax.config import (
-    DTYPES,
-    BlockConfig,
-    DraftConfig,
-    LocalHeadConfig,
-    MeshConfig,
-    ModelConfig,
-    _check,
-    _positive_int,
-)
+from lsjax.config import DTYPES, ModelConfig, _check, _positive_int
 
 DATA_SOURCES = ("stdlib", "sotu", "sharegpt", "champ", "synthetic")
-DISTILL_KINDS = ("none", "argmax", "kl")
-DISTILL_ON = ("answers", "text")
-# What a run trains: the LongSpec draft (the default), DeLS-Spec's block-parallel drafter, or its local head.
-KINDS = ("longspec", "block", "local_head")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,11 +77,17 @@ class DataConfig:
             f"must be an integer >= 0 (0 = all), got {self.max_sequences!r}",
         )
         _positive_int(self.synthetic_tokens, "data.synthetic_tokens")
+        _check(
+            not (self.chat and "synthetic" in self.sources),
+            "data.chat",
+            "dialogue SFT needs dialogue sources (sharegpt, champ), not synthetic",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
 class PositionConfig:
-    """Anchor-offset indices (LongSpec §3.2): the first `num_anchors` positions stay, the rest get + offset."""
+    """Anchor-offset indices, drawn per sequence by the data pipeline (`lsjax.train.data.batches`): the first
+    `num_anchors` positions stay, the rest get + offset."""
 
     anchor_offset: bool = False
     num_anchors: int = 4
@@ -100,54 +96,6 @@ class PositionConfig:
     def __post_init__(self):
         _check(self.num_anchors >= 0, "positions.num_anchors", f"must be >= 0, got {self.num_anchors}")
         _check(self.max_len >= 0, "positions.max_len", f"must be >= 0 (0 = the target's), got {self.max_len}")
-
-
-@dataclasses.dataclass(frozen=True)
-class LossConfig:
-    ce_weight: float = 1.0  # next-token cross-entropy on the data (the paper)
-    distill: str = "none"  # none | argmax (CE on the target's argmax) | kl (KL(target || draft))
-    distill_weight: float = 0.0
-    # Where the distillation term applies: "answers", the positions the CE term weighs (loss_mask); "text", every
-    # position of the row up to its last training target, the prompt included. A self-distilled row of 4096
-    # tokens carries ~300 answer tokens: the other ~93% of the positions the step runs the draft and the
-    # target's head on anyway learn nothing under "answers". Each term is normalised by its own weight.
-    distill_on: str = "answers"
-    chunk_size: int = 128  # positions per LM-head chunk: [B, chunk, V] is the largest logits block
-    flash_noisy: bool = True  # cross-attention lag j ~ U[1, gamma) = {1, ..., gamma - 1} per step
-    # Tree level i is drafted at lag i (its root is not in the target's cache yet), so gamma = depth + 1 trains
-    # every level of a depth-(gamma - 1) tree. The paper's gamma = 5 (official randint(1, 4)) covers depth 4;
-    # 6 covers the depth-5 trees lsjax drafts.
-    gamma: int = 6
-
-    def __post_init__(self):
-        _check(self.ce_weight >= 0, "loss.ce_weight", f"must be >= 0, got {self.ce_weight}")
-        _check(
-            self.distill in DISTILL_KINDS,
-            "loss.distill",
-            f"must be one of {'|'.join(DISTILL_KINDS)}, got {self.distill!r}",
-        )
-        _check(self.distill_weight >= 0, "loss.distill_weight", f"must be >= 0, got {self.distill_weight}")
-        _check(
-            self.distill_on in DISTILL_ON,
-            "loss.distill_on",
-            f"must be one of {'|'.join(DISTILL_ON)}, got {self.distill_on!r}",
-        )
-        _check(
-            self.distill_on == "answers" or self.distill != "none",
-            "loss.distill_on",
-            f"{self.distill_on!r} needs a distillation term: set loss.distill to argmax or kl",
-        )
-        _check(
-            self.ce_weight > 0 or (self.distill != "none" and self.distill_weight > 0),
-            "loss.ce_weight",
-            "every loss weight is 0: set ce_weight > 0 or a distill kind with distill_weight > 0",
-        )
-        _positive_int(self.chunk_size, "loss.chunk_size")
-        _check(
-            isinstance(self.gamma, int) and self.gamma >= 2,
-            "loss.gamma",
-            f"must be an integer >= 2 (j ~ U[1, gamma)), got {self.gamma!r}",
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,8 +144,8 @@ class CheckpointConfig:
 class FeatureCacheConfig:
     """Precompute the frozen target's features once (npy memmaps) and reuse them every epoch.
 
-    Stores last-layer K/V, the target's argmax and (for loss.distill=kl) its final hidden state per
-    packed sequence; anchor offsets are then fixed per sequence (drawn once from data.seed).
+    Stores last-layer K/V, the target's argmax and (for a kind that distills through KL) its final hidden
+    state per packed sequence; anchor offsets are then fixed per sequence (drawn once from data.seed).
     """
 
     enabled: bool = False
@@ -226,30 +174,6 @@ class LogConfig:
         _positive_int(self.every, "log.every")
         _check(self.eval_every >= 0, "log.eval_every", f"must be >= 0 (0 = off), got {self.eval_every}")
         _positive_int(self.eval_batches, "log.eval_batches")
-
-
-@dataclasses.dataclass(frozen=True)
-class DelsTrainConfig:
-    """Training of DeLS-Spec's parts (kind block | local_head)."""
-
-    num_anchors: int = 32  # block: random anchor positions per sequence and step (each drafts a block)
-    decay_gamma: float = 7.0  # loss weight exp(-(k - 1) / gamma) at block position k (DFlash); 0 = flat
-    # local_head: sources rendered with the chat template (loss and prior on assistant tokens only), beside
-    # data.sources read as plain text
-    chat_sources: tuple[str, ...] = ()
-    prior_lambda: float = 1.0  # add-lambda smoothing of the unigram prior
-    max_minutes: float = 0.0  # stop (with a checkpoint) after this much training wall time; 0 = no limit
-
-    def __post_init__(self):
-        _positive_int(self.num_anchors, "dels.num_anchors")
-        _check(self.decay_gamma >= 0, "dels.decay_gamma", f"must be >= 0 (0 = flat), got {self.decay_gamma}")
-        _check(isinstance(self.chat_sources, tuple), "dels.chat_sources", "must be a list of sources")
-        for s in self.chat_sources:
-            _check(
-                s in ("sharegpt", "champ"), "dels.chat_sources", f"must be dialogue sources (sharegpt, champ): {s!r}"
-            )
-        _check(self.prior_lambda > 0, "dels.prior_lambda", f"must be > 0, got {self.prior_lambda}")
-        _check(self.max_minutes >= 0, "dels.max_minutes", f"must be >= 0 (0 = no limit), got {self.max_minutes}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,34 +210,3 @@ class RunConfig:
     @property
     def resolved_run_dir(self) -> str:
         return self.run_dir or f"runs/{self.name}"
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig(RunConfig):
-    """One draft-training run (a stage): `python train.py --config configs/train/X.yaml`."""
-
-    kind: str = "longspec"  # longspec | block | local_head
-    target: TargetConfig = TargetConfig()
-    draft: DraftConfig = DraftConfig()
-    data: DataConfig = DataConfig()
-    positions: PositionConfig = PositionConfig()
-    loss: LossConfig = LossConfig()
-    mesh: MeshConfig = MeshConfig()
-    features: FeatureCacheConfig = FeatureCacheConfig()
-    block: BlockConfig = BlockConfig()  # kind block
-    local_head: LocalHeadConfig = LocalHeadConfig()  # kind local_head
-    dels: DelsTrainConfig = DelsTrainConfig()  # kind block | local_head
-
-    def __post_init__(self):
-        _check(self.kind in KINDS, "kind", f"must be one of {'|'.join(KINDS)}, got {self.kind!r}")
-        super().__post_init__()
-        _check(
-            self.loss.distill == "none" or self.loss.distill_weight > 0,
-            "loss.distill_weight",
-            f"must be > 0 when loss.distill is {self.loss.distill!r}",
-        )
-        _check(
-            not (self.data.chat and "synthetic" in self.data.sources),
-            "data.chat",
-            "dialogue SFT needs dialogue sources (sharegpt, champ), not synthetic",
-        )

@@ -2,7 +2,7 @@
 
     stream  = token_stream(data_cfg, tokenizer, ...)     # (tokens [N] int32, mask [N] uint8), cached on disk
     seqs    = pack(stream, seq_len)                        # tokens, mask [S, T]
-    ds      = batches(seqs, train_cfg, max_position)        # grain MapDataset of step batches
+    ds      = batches(seqs, run_cfg, max_position)          # grain MapDataset of step batches
     it      = iter(ds.to_iter_dataset())                    # it.get_state() / it.set_state(): checkpointable
 
 A step batch is {"tokens": [A, B, T] int32, "loss_mask": [A, B, T] float32, "offset": [A, B] int32,
@@ -23,15 +23,26 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import grain
 import numpy as np
 
 from lsjax import corpora
 from lsjax.errors import LsjaxError
-from lsjax.train.config import DataConfig, PositionConfig, TrainConfig
+from lsjax.train.config import DataConfig, PositionConfig
 
 _FORMAT = 2  # bump when the tokenization below changes: old caches are then ignored
+
+
+class Packed(Protocol):
+    """What `batches` reads of a run's config: any kind's config with these two sections."""
+
+    @property
+    def data(self) -> DataConfig: ...
+
+    @property
+    def positions(self) -> PositionConfig: ...
 
 
 def tokens_cache_dir(cfg: DataConfig) -> Path:
@@ -217,7 +228,7 @@ class PackedSource:
 def batches(
     tokens: np.ndarray,
     mask: np.ndarray,
-    cfg: TrainConfig,
+    cfg: Packed,
     max_position: int,
     *,
     shuffle: bool = True,
@@ -291,9 +302,8 @@ class _Rows:
         return self.elements[step * self.A * self.B + a * self.B + self.start + b]
 
 
-def load_sequences(cfg: TrainConfig, tokenizer, eos_id: int, vocab_size: int, *, split: str | None = None, log=print):
-    """Packed (tokens, mask) [S, T] for the config's sources, on its split (or `split`)."""
-    d = cfg.data
+def load_sequences(d: DataConfig, tokenizer, eos_id: int, vocab_size: int, *, split: str | None = None, log=print):
+    """Packed (tokens, mask) [S, T] for the data section's sources, on its split (or `split`)."""
     if split is not None and split != d.split:
         import dataclasses
 
@@ -314,6 +324,7 @@ def describe(tokens: np.ndarray, mask: np.ndarray) -> dict:
 
 
 __all__: Sequence[str] = (
+    "Packed",
     "PackedSource",
     "batches",
     "describe",

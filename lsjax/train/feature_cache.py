@@ -1,8 +1,7 @@
 """The shared target-feature cache: one pass of the frozen target, read by every drafter's training.
 
 The target is the scarcest thing this project runs (~700 tok/s on a 2-core CPU), so its features are computed
-once per token and shared: the LongSpec stages, the block drafter, TokenSwift's heads and Speculative
-Streaming all train from the same files.
+once per token and shared: every drafter's training that reads the target's features reads the same files.
 
     python -m lsjax.train.feature_cache --set chat-2048 --sources sharegpt --chat --seq-len 2048
     fc = FeatureCache.open(cache_root() / "chat-2048")
@@ -97,7 +96,7 @@ def feature_pass(params: dict, config: ModelConfig, tokens: jax.Array, spec: Fea
     cos, sin = rope_angles(positions, inverse_frequencies(config))
     x = embed(params, tokens).astype(jnp.dtype(config.dtype))
 
-    def attend_block(x, layer):
+    def decoder_layer(x, layer):
         h = rms_norm(x, layer["attn_norm"], eps)
         q, k, v = qkv_projection(layer, config, h, cos, sin)
         # Long chains run in causal blocks that skip unseen keys (the attention was ~3/4 of a 2048-token pass).
@@ -107,7 +106,7 @@ def feature_pass(params: dict, config: ModelConfig, tokens: jax.Array, spec: Fea
 
     def run(x, lo, hi):
         layers = jax.tree.map(lambda a: a[lo:hi], params["layers"])
-        return jax.lax.scan(lambda c, lay: (attend_block(c, lay), None), x, layers)[0]
+        return jax.lax.scan(lambda c, lay: (decoder_layer(c, lay), None), x, layers)[0]
 
     L = config.num_layers
     x = run(x, 0, spec.mid_layer)
@@ -119,7 +118,7 @@ def feature_pass(params: dict, config: ModelConfig, tokens: jax.Array, spec: Fea
     v = jnp.einsum("btd,dkh->btkh", h, last["wv"])
     if config.qkv_bias:
         k_pre, v = k_pre + last["bk"], v + last["bv"]
-    hidden = attend_block(x, last)
+    hidden = decoder_layer(x, last)
     logp = jax.nn.log_softmax(lm_head(params, config, hidden), axis=-1)
     top_lp, top_ids = jax.lax.top_k(logp, spec.topk)
     half = jnp.float16
@@ -285,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     from lsjax.loading import load_model
-    from lsjax.train.config import DataConfig, TargetConfig, TrainConfig
+    from lsjax.train.config import DataConfig
     from lsjax.train.data import load_sequences
 
     loaded = load_model(args.model or None)
@@ -298,7 +297,6 @@ def _run(args) -> int:
         max_sequences=args.max_sequences,
         seed=args.seed,
     )
-    cfg = TrainConfig(target=TargetConfig(path=args.model), data=data)
     eos = config.eos_token_ids[0] if config.eos_token_ids else config.pad_token_id
     if args.from_distilled:
         from lsjax.train.data import load_distilled
@@ -306,7 +304,7 @@ def _run(args) -> int:
         tokens, mask = load_distilled(args.from_distilled)
         source = {"self_distill": Path(args.from_distilled).name, "split": "train"}
     else:
-        tokens, mask = load_sequences(cfg, loaded.tokenizer, eos, config.vocab_size)
+        tokens, mask = load_sequences(data, loaded.tokenizer, eos, config.vocab_size)
         source = {"sources": list(args.sources), "chat": args.chat, "split": "train"}
     source["max_sequences"] = args.max_sequences
     root = Path(args.root).expanduser() if args.root else cache_root()

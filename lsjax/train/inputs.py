@@ -1,14 +1,14 @@
 """What a training step reads: the frozen target, and batches whose position can be checkpointed.
 
     config, target_params, tokenizer = load_target(cfg)
-    seqs, mask, extra = shared_feature_inputs(cfg, log)        # a set of the shared target-feature cache
+    seqs, mask, extra = shared_feature_inputs(cfg.features, cfg.data, log=log)   # sets of the shared cache
     data = GrainBatches(iter(lsjax.train.data.batches(seqs, mask, cfg, ..., extra=extra).to_iter_dataset()))
 
 Every trainer hands the shared step loop (`lsjax.train.runner.run_steps`) a `Batches`: `next()` is one
 optimizer step's batch (every field [A, B, ...] for A = data.grad_accum micro-batches of B sequences) and
 `get_state()` / `set_state()` its position as JSON, checkpointed with the params so a resumed run reads the
-same batches. The LongSpec, block and local-head trainers read `lsjax.train.data`'s grain pipeline (`GrainBatches`);
-the TokenSwift-heads and streams trainers read feature-cache rows in seeded epochs (`epoch_order`).
+same batches. A trainer reads `lsjax.train.data`'s grain pipeline over packed corpora or feature-cache sets
+(`GrainBatches`), or its own reader over feature-cache rows in seeded epochs (`epoch_order`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lsjax.config import ConfigError, ModelConfig
+from lsjax.train.config import DataConfig, FeatureCacheConfig
 
 
 class Batches(Protocol):
@@ -93,27 +94,27 @@ def eos_id(config: ModelConfig) -> int:
     return config.eos_token_ids[0] if config.eos_token_ids else config.pad_token_id
 
 
-def shared_feature_inputs(cfg, log=print):
-    """(tokens, loss_mask, extra) from the sets `features.set` of the shared target-feature cache, for a
-    TrainConfig (LongSpec or block). `extra` holds lazy views of the target's last-layer keys (pre-RoPE: the
-    loss ropes them at the batch's positions, so anchor offsets may change every epoch), values and argmax,
-    and with `loss.distill: kl` its final hidden states."""
+def shared_feature_inputs(features: FeatureCacheConfig, data: DataConfig, *, hidden: bool = False, log=print):
+    """(tokens, loss_mask, extra) from the sets `features.set` of the shared target-feature cache, read as a
+    `data` section's sequences (`lsjax.train.data.batches`). `extra` holds lazy views of the target's
+    last-layer keys (pre-RoPE: the loss ropes them at the batch's positions, so anchor offsets may change every
+    epoch), values and argmax, and with `hidden` its final hidden states."""
     from lsjax.train import feature_sets as fcm
     from lsjax.train.data import describe
 
-    fc = fcm.FeatureSets.open(cfg.features.set, cfg.data.max_sequences)
-    if fc.seq_len != cfg.data.seq_len:
-        raise ConfigError(f"data.seq_len: must equal the feature set's length {fc.seq_len}, got {cfg.data.seq_len}")
+    fc = fcm.FeatureSets.open(features.set, data.max_sequences)
+    if fc.seq_len != data.seq_len:
+        raise ConfigError(f"data.seq_len: must equal the feature set's length {fc.seq_len}, got {data.seq_len}")
     n = fc.num_sequences
-    if n < cfg.data.batch_size:
-        raise ConfigError(f"features.set: {cfg.features.set} has {n} complete sequences, fewer than data.batch_size")
+    if n < data.batch_size:
+        raise ConfigError(f"features.set: {features.set} has {n} complete sequences, fewer than data.batch_size")
     seqs, mask = fc.tokens, fc.loss_mask
     extra = {
         "target_k_raw": fcm.FieldView(fc, "k", n),
         "target_v": fcm.FieldView(fc, "v", n),
         "target_argmax": fcm.FieldView(fc, "topk_ids", n, first_only=True),
     }
-    if cfg.loss.distill == "kl":
+    if hidden:
         extra["target_hidden"] = fcm.FieldView(fc, "hidden", n)
     log(f"data: {describe(seqs, mask)} from feature sets {fc.describe()} (complete/total sequences)")
     return seqs, mask, extra

@@ -3,13 +3,9 @@
     grads, sums = accumulate_grads(loss_fn, state.params, micro_batches, zero_sums)   # summed over micro-batches
     state = apply_grads(state, grads, optimizer)                                      # one optimizer update
 
-(The LongSpec draft's whole step is `lsjax.methods.longspec.step.make_train_step`.)
-
-A batch is what `lsjax.train.data.batches` yields ([A, B, T] for A micro-batches), optionally with cached
-target features ("target_k", "target_v" [A, B, K, T, H], "target_argmax" [A, B, T], "target_hidden"
-[A, B, T, D]); without them the frozen target runs once per micro-batch inside the step. The flash-noisy
-lag j ~ U[1, gamma) is an array (no retrace). Gradients of all micro-batches are summed (each micro-batch's
-loss is already divided by the step's total loss weight), then one clipped AdamW update.
+A kind's whole step (its loss over a batch's micro-batches, then these two) lives in its method's folder.
+Gradients of all micro-batches are summed (each micro-batch's loss is already divided by the step's total loss
+weight), then one clipped AdamW update.
 """
 
 from __future__ import annotations

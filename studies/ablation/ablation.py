@@ -45,14 +45,14 @@ ARMS = {"anchor": (True, True), "plain": (False, True), "no-noisy": (True, False
 
 
 def load_base(path: str | Path, overrides: list[str]):
-    """The base TrainConfig: the YAML file with `a.b=value` overrides applied."""
+    """The base LongSpec training config: the YAML file with `a.b=value` overrides applied."""
     import yaml
 
     from lsjax.config import apply_overrides, from_dict
-    from lsjax.train.config import TrainConfig
+    from lsjax.methods.longspec.train_config import LongSpecTrainConfig
 
     raw = yaml.safe_load(Path(path).read_text()) or {}
-    return from_dict(TrainConfig, apply_overrides(raw, overrides))
+    return from_dict(LongSpecTrainConfig, apply_overrides(raw, overrides))
 
 
 def run_root(base) -> Path:
@@ -86,7 +86,7 @@ def dev_sequences(cfg, tokenizer, eos: int, vocab_size: int, seq_len: int, n: in
     from lsjax.train import data as data_lib
 
     d = dataclasses.replace(cfg.data, split="dev", seq_len=seq_len, max_sequences=0)
-    seqs, mask = data_lib.load_sequences(dataclasses.replace(cfg, data=d), tokenizer, eos, vocab_size, log=log)
+    seqs, mask = data_lib.load_sequences(d, tokenizer, eos, vocab_size, log=log)
     if len(seqs) == 0:
         raise ConfigError(f"data.sources: the dev split of {', '.join(d.sources)} has no sequence of {seq_len} tokens")
     keep = np.unique(np.linspace(0, len(seqs) - 1, min(n, len(seqs))).round().astype(int))

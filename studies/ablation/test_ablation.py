@@ -88,8 +88,8 @@ def test_position_eval_matches_the_dev_eval():
     from lsjax.config import DraftConfig
     from lsjax.methods.longspec import model as draft_lib
     from lsjax.methods.longspec import step as ls_step
+    from lsjax.methods.longspec.train_config import LongSpecTrainConfig
     from lsjax.models import target as target_lib
-    from lsjax.train.config import TrainConfig
 
     tp = target_lib.init_params(TINY, jax.random.PRNGKey(0), scale=0.3)
     dcfg = DraftConfig(window=8)
@@ -103,7 +103,7 @@ def test_position_eval_matches_the_dev_eval():
     sums = ablation.make_position_eval(TINY, dcfg, edges, chunk_size=16)(dp, tp, vocab, seq)
     assert sums["tokens"].shape == (3,) and float(sums["tokens"].sum()) == 39
 
-    cfg = TrainConfig(draft=dcfg, loss=dataclasses.replace(TrainConfig().loss, chunk_size=16))
+    cfg = LongSpecTrainConfig(draft=dcfg, loss=dataclasses.replace(LongSpecTrainConfig().loss, chunk_size=16))
     batch = {"tokens": tokens[None], "loss_mask": mask[None], "offset": jnp.zeros((1, 1), jnp.int32)}
     ref = ls_step.make_eval_step(TINY, cfg, vocab)(dp, tp, batch, jnp.int32(1))
     np.testing.assert_allclose(float(sums["ce"].sum()), float(ref["ce"]), rtol=1e-5)

@@ -158,22 +158,21 @@ def tiny_prompts(vocab: int, n: int, length: int, seed: int = 0) -> PromptSet:
 def tiny_train_config(out: Path):
     """The tiny target and a LongSpec stage sized for seconds on a CPU."""
     from lsjax.config import DraftConfig
+    from lsjax.methods.longspec.train_config import LongSpecTrainConfig, LossConfig
     from lsjax.train.config import (
         CheckpointConfig,
         DataConfig,
         LogConfig,
-        LossConfig,
         OptimConfig,
         PositionConfig,
         TargetConfig,
-        TrainConfig,
     )
 
     model = ModelConfig(
         vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
         head_dim=8, max_position=512, name="tiny", eos_token_ids=(2,), pad_token_id=0,
     )  # fmt: skip
-    return TrainConfig(
+    return LongSpecTrainConfig(
         name="device-job-tiny",
         run_dir=str(out / "run"),
         target=TargetConfig(model=model, random_init=True),
@@ -377,9 +376,9 @@ def main(argv: list[str] | None = None) -> int:
                     "--tiny runs it end to end on a tiny target, --allow-cpu runs it anyway"
                 )
             from lsjax.config import load_yaml
-            from lsjax.train.config import TrainConfig
+            from lsjax.methods.longspec.train_config import LongSpecTrainConfig
 
-            cfg = load_yaml(TrainConfig, args.config, args.set)
+            cfg = load_yaml(LongSpecTrainConfig, args.config, args.set)
         run(cfg, job, prompts, args.out, tiny=args.tiny, config_path=None if args.tiny else args.config)
     except (LsjaxError, ValueError, OSError) as e:
         return fail(str(e).splitlines()[0])

@@ -43,7 +43,7 @@ def build_dels(model, opts: DelsOptions, cache):
     return drafter, with_weights(dels_params, opts.alpha, opts.beta)
 
 
-_TRAIN_CONFIG = "lsjax.train.config:TrainConfig"
+_TRAIN_CONFIG = "lsjax.methods.dels.train_config:DelsTrainConfig"
 _EXPORT = "lsjax.methods.dels.export:export_kind"
 
 

@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from lsjax.methods.dels import model as bd
+from lsjax.methods.dels.train_config import DelsTrainConfig
 from lsjax.methods.longspec.losses import lm_losses
-from lsjax.train.config import TrainConfig
 from lsjax.train.feature_cache import rope_keys
 
 
@@ -57,7 +57,7 @@ def block_targets(tokens, loss_mask, argmax, anchors, block_size: int, gamma: fl
     return take(tokens, flat), take(argmax, flat - 1), weights
 
 
-def micro_block_losses(params, target_params, config, cfg: TrainConfig, micro: dict, key, vocab_ids) -> dict:
+def micro_block_losses(params, target_params, config, cfg: DelsTrainConfig, micro: dict, key, vocab_ids) -> dict:
     tokens, mask = micro["tokens"], micro["loss_mask"]
     B, T = tokens.shape
     s = cfg.block.block_size
@@ -84,7 +84,7 @@ def micro_block_losses(params, target_params, config, cfg: TrainConfig, micro: d
     )
 
 
-def make_step(config, cfg: TrainConfig, optimizer, vocab_ids):
+def make_step(config, cfg: DelsTrainConfig, optimizer, vocab_ids):
     """`(state, target_params, batch, key) -> (state, metrics)`; batch fields are [A, B, ...] micro-batches."""
     import optax
 
@@ -129,7 +129,7 @@ def make_step(config, cfg: TrainConfig, optimizer, vocab_ids):
     return step
 
 
-def initial_params(cfg: TrainConfig, config, target_params, counts: np.ndarray, log=print):
+def initial_params(cfg: DelsTrainConfig, config, target_params, counts: np.ndarray, log=print):
     """(block params, vocab_ids or None) from `checkpoint.init_from` (see the module doc)."""
     from lsjax import artifacts
     from lsjax.config import ConfigError
@@ -167,14 +167,14 @@ def initial_params(cfg: TrainConfig, config, target_params, counts: np.ndarray, 
     return jax.tree.map(lambda x: jnp.asarray(x, jnp.dtype(config.dtype)), params), vocab_ids
 
 
-def fit_block(cfg: TrainConfig, **run) -> dict:
+def fit_block(cfg: DelsTrainConfig, **run) -> dict:
     """Runs (or resumes) a block-draft run from the shared target-feature cache (`lsjax.train.runner.fit`)."""
     from lsjax.train.runner import fit
 
     return fit(cfg, _setup, **run)
 
 
-def _setup(cfg: TrainConfig, open_run_dir, log):
+def _setup(cfg: DelsTrainConfig, open_run_dir, log):
     from lsjax.config import ConfigError
     from lsjax.train import data as data_lib
     from lsjax.train.inputs import GrainBatches, load_target, shared_feature_inputs
@@ -192,7 +192,7 @@ def _setup(cfg: TrainConfig, open_run_dir, log):
         raise ConfigError(f"dels.num_anchors: {cfg.dels.num_anchors} anchors of {s}-token blocks need longer sequences")
     run_dir = open_run_dir()
     config, target_params, _ = load_target(cfg)
-    seqs, mask, extra = shared_feature_inputs(cfg, log)
+    seqs, mask, extra = shared_feature_inputs(cfg.features, cfg.data, log=log)
     data = GrainBatches(iter(data_lib.batches(seqs, mask, cfg, config.max_position, extra=extra).to_iter_dataset()))
 
     counts = np.bincount(seqs[mask > 0].reshape(-1), minlength=config.vocab_size)

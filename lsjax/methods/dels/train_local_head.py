@@ -27,21 +27,21 @@ import numpy as np
 
 from lsjax.config import ModelConfig
 from lsjax.methods.dels import local_head as lh
-from lsjax.train.config import TrainConfig
+from lsjax.methods.dels.train_config import DelsTrainConfig
 from lsjax.vocab import pruned_vocab, vocab_index
 
 
-def load_data(cfg: TrainConfig, tokenizer, eos: int, vocab_size: int, *, split: str = "train", log=print):
+def load_data(cfg: DelsTrainConfig, tokenizer, eos: int, vocab_size: int, *, split: str = "train", log=print):
     """Packed (tokens, loss_mask) [S, T]: plain-text sources, then chat sources (assistant tokens carry loss)."""
     from lsjax.train import data as data_lib
 
     parts = []
     d = dataclasses.replace(cfg.data, split=split)
     if d.sources:
-        parts.append(data_lib.load_sequences(dataclasses.replace(cfg, data=d), tokenizer, eos, vocab_size, log=log))
+        parts.append(data_lib.load_sequences(d, tokenizer, eos, vocab_size, log=log))
     if cfg.dels.chat_sources:
         dc = dataclasses.replace(d, sources=cfg.dels.chat_sources, chat=True)
-        parts.append(data_lib.load_sequences(dataclasses.replace(cfg, data=dc), tokenizer, eos, vocab_size, log=log))
+        parts.append(data_lib.load_sequences(dc, tokenizer, eos, vocab_size, log=log))
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
@@ -55,7 +55,7 @@ def split_blocks(tokens: jax.Array, mask: jax.Array, phase: jax.Array, block_siz
     return blocks, jnp.take_along_axis(mask, idx, axis=1).reshape(B * nb, block_size)
 
 
-def position_weights(cfg: TrainConfig, length: int) -> jax.Array:
+def position_weights(cfg: DelsTrainConfig, length: int) -> jax.Array:
     """Weight of the prediction from block position j (j = 0: after the block's first token)."""
     g = cfg.dels.decay_gamma
     if cfg.local_head.kind == "markov" or g == 0:
@@ -89,7 +89,7 @@ def chunked_ce(r: jax.Array, labels, weights, w_out, embed_rows, index, chunk: i
     return jax.tree.map(lambda a: jnp.sum(a, axis=0), jax.lax.map(one, xs))
 
 
-def local_head_losses(params, cfg: TrainConfig, embed, embed_rows, index, tokens, mask, phase) -> dict:
+def local_head_losses(params, cfg: DelsTrainConfig, embed, embed_rows, index, tokens, mask, phase) -> dict:
     """One micro-batch tokens, mask [B, T] at block phases [B] -> loss sums."""
     hc = cfg.local_head
     if hc.kind == "markov":
@@ -109,7 +109,7 @@ def local_head_losses(params, cfg: TrainConfig, embed, embed_rows, index, tokens
     )
 
 
-def make_step(cfg: TrainConfig, optimizer):
+def make_step(cfg: DelsTrainConfig, optimizer):
     """`(state, consts, batch, key) -> (state, metrics)` with consts = (embed, embed_rows, index)."""
     import optax
 
@@ -151,7 +151,7 @@ def embed_rms(embed) -> float:
     return float(jnp.sqrt(jnp.mean(jnp.square(jnp.asarray(embed, jnp.float32)))))
 
 
-def fit_local_head(cfg: TrainConfig, **run) -> dict:
+def fit_local_head(cfg: DelsTrainConfig, **run) -> dict:
     """Runs (or resumes) a local-head run (`lsjax.train.runner.fit`); the unigram prior (`out["prior"]`) and,
     at the end, the dev loss (`out["dev"]`, dev.json) come with it."""
     from lsjax.train.runner import fit
@@ -162,7 +162,7 @@ def fit_local_head(cfg: TrainConfig, **run) -> dict:
     return out
 
 
-def _setup(cfg: TrainConfig, open_run_dir, log, prior_out: list):
+def _setup(cfg: DelsTrainConfig, open_run_dir, log, prior_out: list):
     from lsjax.train import data as data_lib
     from lsjax.train.inputs import GrainBatches, eos_id, load_target
     from lsjax.train.runner import Job
@@ -218,7 +218,7 @@ def _setup(cfg: TrainConfig, open_run_dir, log, prior_out: list):
     )
 
 
-def dev_loss(cfg: TrainConfig, config: ModelConfig, params, consts, tokenizer, *, max_sequences=64, log=print):
+def dev_loss(cfg: DelsTrainConfig, config: ModelConfig, params, consts, tokenizer, *, max_sequences=64, log=print):
     """Block-local CE and accuracy of a head on the dev split (phase 0, fixed sequences), over the vocabulary
     it was trained on (`consts` as in training)."""
     from lsjax.train.inputs import eos_id

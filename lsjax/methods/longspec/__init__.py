@@ -20,7 +20,7 @@ def build(model, opts: LongSpecOptions, cache):
 @register_kind(
     "longspec",
     "the LongSpec draft (window self-attention + cross-attention on the target's cache)",
-    config="lsjax.train.config:TrainConfig",
+    config="lsjax.methods.longspec.train_config:LongSpecTrainConfig",
     export="lsjax.methods.longspec.export:export_kind",
     flags=("tree",),
     default=True,  # every config written before kinds existed trains the LongSpec draft

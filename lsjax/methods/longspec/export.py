@@ -56,7 +56,7 @@ def check_tree_lags(cfg, tree: TreeConfig) -> None:
 def export_run(
     cfg, out_dir: str | Path, extra: dict | None = None, tree: TreeConfig | dict[str, TreeConfig] | None = None
 ) -> dict:
-    """A training run's latest checkpoint (TrainConfig `cfg`) -> a draft directory; returns the arrays written
+    """A LongSpec training run's latest checkpoint (`cfg`) -> a draft directory; returns the arrays written
     (the file layout). The run's pruned vocabulary (vocab_ids.npy) travels with them; config.json records the
     run's training summary and the default `tree` decode.py should use with this draft."""
     if tree is not None:
@@ -83,8 +83,8 @@ def lineage(draft_dir: str | Path) -> list[str]:
 
 
 def export_kind(cfg, out_dir, *, config_path: str | None = None, tree: str | None = None) -> dict:
-    """`train.py --export` of a TrainConfig run (longspec, block, local_head) -> its draft directory; `tree`
-    (longspec only): the default tree stored with the draft."""
+    """`train.py --export` of a LongSpec run -> its draft directory; `tree`: the default tree stored with the
+    draft."""
     from lsjax.tree import parse_device_trees
 
     trees = parse_device_trees(tree) if tree else None

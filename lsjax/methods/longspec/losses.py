@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from lsjax.config import ModelConfig
 from lsjax.methods.longspec import model as draft_lib
-from lsjax.train.config import TrainConfig
+from lsjax.methods.longspec.train_config import LongSpecTrainConfig
 from lsjax.train.feature_cache import rope_keys
 from lsjax.train.features import positions_from_offsets, target_features, target_logits
 from lsjax.vocab import vocab_index
@@ -134,7 +134,7 @@ def micro_losses(
     draft_params: dict,
     target_params: dict,
     config: ModelConfig,
-    cfg: TrainConfig,
+    cfg: LongSpecTrainConfig,
     micro: dict,
     shift: jax.Array,
     vocab_ids: jax.Array | None = None,

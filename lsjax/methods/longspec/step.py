@@ -18,25 +18,25 @@ import optax
 
 from lsjax.config import ModelConfig
 from lsjax.methods.longspec.losses import micro_losses, text_weights
-from lsjax.train.config import TrainConfig
+from lsjax.methods.longspec.train_config import LongSpecTrainConfig
 from lsjax.train.step import TrainState, accumulate_grads, apply_grads, lr_schedule, make_optimizer
 
 
-def draw_shift(key: jax.Array, cfg: TrainConfig) -> jax.Array:
+def draw_shift(key: jax.Array, cfg: LongSpecTrainConfig) -> jax.Array:
     """Flash-noisy lag j ~ U{1, ..., gamma - 1} as an int32 array; 0 (no lag) when flash noisy training is off."""
     if not cfg.loss.flash_noisy:
         return jnp.zeros((), jnp.int32)
     return jax.random.randint(key, (), 1, cfg.loss.gamma, dtype=jnp.int32)
 
 
-def _objective(sums: dict, cfg: TrainConfig, total_weight: jax.Array, distill_total: jax.Array) -> jax.Array:
+def _objective(sums: dict, cfg: LongSpecTrainConfig, total_weight: jax.Array, distill_total: jax.Array) -> jax.Array:
     loss = cfg.loss.ce_weight * sums["ce"] / total_weight
     if cfg.loss.distill != "none":
         loss = loss + cfg.loss.distill_weight * sums["distill"] / distill_total
     return loss
 
 
-def _distill_total(cfg: TrainConfig, loss_mask: jax.Array, total_w: jax.Array) -> jax.Array:
+def _distill_total(cfg: LongSpecTrainConfig, loss_mask: jax.Array, total_w: jax.Array) -> jax.Array:
     """The distillation term's normaliser: the CE term's unless it weighs the whole text (`distill_on`). An
     upper bound under "text" with argmax (positions whose argmax is outside a pruned vocabulary count)."""
     if cfg.loss.distill_on == "text":
@@ -44,7 +44,7 @@ def _distill_total(cfg: TrainConfig, loss_mask: jax.Array, total_w: jax.Array) -
     return total_w
 
 
-def make_train_step(config: ModelConfig, cfg: TrainConfig, vocab_ids=None, optimizer=None):
+def make_train_step(config: ModelConfig, cfg: LongSpecTrainConfig, vocab_ids=None, optimizer=None):
     """The pure step `(state, target_params, batch, key) -> (state, metrics)`; jit it (see sharding.py)."""
     optimizer = optimizer or make_optimizer(cfg.optim)
     schedule = lr_schedule(cfg.optim)
@@ -83,7 +83,7 @@ def make_train_step(config: ModelConfig, cfg: TrainConfig, vocab_ids=None, optim
     return step
 
 
-def make_eval_step(config: ModelConfig, cfg: TrainConfig, vocab_ids=None):
+def make_eval_step(config: ModelConfig, cfg: LongSpecTrainConfig, vocab_ids=None):
     """`(draft_params, target_params, batch, shift) -> sums` over every micro-batch (no update)."""
     vocab_ids = None if vocab_ids is None else jnp.asarray(vocab_ids, jnp.int32)
 

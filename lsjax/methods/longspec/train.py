@@ -3,8 +3,8 @@
 out = fit(train_cfg)            # what `python train.py --config configs/train/X.yaml` runs
 
 The step loop (resume, checkpoints, logs, plots) is the one every trainer shares (`lsjax.train.runner`); the
-frozen target and the batch readers come from `lsjax.train.inputs`. Configs of another kind (block,
-local_head) are handed to their own trainer (`lsjax.methods.registry.fit_kind`).
+frozen target and the batch readers come from `lsjax.train.inputs`; the config is
+`lsjax.methods.longspec.train_config.LongSpecTrainConfig`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 from lsjax.config import ConfigError
 from lsjax.methods.longspec import model as draft_lib
 from lsjax.methods.longspec.step import make_eval_step, make_train_step
-from lsjax.train.config import TrainConfig
+from lsjax.methods.longspec.train_config import LongSpecTrainConfig
 from lsjax.train.features import build_feature_cache
 from lsjax.train.inputs import GrainBatches, ProcessBatches, eos_id, load_target, shared_feature_inputs
 from lsjax.train.step import init_state, make_optimizer
@@ -28,7 +28,7 @@ from lsjax.vocab import pruned_vocab
 __all__ = ["eos_id", "fit", "load_target"]  # the frozen target's helpers, where trainers and tests found them
 
 
-def fit(cfg: TrainConfig, **run) -> dict:
+def fit(cfg: LongSpecTrainConfig, **run) -> dict:
     """Runs (or resumes) one training stage (`lsjax.train.runner.fit`); returns its summary.
 
     Writes <run_dir>/metrics.jsonl, checkpoints/, vocab_ids.npy (pruned vocabulary), loss.png and
@@ -45,7 +45,7 @@ def fit(cfg: TrainConfig, **run) -> dict:
     return run_fit(cfg, _setup, **run)
 
 
-def _setup(cfg: TrainConfig, open_run_dir, log):
+def _setup(cfg: LongSpecTrainConfig, open_run_dir, log):
     from lsjax import sharding
     from lsjax.train import checkpoint as ckpt_lib
     from lsjax.train import data as data_lib
@@ -67,7 +67,7 @@ def _setup(cfg: TrainConfig, open_run_dir, log):
     extra = None
     fixed = cfg.features.enabled and not cfg.features.set
     if cfg.features.set:
-        seqs, mask, extra = shared_feature_inputs(cfg, log)
+        seqs, mask, extra = shared_feature_inputs(cfg.features, cfg.data, hidden=cfg.loss.distill == "kl", log=log)
     elif cfg.data.distilled:
         seqs, mask = data_lib.load_distilled(cfg.data.distilled)
         if seqs.shape[1] != T:
@@ -76,7 +76,7 @@ def _setup(cfg: TrainConfig, open_run_dir, log):
             )
         log(f"data: {data_lib.describe(seqs, mask)} (self-distilled: {cfg.data.distilled})")
     else:
-        seqs, mask = data_lib.load_sequences(cfg, tokenizer, eos, V, log=log)
+        seqs, mask = data_lib.load_sequences(cfg.data, tokenizer, eos, V, log=log)
         log(f"data: {data_lib.describe(seqs, mask)} ({', '.join(cfg.data.sources)}, {cfg.data.split})")
     if fixed:
         high = data_lib.max_offset(cfg.positions, T, config.max_position)
@@ -154,7 +154,7 @@ def _setup(cfg: TrainConfig, open_run_dir, log):
     )
 
 
-def _exported_draft(cfg: TrainConfig):
+def _exported_draft(cfg: LongSpecTrainConfig):
     """The DraftParams of `checkpoint.init_from` when it is an exported LongSpec draft directory
     (`lsjax.artifacts`, either layout), else None."""
     from lsjax import artifacts
@@ -173,7 +173,7 @@ def _exported_draft(cfg: TrainConfig):
     return DraftParams.from_arrays(arrays)
 
 
-def _make_dev_eval(cfg: TrainConfig, config, target_params, tokenizer, eos, vocab_ids, log):
+def _make_dev_eval(cfg: LongSpecTrainConfig, config, target_params, tokenizer, eos, vocab_ids, log):
     """Dev-split loss at plain positions and the smallest lag (what inference sees), fixed batches."""
     from lsjax.train import data as data_lib
 
@@ -182,7 +182,7 @@ def _make_dev_eval(cfg: TrainConfig, config, target_params, tokenizer, eos, voca
         positions=dataclasses.replace(cfg.positions, anchor_offset=False),
         data=dataclasses.replace(cfg.data, split="dev"),
     )
-    seqs, mask = data_lib.load_sequences(dev_cfg, tokenizer, eos, config.vocab_size, log=log)
+    seqs, mask = data_lib.load_sequences(dev_cfg.data, tokenizer, eos, config.vocab_size, log=log)
     ds = data_lib.batches(seqs, mask, dev_cfg, config.max_position, shuffle=False)
     batches = [{k: v for k, v in ds[i].items() if k != "index"} for i in range(min(cfg.log.eval_batches, len(ds)))]
     ev = jax.jit(make_eval_step(config, dev_cfg, vocab_ids))
