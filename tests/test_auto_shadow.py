@@ -99,6 +99,7 @@ def _tree_and_chain():
     return run(params, dp, prompts)
 
 
+@pytest.mark.slow  # the shadow walk tests below cover the greedy reading
 def test_chain_read_off_the_beam_tree_is_the_greedy_chain():
     """Where `accepts` says the chain is known, the tree's nodes it reads are the greedy chain's tokens: fed the
     chain itself as the following tokens, the chain is accepted exactly as deep as it is known."""
@@ -380,7 +381,7 @@ def test_a_stretch_stops_where_the_policy_would_run_lookup():
     assert not np.asarray(FULL.stretch_plan(ctx, start)).any() and not stop_after([100, 101, 102])
 
 
-@pytest.mark.parametrize("pruned", [0, 20])
+@pytest.mark.parametrize("pruned", [0, pytest.param(20, marks=pytest.mark.slow)])
 def test_first_children_are_what_propose_drafts_at_each_root(pruned):
     """One teacher-forced pass over k committed roots gives, at each, the top-w first level `propose` drafts
     there (its own ring and the target cache as they stood at that root): what `auto` learns from after a

@@ -92,6 +92,7 @@ def check(tmp_path: Path, selection: str, arch: str = "llama") -> list[dict]:
     return cells
 
 
+@pytest.mark.slow  # the default run keeps mesh equality in tests/test_mesh.py
 def test_the_default_on_a_mesh_with_its_profile(tmp_path):
     """The default method on a 2-way mesh (issue 56's crash; its trees run LongSpec's draft there), its cost
     profile measured there and on one device. Every other method on the mesh: the slow set (below)."""

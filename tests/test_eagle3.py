@@ -46,7 +46,7 @@ def _round(drafter, ctx, dcache, hidden, pairs, start):
     return h, Eagle3State(dcache, h[:, -1])
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen"])
+@pytest.mark.parametrize("name", [pytest.param("llama", marks=pytest.mark.slow), "qwen"])
 def test_draft_matches_the_reference_implementation(name):
     """Logits at every prompt pair, at the first draft step and at every expansion inside the tree, within
     1e-4 of SafeAILab/EAGLE's (`tests/fixtures/make/eagle3_reference_fixtures.py`), and the same trees, twice: after the
@@ -114,7 +114,10 @@ def small_target():
 
 @pytest.mark.parametrize(
     "fmt,budget,nbr",
-    [("eagle", Eagle3Tree(6, 4, 2), False), ("speculators", Eagle3Tree(15, 5, 4), True)],
+    [
+        pytest.param("eagle", Eagle3Tree(6, 4, 2), False, marks=pytest.mark.slow),  # the layouts load alike
+        ("speculators", Eagle3Tree(15, 5, 4), True),
+    ],
     ids=["eagle-6-nodes", "speculators-15-nodes-norm-before-residual"],
 )
 def test_greedy_equals_ar_through_either_published_layout(tmp_path, fmt, budget, nbr):

@@ -109,7 +109,7 @@ def test_batched_rows_with_stop_tokens_equal_their_own_ar_runs(drafter):
         np.testing.assert_array_equal(np.asarray(sp.out[b, :n]), np.asarray(ar.out[0, :n]))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", [pytest.param("float32", marks=pytest.mark.slow), "bfloat16"])
 def test_beam_shaped_trees_accept_deep(dtype):
     """A beam-shaped tree (3, 4, 4) with the target's greedy path hidden at a random slot of each level and
     random siblings: every step accepts three nodes and the output is AR's, in fp32 and in bf16 (the

@@ -87,7 +87,7 @@ def ar_and_verify_logits(dtype: str, rows: int, tapped: bool = False, backend: s
     return np.stack(ar), np.asarray(logits[0, np.array(at)])
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", [pytest.param("float32", marks=pytest.mark.slow), "bfloat16"])
 def test_verification_gives_each_node_ar_logits_bit_for_bit(dtype):
     ar, verified = ar_and_verify_logits(dtype, rows=24)
     np.testing.assert_array_equal(verified, ar)

@@ -40,6 +40,7 @@ def _logits(params, config, tokens):
     return target.forward(params, config, tokens, pos, KVCache.zeros(config, tokens.shape[0], 32))[0]
 
 
+@pytest.mark.slow  # the mesh decode test below computes through it
 def test_grouped_layout_computes_the_flat_one():
     """Each shard's block of the fused projections holds its own heads and MLP columns: the grouped layout's
     forward equals the flat one (one device). A plain reshape of the flat matrix into M blocks, the tempting
@@ -90,6 +91,7 @@ def test_mesh_shapes_and_their_errors():
         SpecConfig(config, GenerateConfig(8), mesh="model=3")
 
 
+@pytest.mark.slow  # test_mesh_equals_one_device_deep_accepts covers a mesh in the default run
 def test_one_device_mesh_decodes_like_no_mesh():
     """A 1x1 mesh runs the whole mesh path (placement, scope, cache constraint) on this process's device."""
     from lsjax import engine

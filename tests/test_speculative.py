@@ -175,8 +175,13 @@ DRAFTERS = [
     pytest.param(PLDDrafter(num_tokens=1, ngram_max=1), marks=pytest.mark.slow, id="pld-(1,)"),
     PLDDrafter(num_tokens=5, ngram_max=3),
     RandomTreeDrafter(TreeConfig((1,)), vocab=97),
-    RandomTreeDrafter(TreeConfig((4, 4, 3)), vocab=97),
-    LongSpecDrafter(TreeConfig((1, 1, 1)), DraftConfig(window=16)),
+    # The slow set adds a wide random tree and a LongSpec chain; the default run keeps a deep LongSpec tree.
+    pytest.param(
+        RandomTreeDrafter(TreeConfig((4, 4, 3)), vocab=97), marks=pytest.mark.slow, id="random-tree-(4, 4, 3)"
+    ),
+    pytest.param(
+        LongSpecDrafter(TreeConfig((1, 1, 1)), DraftConfig(window=16)), marks=pytest.mark.slow, id="longspec-(1, 1, 1)"
+    ),
     LongSpecDrafter(TreeConfig((3, 4, 4)), DraftConfig(window=8)),
     HybridDrafter(LongSpecDrafter(TreeConfig((2, 1)), DraftConfig(window=8)), PLDDrafter(num_tokens=4)),
 ]
@@ -337,6 +342,7 @@ def test_public_generate_jits_inside_user_code():
     assert len(traces) == 1 and float(tau) >= 1.0
 
 
+@pytest.mark.slow  # the equality tests above catch a draft reading uncommitted K/V
 def test_draft_sees_only_committed_target_kv():
     """Garbage in the target cache past the committed length must not change the tree the draft builds."""
     from lsjax.engine.types import DraftContext
@@ -488,7 +494,7 @@ class _Recorder(Drafter):
 @pytest.mark.parametrize(
     "sampling",
     [
-        SamplingConfig(temperature=0.7),
+        pytest.param(SamplingConfig(temperature=0.7), marks=pytest.mark.slow),  # ~50 s; a diagnostic, not the output
         pytest.param(SamplingConfig(temperature=1.3, top_k=20), marks=pytest.mark.slow),  # 10 s
     ],
 )

@@ -216,7 +216,7 @@ def _groups_run(state) -> set[int]:
     return {g for g, members in enumerate(groups) if uses[members].sum() > 0} | {0}
 
 
-@pytest.mark.parametrize("gen", [GREEDY, SAMPLED], ids=["T=0", "T=1"])
+@pytest.mark.parametrize("gen", [GREEDY, pytest.param(SAMPLED, marks=pytest.mark.slow)], ids=["T=0", "T=1"])
 def test_groups_are_made_when_the_drafter_asks_for_them(gen):
     """Not eager: a group is made only once the drafter runs it or would choose it; waiting for each group it
     runs (not `partial`) leaves the steps, and so the sample at T = 1, those of the single program."""

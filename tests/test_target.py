@@ -73,12 +73,14 @@ def generate_ar(params, config, tokens, lengths, gen, key):
     return _spec_run(params, (), config, tokens, lengths, gen, key)
 
 
+# Every family and both tyings in the default run; the slow set adds the remaining combinations.
 CASES = [
-    ("llama", False, "llama3"),
+    pytest.param("llama", False, "llama3", marks=pytest.mark.slow),
     ("llama", True, "linear"),
     ("qwen2", True, "default"),
     ("qwen2", False, "llama3"),
-    ("qwen3", False, "default"),  # per-head q/k RMSNorm (perturbed from 1 by `tiny_hf`), no q/k/v bias
+    # per-head q/k RMSNorm (perturbed from 1 by `tiny_hf`), no q/k/v bias
+    pytest.param("qwen3", False, "default", marks=pytest.mark.slow),
     ("qwen3", True, "llama3"),
 ]
 
@@ -198,6 +200,7 @@ def test_a_projection_stored_both_ways_uses_out_major_rows_from_three_rows():
         target.prepare_for_decode(params, config, layout="rows")
 
 
+@pytest.mark.slow  # the default run compares stacked prefills with AR through every decode test
 def test_a_prefill_over_stacked_layers_is_the_unrolled_one():
     """`target.stack_layers` (the prefill's layers under `lax.scan`, which compiles ~4x faster) runs the same
     layer code: the prefill's logits and cache, and a forward's tapped streams, equal the unrolled layers' to
@@ -233,7 +236,7 @@ def test_a_prefill_over_stacked_layers_is_the_unrolled_one():
     assert target.stack_layers(params, rows=64) is params  # the training layout scans already
 
 
-@pytest.mark.parametrize("bucket,chunk", [(128, 32), (256, 64), (512, 256)])
+@pytest.mark.parametrize("bucket,chunk", [pytest.param(128, 32, marks=pytest.mark.slow), (256, 64), (512, 256)])
 def test_padding_and_bucket_size_do_not_change_logits(tiny, bucket, chunk):
     """Rows of different lengths, padded with garbage, in buckets and chunks of several sizes."""
     config, params = tiny
@@ -360,6 +363,7 @@ def test_real_smollm2_decode_layout_matches_transformers(real):
     assert np.abs(logits - ref).max() <= 1e-3  # as the stacked layout (fp32 rounding over 30 layers: ~1e-4)
 
 
+@pytest.mark.slow  # bf16 against fp32: tests/test_precision.py in the default run
 def test_bfloat16_model_runs_close_to_float32(tiny):
     """bf16 weights/cache (the accelerator setting): same program, bf16 storage, logits within bf16 error."""
     import dataclasses
