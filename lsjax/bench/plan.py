@@ -9,8 +9,8 @@
 Decoding: the verify step of a tree (`--tree`: a preset such as `paper`, the 69-node tree, widths such as
 4,16,16, or a node count T for a chain) and the AR step (one node) of the target over a K/V cache holding
 `--context` tokens, the target grouped and split over a ("data", "model") mesh as `lsjax.mesh.place` does.
-Training (`--train`): the LongSpec train step of that config over a ("data", "fsdp") mesh (`--train-mesh`,
-default the config's own) as `lsjax.sharding.shard_train_step` jits it.
+Training (`--train`): the LongSpec train step of that config over a ("data", "fsdp") mesh (`--train-mesh`, default
+the config's own) as `lsjax.sharding.shard_train_step` jits it.
 
 Each step is
 * compiled for the mesh's devices, by the platform's own compiler where this host has that platform and
@@ -33,11 +33,10 @@ under `lax.scan`, micro-batches, LM-head chunks) stay loops and its compiler FLO
 roofline uses the model FLOPs count (6 x trained + 2 x frozen parameters per token) and the whole target read once
 per micro-batch (what FSDP gathers onto every chip) instead.
 
-A step FITS when its per-device peak (the compiler's arguments + outputs + temporaries - aliased outputs,
-plus the draft for decoding, which the verify step does not take) and the exact sum both stay within the
-chip's memory. The CPU compiler's temporaries stand in for the chip's: XLA's TPU and GPU compilers schedule
-and fuse differently, and the Pallas kernels hold less than the XLA attention the CPU compiles.
-"""
+A step FITS when its per-device peak (the compiler's arguments + outputs + temporaries - aliased outputs, plus
+the draft for decoding, which the verify step does not take) and the exact sum both stay within the chip's
+memory. The CPU compiler's temporaries stand in for the chip's (XLA's TPU and GPU compilers schedule and fuse
+differently; the Pallas kernels hold less than the XLA attention the CPU compiles)."""
 
 from __future__ import annotations
 
@@ -160,8 +159,6 @@ def parse_train_mesh(text: str) -> MeshConfig:
 
 
 # ------------------------------------------------------------------------------------------------ pieces
-
-
 def abstract_params(config: ModelConfig) -> dict:
     """The target's stacked params as ShapeDtypeStructs (nothing allocated)."""
     specs = target.param_specs(config)
@@ -275,8 +272,6 @@ def compile_devices(chip: Chip, n: int):
 
 
 # ------------------------------------------------------------------------------------------------ decode
-
-
 def plan_decode(config: ModelConfig, shape: mesh_lib.MeshShape, chip: Chip, *, context: int, tree_cfg: TreeConfig,
                 batch: int = 1, new_tokens: int = 1024, export: bool = True) -> dict:  # fmt: skip
     """The verify step of `tree_cfg` and the AR step on `shape`'s mesh: compiler and exact numbers per device."""
@@ -343,8 +338,6 @@ def _draft_params(config: ModelConfig, target_params: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ train
-
-
 def load_train(path: str, mesh_text: str | None, layers: int | None):
     import yaml
 
@@ -431,8 +424,6 @@ def plan_train(cfg, config: ModelConfig, chip: Chip, *, export: bool = True) -> 
 
 
 # ------------------------------------------------------------------------------------------------ report
-
-
 def _gb(x) -> str:
     return f"{x / GB:.2f} GB"
 
@@ -598,8 +589,6 @@ NOTE_MD = "_" + NOTE + "_\n"
 
 
 # ------------------------------------------------------------------------------------------------ CLI
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, status 2, as decode.py and train.py fail on bad input
         raise PlanError(message)

@@ -85,7 +85,7 @@ def shapes_only(tree) -> bool:
 
 class ProgramReady(typing.NamedTuple):
     """A program a `Generator` made ready: its name (start, decode, or a split decode's `group_name`), how
-    ("loaded" from the program cache, "jax-cache": traced and lowered with XLA's compile read from JAX's
+    ("loaded" from the start-up's store, "jax-cache": traced and lowered with XLA's compile read from JAX's
     persistent cache, "compiled") and the seconds it took."""
 
     name: str
@@ -175,7 +175,7 @@ class Generator:
 
     def first_programs(self) -> tuple[str, ...]:
         """The programs a run needs before its first decode step: the prefill's and the first decode program
-        (a split decode's first group: AR's, for `auto`). What `ProgramCache.read_ahead` reads next time."""
+        (a split decode's first group: AR's, for `auto`). What a start-up's store reads ahead next time."""
         return ("start", group_name(self.drafter, 0) if self.splits() else "decode")
 
     def splits(self) -> bool:
@@ -324,7 +324,7 @@ class Generator:
 
     def _start_spec(self, bucket: int, capacity: int, gen: GenerateConfig, key):
         """(the spec, the start program's positional and keyword arguments, abstract where they vary): what
-        determines the programs of a prompt bucket and output width (the program cache's key)."""
+        determines the programs of a prompt bucket and output width (what keys a stored program)."""
         spec = SpecConfig(self.config, gen, self.drafter, capacity=capacity, backend=self.backend, mesh=self.mesh)
         tokens = jax.ShapeDtypeStruct((1, bucket), jnp.int32)
         lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
@@ -538,7 +538,7 @@ class Generator:
 
     def _draft_params(self, gen: GenerateConfig, bucket: int, state, decode):
         """The draft params for this prompt: a `HostTuned` drafter's are found on the host before the timed
-        decode, once per (bucket, sampling), and kept (with the decode program, which a `SplitDecode` may still
+        decode, once per (bucket, sampling), and kept (with the decode program, which a split decode may still
         be loading: it waits only for a group it has to run)."""
         if not isinstance(self.drafter, HostTuned):
             return self.draft_params
