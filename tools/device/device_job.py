@@ -48,12 +48,12 @@ class JobConfig:
     max_new_tokens: int = 384
     seed: int = 0
     # Passes over the prompts while the generation share lasts: the first answers half greedily and half
-    # sampled, the second each prompt the other way, later ones sampled with new seeds. On 2026-11-28 one pass
-    # took an H200 51 s of its 176 s share, and the stage then ran 6 epochs over 0.32M answer tokens.
+    # sampled, the second each prompt the other way, later ones sampled with new seeds (what one pass takes on
+    # an H200: docs/design/drafts.md).
     max_passes: int = 8
     # Optimizer steps per second that sizes the stage's total_steps to the time left for training, so that the
-    # schedule decays over the budget (0: the config's total_steps). An H200 ran 7.7 (32K tokens a step,
-    # SmolLM2) on 2026-11-28, when total_steps=900 ended training at 197 s of a 504 s budget.
+    # schedule decays over the budget (0: the config's total_steps); the default is an H200's rate at 32K tokens a
+    # step on SmolLM2 (docs/design/drafts.md).
     steps_per_s: float = 7.0
 
     def __post_init__(self):
