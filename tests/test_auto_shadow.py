@@ -207,6 +207,7 @@ def test_a_put_aside_proposal_is_checked_depth_by_depth():
     np.testing.assert_array_equal(np.asarray(pol1.trials), np.asarray(pol0.trials))
 
 
+@pytest.mark.slow  # put-aside proposals: the depth tests below
 def test_a_lookup_proposal_is_put_aside_every_step():
     """While AR runs (one token per step) a proposal is put aside at every root and each is checked D steps
     later: the deeper depths are observed about once per step, not once per D steps."""

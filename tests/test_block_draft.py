@@ -25,7 +25,7 @@ def block_params(config, params, seed=0):
     return p
 
 
-@pytest.mark.parametrize("s", [8, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("s", [pytest.param(8, marks=pytest.mark.slow), 3])
 def test_block_logits_equal_separate_reference_forwards(s):
     """Each of the s outputs of the one block forward equals position j computed on its own (numpy float64)
     over the filled ring slots, the whole block and the target's committed keys [0, n)."""

@@ -230,7 +230,15 @@ def test_one_token_prompt_prints_no_prefill_rate(monkeypatch, capsys, tmp_path):
     assert ", decode " in summary
 
 
-@pytest.mark.parametrize("method", ["ar", "auto", "longspec", "longspec-random"])
+@pytest.mark.parametrize(
+    "method",
+    [
+        "ar",
+        pytest.param("auto", marks=pytest.mark.slow),
+        pytest.param("longspec", marks=pytest.mark.slow),
+        "longspec-random",
+    ],
+)
 def test_programs_compile_while_the_weights_load_where_cores_are_free(
     monkeypatch,
     capsys,

@@ -66,6 +66,7 @@ def test_what_does_not_fit_is_a_skip_line(monkeypatch):
     assert device_model.layers_that_fit(8192) == 0
 
 
+@pytest.mark.slow  # the report of a finished check is tested in the default run
 def test_a_check_cut_short_keeps_the_parts_it_finished(monkeypatch, tmp_path):
     """A lease's timeout ends the check with SIGTERM while a part runs: the report is on disk with every part
     that finished (written after each) and a skip line for the one that was stopped."""

@@ -168,6 +168,7 @@ def _two_wide_by_enumeration(p, q):
     return total
 
 
+@pytest.mark.slow  # a bench measure; the verifier itself: tests/test_verify_sampling.py
 def test_two_wide_is_what_recursive_rejection_sampling_accepts():
     """`sampled2` against every pair of children enumerated, then against the engine's verification run on
     two-child sampled trees many times: a variant that forgets to drop the first child from q fails."""

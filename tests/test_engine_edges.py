@@ -163,6 +163,7 @@ def test_longspec_beam_tree_accepts_something():
     assert float(sp.mean_accepted) > 1.0
 
 
+@pytest.mark.slow  # bf16 equality: tests/test_invariant.py
 def test_bf16_greedy_speculative_equals_ar():
     """Where accelerators run: bf16 weights and cache. Verification and AR compute logits with different
     matmul shapes, so equality holds up to argmax ties at bf16 precision; on this model there are none."""

@@ -32,7 +32,8 @@ def _tokens(S, T, seed=1):
     return np.asarray(jax.random.randint(jax.random.PRNGKey(seed), (S, T), 0, CFG.vocab_size), np.int32)
 
 
-@pytest.mark.parametrize("T", [24, 520])  # 520: three 256-query blocks, the last one partial
+# 520: three 256-query blocks, the last one partial (24, one partial block, in the slow set)
+@pytest.mark.parametrize("T", [pytest.param(24, marks=pytest.mark.slow), 520])
 def test_fields_equal_the_target_forward(params, T):
     toks = _tokens(2, T)
     out = jax.device_get(fcm.feature_pass(params, CFG, jnp.asarray(toks), SPEC))

@@ -28,6 +28,7 @@ def test_the_output_width_ladder():
     assert loop.new_tokens_bucket(5000, 4096) == 5000  # never below the count itself
 
 
+@pytest.mark.slow  # one program per width: the API test below
 def test_a_generator_compiles_once_for_every_length_and_prompt_of_a_bucket():
     config, params = tiny_model()
     ar = Generator(config, params)

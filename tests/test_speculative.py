@@ -203,6 +203,7 @@ def test_greedy_speculative_equals_ar(drafter):
         )
 
 
+@pytest.mark.slow  # stop tokens: tests/test_engine_edges.py's batched rows
 def test_greedy_with_stop_tokens_and_a_perfect_drafter():
     """A drafter that proposes the target's own greedy continuation: every node is accepted, and a stop
     token inside an accepted path still ends the row exactly where AR ends it."""
@@ -411,6 +412,7 @@ def test_real_smollm2_greedy_speculative_equals_ar(ours, method):
     assert sp.tokens == ar.tokens
 
 
+@pytest.mark.slow  # the shipped draft equals AR in make test-jax011's decode smoke
 def test_trained_draft_greedy_equals_ar(tmp_path):
     """A draft trained by lsjax.train (tiny target, synthetic data, 30 steps) is as lossless as any other."""
     from lsjax import train as tr

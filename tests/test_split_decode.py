@@ -124,6 +124,7 @@ def test_groups_still_loading_are_not_chosen_and_output_equals_ar():
     assert np.asarray(again.draft.policy.uses)[1:].sum() > 0 and split.restricted_steps == restricted
 
 
+@pytest.mark.slow  # waiting for a group: the lazy split tests below
 def test_a_forced_group_still_loading_is_waited_for():
     config, params, ls, spec, state, programs = _setup(GREEDY)
     dp = auto_params(SMALL, ls, CHEAP)

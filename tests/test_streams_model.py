@@ -127,6 +127,7 @@ def _decode_streams(sp, params, config, scfg, toks, n):
     return logits, s
 
 
+@pytest.mark.slow  # streams equal AR in tests/test_streams_drafter.py
 @pytest.mark.parametrize(
     "prepared", [pytest.param(False, marks=pytest.mark.slow, id="stacked"), pytest.param(True, id="decode-layout")]
 )

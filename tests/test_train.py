@@ -164,6 +164,7 @@ def test_distillation_losses(tiny_models):
     assert float(kl2["distill"]) > 1e-3
 
 
+@pytest.mark.slow  # distillation losses are tested alone in the default run
 def test_distillation_on_the_whole_text(tiny_models):
     """`loss.distill_on: text`: the distillation term weighs every position up to the row's last training
     target (a self-distilled row's prompt too, never the padding after it), normalised by its own weight;

@@ -269,10 +269,10 @@ SAMPLINGS = {
     "minp-penalty": SamplingConfig(temperature=1.5, min_p=0.1, penalty=1.4, penalty_window=3),
 }
 # By default (N = 100K): the LongSpec drafter's sampled trees at T=1 (recursive rejection sampling over a real
-# draft), a sampled k-ary tree under top-p and EAGLE's dynamic tree under the contextual penalty; the slow set
-# runs every drafter with every filter at N = 400K.
+# draft) and EAGLE's dynamic tree under the contextual penalty; the slow set runs every drafter with every filter
+# at N = 400K (a sampled k-ary tree under top-p, the released LongSpec layout among them).
 # (The released layout's sampled trees are the same method's: "longspec-released" runs in the slow set.)
-DEFAULT = {("longspec", "T1"), ("table-sampled", "topp"), ("eagle3", "T1-penalty")}
+DEFAULT = {("longspec", "T1"), ("eagle3", "T1-penalty")}
 CASES = [pytest.param(d, s, N, id=f"{d}-{s}") for d, s in sorted(DEFAULT)] + [
     pytest.param(d, s, N_DEEP, id=f"{d}-{s}-deep", marks=pytest.mark.slow) for d in DRAFTERS for s in SAMPLINGS
 ]
