@@ -52,3 +52,31 @@ def _release_compiled_programs():
 
     jax.clear_caches()
     gc.collect()
+
+
+# Modules that tell a program compiled from one read from JAX's persistent cache (the program store's "compiled"
+# against "jax-cache", decode.py's counts) run without the suite's shared cache.
+OWN_CACHE = {"test_programs", "test_precompile", "test_bench_launch"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _shared_compile_cache(request, tmp_path_factory):
+    """JAX's persistent compilation cache for the whole run, shared by the pytest-xdist workers: most modules
+    compile the same tiny model's programs, and each module's are dropped when it ends
+    (`_release_compiled_programs`), so a later module reads them instead of compiling them again. Locked
+    (`jax_compilation_cache_max_size` turns JAX's file lock on), so one worker never reads another's half-written
+    entry."""
+    import os
+
+    import jax
+    from jax._src import compilation_cache
+
+    root = tmp_path_factory.getbasetemp()
+    shared = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "jax-compile-cache"
+    want = None if request.module.__name__.rsplit(".", 1)[-1] in OWN_CACHE else str(shared)
+    if jax.config.jax_compilation_cache_dir != want:
+        compilation_cache.reset_cache()  # JAX decides once per process whether it has a cache
+        jax.config.update("jax_compilation_cache_dir", want)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+        jax.config.update("jax_compilation_cache_max_size", 8 << 30)
+    yield
