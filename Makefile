@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (one test file per worker at a time: module-scoped fixtures stay whole);
-# 2 on the 2-core CI machine ran the default suite in 25 min instead of ~39. TEST_WORKERS=0: one process.
+# one per core of the 2-core CI machine (the default suite's budget there is 15 minutes). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 PYTHON312 ?= $(shell PYENV_VERSION=3.12.1 pyenv which python3.12 2>/dev/null || command -v python3.12)
 VENV312 ?= .venv312
