@@ -65,8 +65,12 @@ test-jax011: $(VENV312)/.installed
 		print('decode smoke:', d['method'], d['new_tokens'], 'tokens, identical_to_ar =', d['identical_to_ar']); \
 		sys.exit(0 if d['identical_to_ar'] and d['new_tokens'] == 16 else 'decode smoke: differs from AR')"
 
+# The slow set: long sweeps, real-model runs and the variants the default run covers in another configuration;
+# with the studies' own tests (studies/README.md).
 test-slow: $(VENV)/.installed-test
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+	$(PY) -m pytest -q studies $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m slow studies $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
