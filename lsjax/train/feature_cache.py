@@ -1,6 +1,7 @@
 """The shared target-feature cache: one pass of the frozen target, read by every drafter's training.
 
-The target is the most expensive thing training runs, so its features are computed once per token and shared: every drafter's training that reads the target's features reads the same files.
+The target is the most expensive thing training runs, so its features are computed once per token and shared:
+every drafter's training that reads the target's features reads the same files.
 
     python -m lsjax.train.feature_cache --set chat-2048 --sources sharegpt --chat --seq-len 2048
     fc = FeatureCache.open(cache_root() / "chat-2048")
