@@ -110,10 +110,10 @@ def loading_label(drafter, programs: int = 1) -> str:
     (`programs` > 1): a split of two (or any beside an accelerator) loads every group at once; a larger one
     loads AR's group beside the prefill and the others as auto asks for them (`lsjax.runtime.split.loading`)."""
     from lsjax.runtime import beside_device
-    from lsjax.runtime.split import EAGER_GROUPS
+    from lsjax.runtime.split import loading
 
     names = [n for n in getattr(drafter, "cost_names", None) or () if n != "shadow"]
-    if names and programs > 1 and (programs <= EAGER_GROUPS or beside_device()):
+    if names and programs > 1 and loading(True, beside_device(), programs, one_decode=True)["eager"]:
         return f"loading auto's {programs} programs from the compile cache"
     if names and programs > 1:
         return f"loading auto's first program from the compile cache ({programs - 1} more as it asks for them)"

@@ -274,10 +274,6 @@ class DecodeRun:
         from lsjax.config import ConfigError, GenerateConfig, SamplingConfig
 
         method = args.method or "auto"
-        if args.tree is not None and not args.tree.strip():
-            fail("--tree is empty: give a preset (paper, gpu, cpu, cpu-small, chain4, chain8) or widths, e.g. 2,2,2")
-        if args.compile_cache is not None and not args.compile_cache.strip():
-            fail("--compile-cache is empty: give a directory, or off")
         ignored = ignored_flags(args, method)
         if ignored:
             verb = "does" if len(ignored) == 1 else "do"
