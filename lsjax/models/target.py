@@ -53,10 +53,12 @@ from lsjax.models.layers import (
     shape_problem,
     unflatten,
 )
+from lsjax.models.module import Model
 from lsjax.rope import apply_rope, inverse_frequencies, rope_angles
 from lsjax.runtime import host_threads
 
 __all__ = [
+    "Transformer",
     "embed",
     "forward",
     "forward_hidden",
@@ -643,3 +645,45 @@ def init_params(config: ModelConfig, key: jax.Array, scale: float = 0.02) -> dic
     # The key order predates param_specs: kept so tests' tiny models keep their weights.
     key_of = dict(zip(layer_weights, keys)) | {"embed": keys[-1], "lm_head": keys[-2]}
     return init_from_specs(specs, key_of, scale)
+
+
+class Transformer(Model):
+    """The target decoder (`config.arch`: Llama, Qwen2, Qwen3 or Mistral) as a linen module.
+
+        model = Transformer(config)
+        variables = model.init(key, method="weights")          # random, with logical axes (lsjax.models.module)
+        logits, cache = model.apply(variables, tokens, positions, cache)
+
+    Its parameters are `param_specs(config)`; `apply` also takes them in the decode layouts
+    (`prepare_for_decode`, `group_for_shards`, `stack_layers`), which are transformations of the same
+    variables. The methods are the forward; the functions above are their bodies, written over the params
+    dict so one code path serves every layout.
+    """
+
+    config: ModelConfig
+
+    def schema(self) -> dict[str, ParamSpec]:
+        return param_specs(self.config)
+
+    def random_weights(self, key: jax.Array) -> dict:
+        return init_params(self.config, key)
+
+    def __call__(self, tokens, positions, cache: KVCache, num_valid=None, *, backend: str = "auto"):
+        """`forward`: causal over T new tokens, committed: (logits [B, T, V], cache)."""
+        return forward(self.weights(), self.config, tokens, positions, cache, num_valid, backend=backend)
+
+    def hidden(self, tokens, positions, cache: KVCache, tree_mask=None, **kwargs):
+        """`forward_hidden`: (hidden [B, T, D] before the final norm, new_k, new_v), nothing committed."""
+        return forward_hidden(self.weights(), self.config, tokens, positions, cache, tree_mask, **kwargs)
+
+    def streams(self, tokens, positions, cache: KVCache, taps: tuple[int, ...], tree_mask=None, **kwargs):
+        """`forward_streams`: `hidden` plus the residual streams entering the layers `taps`."""
+        return forward_streams(self.weights(), self.config, tokens, positions, cache, taps, tree_mask, **kwargs)
+
+    def logits(self, hidden: jax.Array, pad_to: int = 0) -> jax.Array:
+        """`lm_head`: final norm and output projection, fp32 logits."""
+        return lm_head(self.weights(), self.config, hidden, pad_to)
+
+    def embed(self, tokens: jax.Array) -> jax.Array:
+        """The token embeddings [B, T, D] in the weights' dtype."""
+        return embed(self.weights(), tokens)
