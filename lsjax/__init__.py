@@ -10,6 +10,7 @@ The public API — pure functions under `jax.jit`, frozen configs static:
     HybridDrafter (LongSpec tree + PLD chain)
     AutoDrafter, auto_params                      per step, the candidate with the most expected tokens/s
     load_model                                    GGUF / HF safetensors -> config, params, tokenizer
+    Transformer, load_variables                   the target as a Flax module; a checkpoint as its variables
     read_header                                   config and tokenizer alone, before the weights load
     invariant_rows_for                            the rows batch-invariant numerics need for a drafter
 """
@@ -18,11 +19,12 @@ from lsjax.api import GenerateOutput, SpecConfig, generate, pad_prompts
 from lsjax.config import DraftConfig, GenerateConfig, ModelConfig, SamplingConfig
 from lsjax.engine import DecodeState, commit_phase, decode, draft_phase, prefill, spec_step, verify_phase
 from lsjax.engine.types import ARDrafter, Drafter, invariant_rows_for
-from lsjax.loading import load_model, read_header
+from lsjax.loading import load_model, load_variables, read_header
 from lsjax.methods.auto.drafter import AutoDrafter, auto_params
 from lsjax.methods.hybrid.drafter import HybridDrafter
 from lsjax.methods.longspec.drafter import LongSpecDrafter
 from lsjax.methods.pld.drafter import PLDDrafter
+from lsjax.models.target import Transformer
 from lsjax.tree import TreeConfig
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "PLDDrafter",
     "SamplingConfig",
     "SpecConfig",
+    "Transformer",
     "TreeConfig",
     "auto_params",
     "commit_phase",
@@ -47,6 +50,7 @@ __all__ = [
     "generate",
     "invariant_rows_for",
     "load_model",
+    "load_variables",
     "pad_prompts",
     "prefill",
     "read_header",

@@ -13,16 +13,21 @@ are exported for finer control.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from lsjax import engine
-from lsjax.config import ConfigError
+from lsjax.config import ConfigError, ModelConfig
 from lsjax.engine.types import SpecConfig
 from lsjax.errors import InputError
 from lsjax.models import target
+from lsjax.models.draft_params import DraftParams
+
+VOCAB = "vocab"  # the Flax collection of a draft's pruned vocabulary ids
 
 
 @jax.tree_util.register_dataclass
@@ -43,7 +48,11 @@ def generate(
     prompt_lengths: jax.Array | None = None,
     max_new_tokens: jax.Array | None = None,
 ) -> GenerateOutput:
-    """prompt_ids [B, P] int (right-padded; P a multiple of config.chunk: `pad_prompts`), prompt_lengths [B] int
+    """`target_params`, `draft_params`: each a params dict (`load_model().params`, `load_draft`'s), Flax
+    variables (`{"params": ...}`, boxed or not: what `Transformer(cfg).init` or a caller's own module holds), or a
+    bound module (`module.bind(variables)`); `params_of` says how each is read.
+
+    prompt_ids [B, P] int (right-padded; P a multiple of config.chunk: `pad_prompts`), prompt_lengths [B] int
     (default P), max_new_tokens [B] or [] int (default and at most `config.gen.max_new_tokens`, the width of
     `tokens`): new tokens per row as data, so one compiled program serves every count up to that width, as it
     serves every prompt of its width.
@@ -55,6 +64,8 @@ def generate(
     the vocabulary returns `num_tokens = 0` (no output, never output computed from garbage), and a row whose
     generation would pass the context window stops there (`num_tokens` counts only the tokens inside it).
     """
+    target_params = params_of(target_params, config.model)
+    draft_params = params_of(draft_params)
     prompt_ids, prompt_lengths = _check_shapes(prompt_ids, prompt_lengths, config)
     max_new_tokens = _check_max_new(max_new_tokens, prompt_ids.shape[0], config)
     engine.check_inputs(target_params, draft_params, key, config)
@@ -88,6 +99,28 @@ def generate(
     room = jnp.maximum(config.model.max_position - lengths, 0)
     num = jnp.where(valid, jnp.minimum(state.num_out, room), 0).astype(jnp.int32)
     return GenerateOutput(state.out, num, state.steps + 1, state.mean_accepted.astype(jnp.float32))
+
+
+def params_of(x, model: ModelConfig | None = None):
+    """The params a Flax form of a model holds: a bound module's, the "params" collection of a variables dict
+    (`nn.LogicallyPartitioned` boxes removed; with a "vocab" collection, a draft's `DraftParams` whose
+    `vocab_ids` are its "ids"), anything else as it is. A bound target whose config is not
+    `model` is an `InputError` naming both (the programs are built from `model`)."""
+    if isinstance(x, nn.Module):
+        if x.scope is None:
+            raise InputError(f"{type(x).__name__}: an unbound module has no weights; pass module.bind(variables)")
+        if model is not None and getattr(x, "config", model) != model:
+            raise InputError(
+                f"target: the module's config ({x.config.name}, {x.config.arch}) is not SpecConfig.model "
+                f"({model.name}, {model.arch})"
+            )
+        x = x.variables
+    if isinstance(x, Mapping) and "params" in x and all(isinstance(v, Mapping) for v in x.values()):
+        params = nn.meta.unbox(x["params"])
+        if VOCAB in x:  # a draft's pruned vocabulary: a collection of its own, never trained
+            return DraftParams(params, x[VOCAB]["ids"])
+        return params
+    return x
 
 
 def _check_shapes(prompt_ids, prompt_lengths, config: SpecConfig):

@@ -28,7 +28,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from lsjax import attention
+from lsjax import attention, sharding
 from lsjax.config import ModelConfig
 from lsjax.errors import LsjaxError
 from lsjax.models import target
@@ -120,36 +120,26 @@ def check(config: ModelConfig, mesh: Mesh, batch: int | None = None) -> None:
         )
 
 
+# Logical axis -> mesh axis when decoding: tensor parallelism, each "model" shard holding its heads, its MLP
+# columns and its rows of the vocabulary (training's rules are `lsjax.sharding.RULES`).
+DECODE_RULES = {"heads": "model", "kv_heads": "model", "mlp": "model", "vocab": "model"}
+
+
 def param_specs(params: dict, mesh: Mesh) -> dict:
-    """PartitionSpecs for target params in the grouped inference layout (`target.group_for_shards`)."""
+    """PartitionSpecs for target params in the grouped inference layout (`target.group_for_shards`): each leaf's
+    logical axes (`target.decode_axes`, derived from the ones the module declares) through `DECODE_RULES`."""
     M = int(mesh.shape["model"])
-    P = PartitionSpec
+    axes = target.decode_axes(params)
 
-    def vocab_rows(x):  # [V, D]: rows split when V allows (SmolLM2's 49152 and Llama's 128256 do)
-        return P("model", None) if x.shape[0] % M == 0 else P()
+    def one(ax, leaf):
+        return sharding.spec_for_axes(ax, tuple(leaf.shape), mesh, DECODE_RULES)
 
-    layer_specs = {
-        "attn_norm": P(),
-        "mlp_norm": P(),
-        "w_qkv": P(None, "model", None),
-        "b_qkv": P("model", None),
-        "q_norm": P(),  # [H]: every head's, on every shard
-        "k_norm": P(),
-        "wo": P("model", None),
-        "w_gate_up": P(None, "model", None),
-        "w_down": P("model", None),
-    }
-    out = {}
-    for name, leaf in params.items():
-        if name == "layers":
-            # M = 1 keeps the flat layout (`group_for_shards`), whose leaves have one dimension fewer.
-            out[name] = tuple({k: layer_specs[k] if M > 1 else P() for k in layer} for layer in leaf)
-        elif name == "embed":
-            out[name] = vocab_rows(leaf)
-        elif name == "lm_head":  # [D, V]
-            out[name] = P(None, "model") if leaf.shape[1] % M == 0 else P()
-        else:
-            out[name] = P()
+    out = {name: one(axes[name], leaf) for name, leaf in params.items() if name != "layers"}
+    # M = 1 keeps the flat layout (`group_for_shards`), replicated.
+    out["layers"] = tuple(
+        {k: one(ax[k], layer[k]) if M > 1 else PartitionSpec() for k in layer}
+        for ax, layer in zip(axes["layers"], params["layers"])
+    )
     return out
 
 

@@ -1,7 +1,7 @@
 """A (data, fsdp) mesh, logical-axis rules -> PartitionSpecs, and the train step jitted with them.
 
-Parameters are FSDP-sharded: each leaf's logical axes (by its name in the params dict) map to mesh axes
-through `RULES`; a dimension not divisible by its mesh axis stays replicated, so every config runs on
+Parameters are FSDP-sharded: each leaf's logical axes (the Flax partitioning metadata its module declares) map
+to mesh axes through `RULES`; a dimension not divisible by its mesh axis stays replicated, so every config runs on
 any mesh. Batches are split over both axes (data and fsdp together form the batch parallelism, as in
 ZeRO-3). The frozen target is sharded like the draft. On one device everything is replicated and the
 step is the plain jitted one.
@@ -14,18 +14,18 @@ import os
 import sys
 import threading
 
+import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lsjax.config import ConfigError, MeshConfig
 from lsjax.errors import LsjaxError
-from lsjax.models.layers import LOGICAL_AXES, ParamSpec
+from lsjax.models.module import Model, abstract_variables, logical_axes
 
 BATCH = ("data", "fsdp")
 
-# A named leaf's logical axes come from the models' schemas (`lsjax.models.layers.LOGICAL_AXES`, which each
-# model module declares beside its `param_specs`); target layer leaves carry a leading "layers" axis.
+# A leaf's logical axes are the Flax partitioning metadata its model declares (`lsjax.models.module`).
 
 # Logical axis -> mesh axis. FSDP shards the model width of every matrix (and the vocabulary rows of the
 # embedding through "embed"); the small per-head axes and norms stay whole.
@@ -196,22 +196,14 @@ def _axis_size(mesh: Mesh, axis) -> int:
     return int(np.prod([mesh.shape[a] for a in names]))
 
 
-def spec_for(name: str | None, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
-    """PartitionSpec of a parameter-like leaf named `name` (its dict key) with `shape`."""
-    axes = LOGICAL_AXES.get(name or "")
-    if axes is None or len(shape) not in (len(axes), len(axes) + 1):
-        return PartitionSpec()  # scalars (optimizer counts), unknown leaves: replicated
-    if len(shape) == len(axes) + 1:
-        axes = ("layers", *axes)
-    return spec_for_axes(axes, shape, mesh)
-
-
-def spec_for_axes(axes: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
-    """PartitionSpec of a leaf with these logical axes (one per dimension of `shape`), through `RULES`."""
+def spec_for_axes(axes: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh, rules=None) -> PartitionSpec:
+    """PartitionSpec of a leaf with these logical axes (one per dimension of `shape`), through `rules`
+    (default `RULES`)."""
+    rules = RULES if rules is None else rules
     out = []
     used = set()
     for dim, logical in zip(shape, axes):
-        mesh_axis = RULES.get(logical)
+        mesh_axis = rules.get(logical)
         # A mesh axis may appear once per spec, and only on a dimension it divides.
         if mesh_axis is None or mesh_axis in used or dim % _axis_size(mesh, mesh_axis) != 0:
             out.append(None)
@@ -221,23 +213,45 @@ def spec_for_axes(axes: tuple[str, ...], shape: tuple[int, ...], mesh: Mesh) -> 
     return PartitionSpec(*out)
 
 
-def spec_shardings(specs: dict[str, ParamSpec], mesh: Mesh) -> dict[str, NamedSharding]:
-    """{path: NamedSharding} straight from a model's `param_specs` (no guessing from names or ranks)."""
-    return {path: NamedSharding(mesh, spec_for_axes(s.logical_axes, s.shape, mesh)) for path, s in specs.items()}
+def model_axes(*models: Model) -> dict[str, tuple[str, ...]]:
+    """{path: logical axes} of the models' parameters, read from the Flax partitioning metadata they declare."""
+    out: dict[str, tuple[str, ...]] = {}
+    for model in models:
+        out |= logical_axes(model)
+    return out
 
 
-def _last_name(path) -> str | None:
-    for entry in reversed(path):
-        if isinstance(entry, jax.tree_util.DictKey):
-            return str(entry.key)
-    return None
-
-
-def tree_shardings(tree, mesh: Mesh):
-    """NamedShardings for a params / optimizer-state / target pytree (by each leaf's last dict key)."""
-    return jax.tree_util.tree_map_with_path(
-        lambda path, x: NamedSharding(mesh, spec_for(_last_name(path), tuple(np.shape(x)), mesh)), tree
+def module_shardings(model: Model, mesh: Mesh) -> dict:
+    """NamedShardings for `model`'s params tree, from the logical axes on its declared variables."""
+    boxed = abstract_variables(model)
+    return jax.tree.map(
+        lambda leaf: NamedSharding(mesh, spec_for_axes(tuple(leaf.names), tuple(leaf.value.shape), mesh)),
+        boxed,
+        is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned),
     )
+
+
+def _dict_path(path) -> tuple[str, ...]:
+    return tuple(str(entry.key) for entry in path if isinstance(entry, jax.tree_util.DictKey))
+
+
+def tree_shardings(tree, mesh: Mesh, axes: dict[str, tuple[str, ...]]):
+    """NamedShardings for a params / optimizer-state / target pytree. A leaf whose dict path ends with a
+    parameter's path in `axes` (`model_axes`: an optimizer's moments repeat the params' paths under their own
+    keys) and has its rank is sharded by that parameter's logical axes; anything else (counts, scalars) is
+    replicated."""
+    by_path = {tuple(path.split("/")): ax for path, ax in axes.items()}
+    longest = max((len(p) for p in by_path), default=0)
+
+    def one(path, x):
+        keys, shape = _dict_path(path), tuple(np.shape(x))
+        for n in range(min(longest, len(keys)), 0, -1):
+            ax = by_path.get(keys[-n:])
+            if ax is not None and len(ax) == len(shape):
+                return NamedSharding(mesh, spec_for_axes(ax, shape, mesh))
+        return NamedSharding(mesh, PartitionSpec())
+
+    return jax.tree_util.tree_map_with_path(one, tree)
 
 
 def batch_shardings(batch, mesh: Mesh):
@@ -283,13 +297,14 @@ def global_batch(local: dict, shardings: dict, batch_size: int) -> dict:
     return {k: one(v, shardings[k]) for k, v in local.items()}
 
 
-def shard_train_step(step, mesh: Mesh, state, target_params, batch):
+def shard_train_step(step, mesh: Mesh, state, target_params, batch, axes: dict[str, tuple[str, ...]]):
     """jit(step) with explicit in/out shardings on `mesh`; returns (jitted, placed state, placed target).
 
-    `state`, `target_params`, `batch` are examples (arrays or ShapeDtypeStructs) for the shardings.
+    `state`, `target_params`, `batch` are examples (arrays or ShapeDtypeStructs) for the shardings; `axes` the
+    logical axes of the draft's and the target's parameters (`model_axes(draft, target)`).
     """
-    state_sh = tree_shardings(state, mesh)
-    target_sh = tree_shardings(target_params, mesh)
+    state_sh = tree_shardings(state, mesh, axes)
+    target_sh = tree_shardings(target_params, mesh, axes)
     batch_sh = batch_shardings(batch, mesh)
     replicated = NamedSharding(mesh, PartitionSpec())
     jitted = jax.jit(

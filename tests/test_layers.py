@@ -50,16 +50,19 @@ def test_loaded_model_matches_the_schema(ours):  # the session's SmolLM2 (confte
     layers.check_shapes(ours.params, target.param_specs(ours.config))
 
 
-def test_sharding_from_the_schema_matches_the_name_rules():
+def test_sharding_comes_from_the_modules_partitioning_metadata():
     config, params = tiny_model()
     mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1), ("data", "fsdp"))
-    from_specs = sharding.spec_shardings(target.param_specs(config), mesh)
-    by_name = layers.flatten(sharding.tree_shardings(params, mesh))
-    assert from_specs.keys() == by_name.keys()
-    for path, s in from_specs.items():
-        assert s.spec == by_name[path].spec, path
-    assert from_specs["layers/wq"].spec == PartitionSpec(None, "fsdp", None, None)
-    assert from_specs["embed"].spec == PartitionSpec(None, "fsdp")
+    model = target.Transformer(config)
+    from_metadata = layers.flatten(sharding.module_shardings(model, mesh))
+    axes = sharding.model_axes(model)
+    assert axes == {path: s.logical_axes for path, s in target.param_specs(config).items()}
+    by_path = layers.flatten(sharding.tree_shardings(params, mesh, axes))
+    assert from_metadata.keys() == by_path.keys()
+    for path, s in from_metadata.items():
+        assert s.spec == by_path[path].spec, path
+    assert from_metadata["layers/wq"].spec == PartitionSpec(None, "fsdp", None, None)
+    assert from_metadata["embed"].spec == PartitionSpec(None, "fsdp")
     with pytest.raises(ValueError, match="rank"):
         layers.ParamSpec((2, 3), "float32", ("embed",))
 

@@ -390,7 +390,10 @@ SHARDED = textwrap.dedent(
     s1, m1 = single(tr.init_state(dp, opt), tp, batch, key)
     mesh = sharding.make_mesh(cfg.mesh)
     state = tr.init_state(dp, opt)
-    jitted, ssh, tsh, bsh = sharding.shard_train_step(step, mesh, state, tp, batch)
+    axes = sharding.model_axes(target_lib.Transformer(TINY)) | {{
+        p: s.logical_axes for p, s in draft_lib.param_specs(TINY, cfg.draft).items()
+    }}
+    jitted, ssh, tsh, bsh = sharding.shard_train_step(step, mesh, state, tp, batch, axes)
     state, tps = sharding.place(state, ssh), sharding.place(tp, tsh)
     s2, m2 = jitted(state, tps, sharding.place(batch, bsh), key)
     sharded_leaves = [x for x in jax.tree.leaves(s2.params) if not x.sharding.is_fully_replicated]
@@ -417,9 +420,14 @@ def test_partition_specs():
     from lsjax import sharding
 
     mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1), ("data", "fsdp"))
-    assert sharding.spec_for("w_gate", (32, 64), mesh) == jax.sharding.PartitionSpec("fsdp", None)
-    assert sharding.spec_for("wq", (2, 32, 4, 8), mesh) == jax.sharding.PartitionSpec(None, "fsdp", None, None)
-    assert sharding.spec_for("count", (), mesh) == jax.sharding.PartitionSpec()
+    axes = {"w_gate": ("embed", "mlp"), "layers/wq": ("layers", "embed", "heads", "head_dim")}
+    tree = {"w_gate": np.zeros((32, 64)), "layers": {"wq": np.zeros((2, 32, 4, 8))}, "count": np.zeros(())}
+    # an optimizer's moments repeat the params' paths under their own keys
+    specs = sharding.tree_shardings({"params": tree, "mu": tree}, mesh, axes)
+    for part in ("params", "mu"):
+        assert specs[part]["w_gate"].spec == jax.sharding.PartitionSpec("fsdp", None)
+        assert specs[part]["layers"]["wq"].spec == jax.sharding.PartitionSpec(None, "fsdp", None, None)
+        assert specs[part]["count"].spec == jax.sharding.PartitionSpec()
     with pytest.raises(ConfigError, match="mesh"):
         sharding.make_mesh(from_dict(LongSpecTrainConfig, {"mesh": {"data": 3, "fsdp": 1}}).mesh)
 

@@ -98,12 +98,12 @@ def prefill(
         toks = jax.lax.dynamic_slice_in_dim(tokens, start, chunk, axis=1)  # [B, C]
         pos = start + jnp.broadcast_to(jnp.arange(chunk, dtype=jnp.int32), (B, chunk))
         num_valid = jnp.clip(lengths - start, 0, chunk)
+        # Bound inside the loop's body: a Flax scope belongs to the trace it was made in.
+        net = target.Transformer(config).bind({"params": params})
         if hook is None:
-            hidden, new_k, new_v = target.forward_hidden(params, config, toks, pos, cache, backend=backend)
+            hidden, new_k, new_v = net.hidden(toks, pos, cache, backend=backend)
         else:
-            hidden, new_k, new_v, streams = target.forward_streams(
-                params, config, toks, pos, cache, hook.layers, backend=backend
-            )
+            hidden, new_k, new_v, streams = net.streams(toks, pos, cache, hook.layers, backend=backend)
             drafted = hook.step(drafted, streams.astype(jnp.dtype(config.dtype)), start, tokens, lengths)
         cache = commit(cache, new_k, new_v, num_valid)
         last = jnp.take_along_axis(hidden, jnp.clip(num_valid - 1, 0, chunk - 1)[:, None, None], axis=1)[:, 0]
@@ -115,7 +115,7 @@ def prefill(
     drafted = () if hook is None else hook.init(B)
     init = (jnp.int32(0), cache, jnp.zeros((B, D), jnp.float32), drafted)  # the fp32 residual stream
     _, cache, last_hidden, drafted = jax.lax.while_loop(lambda c: c[0] < num_chunks, body, init)
-    logits = target.lm_head(params, config, last_hidden)
+    logits = target.Transformer(config).apply({"params": params}, last_hidden, method="logits")
     return (logits, cache) if hook is None else (logits, cache, drafted)
 
 

@@ -51,10 +51,15 @@ def tree_forward(params: dict, config: ModelConfig, tree: Tree, cache: KVCache, 
     hidden states) at every node, and the nodes' K/V [L, B, T, K, H] (not committed)."""
     positions = cache.lengths[:, None] + tree.depth
     rows = config.invariant_rows
-    hidden, new_k, new_v = target.forward_hidden(
-        params, config, tree.tokens, positions, cache, tree_mask=tree.mask, backend=backend, pad_to=rows
-    )
-    return _for_drafter(hidden, config), target.lm_head(params, config, hidden, rows), new_k, new_v
+    net = _target(params, config)
+    hidden, new_k, new_v = net.hidden(tree.tokens, positions, cache, tree.mask, backend=backend, pad_to=rows)
+    return _for_drafter(hidden, config), net.logits(hidden, rows), new_k, new_v
+
+
+def _target(params: dict, config: ModelConfig) -> target.Transformer:
+    """The target module bound to `params` (any of its layouts) inside the caller's trace: Flax's functional API,
+    so the step stays a pure function of the params pytree it was given."""
+    return target.Transformer(config).bind({"params": params})
 
 
 def _for_drafter(x: jax.Array, config: ModelConfig) -> jax.Array:
@@ -102,11 +107,12 @@ def tapped_tree_forward(
     """
     positions = cache.lengths[:, None] + tree.depth
     rows = config.invariant_rows
-    fwd = functools.partial(target.forward_hidden, params, config, cache=cache, backend=backend, pad_to=rows)
+    net = _target(params, config)
+    fwd = functools.partial(net.hidden, cache=cache, backend=backend, pad_to=rows)
     if layer > 0:
         x, k_lo, v_lo = fwd(tree.tokens, positions, tree_mask=tree.mask, layers=(0, layer))
     else:
-        x = target.embed(params, tree.tokens).astype(jnp.float32)
+        x = net.embed(tree.tokens).astype(jnp.float32)
         k_lo = v_lo = None
     picked = select(tree, _for_drafter(x, config)) if select is not None else None
     if picked is not None:
@@ -119,7 +125,7 @@ def tapped_tree_forward(
     new_k = k_hi if k_lo is None else jnp.concatenate([k_lo, k_hi], axis=0)
     new_v = v_hi if v_lo is None else jnp.concatenate([v_lo, v_hi], axis=0)
     taps = ForwardTaps(_for_drafter(x, config), positions, cache, new_k, new_v)
-    return tree, _for_drafter(hidden, config), target.lm_head(params, config, hidden, rows), new_k, new_v, taps
+    return tree, _for_drafter(hidden, config), net.logits(hidden, rows), new_k, new_v, taps
 
 
 def aux_tree_forward(
@@ -129,10 +135,9 @@ def aux_tree_forward(
     that order: (hidden, logits, new_k, new_v, aux [B, T, len(layers) * D] in the model's dtype)."""
     positions = cache.lengths[:, None] + tree.depth
     rows = config.invariant_rows
-    x, new_k, new_v, aux = target.forward_streams(
-        params, config, tree.tokens, positions, cache, layers, tree.mask, backend=backend, pad_to=rows
-    )
-    return _for_drafter(x, config), target.lm_head(params, config, x, rows), new_k, new_v, _for_drafter(aux, config)
+    net = _target(params, config)
+    x, new_k, new_v, aux = net.streams(tree.tokens, positions, cache, layers, tree.mask, backend=backend, pad_to=rows)
+    return _for_drafter(x, config), net.logits(x, rows), new_k, new_v, _for_drafter(aux, config)
 
 
 def _take(x: jax.Array, idx: jax.Array) -> jax.Array:

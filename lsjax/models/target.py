@@ -414,6 +414,36 @@ def group_for_shards(params: dict, config: ModelConfig, shards: int) -> dict:
     return {**params, "layers": tuple(one(layer) for layer in params["layers"])}
 
 
+# Logical axes of the decode layout's fused projections ([in, out], flat), from the declared ones (`AXES`): q/k/v
+# fuse along their head axes, gate/up along "mlp". `group_for_shards` splits that axis into (heads, "block"); an
+# out-major copy (`{name}_t`) lists them reversed.
+FUSED_AXES = {
+    "w_qkv": (AXES["wq"][0], AXES["wq"][1]),
+    "b_qkv": (AXES["bq"][0],),
+    "wo": (AXES["wo"][0], AXES["wo"][2]),
+    "w_gate_up": AXES["w_gate"],
+    "w_down": AXES["w_down"],
+}
+
+
+def decode_axes(params: dict) -> dict:
+    """The logical axes of every leaf of params in a decode layout (`prepare_for_decode`, `group_for_shards`):
+    a tree like `params` whose leaves are tuples of axis names, what `lsjax.mesh` shards a decode by."""
+
+    def leaf_axes(name: str, ndim: int) -> tuple[str, ...]:
+        base = name.removesuffix("_t")
+        if base not in FUSED_AXES:
+            return AXES[name]
+        ax = FUSED_AXES[base]
+        if ndim == len(ax) + 1:  # grouped per shard: [.., M, c]
+            ax = (*ax, "block")
+        return ax[::-1] if name.endswith("_t") else ax
+
+    out = {name: AXES[name] for name in params if name != "layers"}
+    out["layers"] = tuple({k: leaf_axes(k, np.ndim(v)) for k, v in layer.items()} for layer in params["layers"])
+    return out
+
+
 def _prepared_layer(layer: dict, config: ModelConfig, x: jax.Array, cos, sin, attend) -> tuple:
     """One decoder layer in the inference layout: x [B, T, D] -> (x, k, v [B, T, K, H])."""
     B, T, D = x.shape

@@ -39,7 +39,8 @@ def target_features(target_params: dict, config: ModelConfig, tokens: jax.Array,
     B = tokens.shape[0]
     cache = KVCache.zeros(config, B, 0)
     target_params = jax.lax.stop_gradient(target_params)
-    hidden, new_k, new_v = target_lib.forward_hidden(target_params, config, tokens, positions, cache)
+    model = target_lib.Transformer(config)
+    hidden, new_k, new_v = model.apply({"params": target_params}, tokens, positions, cache, method="hidden")
     hidden = hidden.astype(jnp.dtype(config.dtype))  # drafts train on the model's dtype (the stream is fp32)
     return {"k": new_k[-1].swapaxes(1, 2), "v": new_v[-1].swapaxes(1, 2), "hidden": hidden}
 

@@ -20,6 +20,7 @@ from lsjax.config import ConfigError
 from lsjax.methods.longspec import model as draft_lib
 from lsjax.methods.longspec.step import make_eval_step, make_train_step
 from lsjax.methods.longspec.train_config import LongSpecTrainConfig
+from lsjax.models.target import Transformer
 from lsjax.train.features import build_feature_cache
 from lsjax.train.inputs import GrainBatches, ProcessBatches, eos_id, load_target, shared_feature_inputs
 from lsjax.train.step import init_state, make_optimizer
@@ -135,7 +136,10 @@ def _setup(cfg: LongSpecTrainConfig, open_run_dir, log):
             data = ProcessBatches(GrainBatches(iter(dataset.to_iter_dataset())), batch_sh, B)
 
         def compile(step, state, target_params):
-            jitted, state_sh, target_sh, _ = sharding.shard_train_step(step, mesh, state, target_params, example)
+            axes = sharding.model_axes(Transformer(config)) | {
+                path: spec.logical_axes for path, spec in draft_lib.param_specs(config, cfg.draft).items()
+            }
+            jitted, state_sh, target_sh, _ = sharding.shard_train_step(step, mesh, state, target_params, example, axes)
             return jitted, sharding.place(state, state_sh), sharding.place(target_params, target_sh)
 
     evaluate = (
