@@ -1,0 +1,18 @@
+"""dflash: published DFlash block drafts (z-lab/dflash), verified as a chain or a tree, exactly at T > 0."""
+
+from lsjax.methods.dflash.config import DFlashOptions
+from lsjax.methods.registry import cached, register
+
+
+@register(
+    "dflash",
+    DFlashOptions,
+    help="a DFlash block draft: one forward drafts a block, verified as a chain or a tree (--draft DIR)",
+    uses_draft=True,
+    describe_draft="lsjax.methods.dflash.checkpoint:draft_info",
+)
+def build(model, opts: DFlashOptions, cache):
+    from lsjax.methods.dflash.checkpoint import load_dflash
+
+    key = ("dflash", opts.draft, opts.dflash_tree, opts.block_size)
+    return cached(cache, key, lambda: load_dflash(model, opts.draft, opts.dflash_tree, opts.block_size))
