@@ -33,6 +33,9 @@ from lsjax.methods.auto.drafter import AutoDrafter, AutoPolicy, auto_params
 from lsjax.methods.dels import local_head
 from lsjax.methods.dels.drafter import BlockDrafter, prepare_dels_params
 from lsjax.methods.dels.model import init_block_params
+from lsjax.methods.dflash import model as dfm
+from lsjax.methods.dflash.checkpoint import random_draft as random_dflash
+from lsjax.methods.dflash.drafter import DFlashDrafter, DFlashTree
 from lsjax.methods.eagle3 import model as em
 from lsjax.methods.eagle3.checkpoint import random_draft
 from lsjax.methods.eagle3.drafter import Eagle3Drafter, Eagle3Tree
@@ -258,6 +261,11 @@ DRAFTERS = {
         hybrid_pld=0,
         policy=AutoPolicy(shadow=False),
     ),
+    # A DFlash draft's block of 4 (3 positions drafted in one forward, sampled from its per-position q): the chain,
+    # and a static tree of 6 nodes (the chain and 3 top-2 branches, each node's children a draw without
+    # replacement). Its one layer reads the target's (only) layer's output, final-normed as HF's last hidden state.
+    "dflash": DFlashDrafter(random_dflash(model()[0], layers=1, block_size=4)[0]),
+    "dflash-tree": DFlashDrafter(random_dflash(model()[0], layers=1, block_size=4)[0], DFlashTree(6, 2)),
 }
 SAMPLINGS = {
     "T1": SamplingConfig(temperature=1.0),
@@ -272,7 +280,7 @@ SAMPLINGS = {
 # draft) and EAGLE's dynamic tree under the contextual penalty; the slow set runs every drafter with every filter
 # at N = 400K (a sampled k-ary tree under top-p, the released LongSpec layout among them).
 # (The released layout's sampled trees are the same method's: "longspec-released" runs in the slow set.)
-DEFAULT = {("longspec", "T1"), ("eagle3", "T1-penalty")}
+DEFAULT = {("longspec", "T1"), ("eagle3", "T1-penalty"), ("dflash-tree", "topp")}
 CASES = [pytest.param(d, s, N, id=f"{d}-{s}") for d, s in sorted(DEFAULT)] + [
     pytest.param(d, s, N_DEEP, id=f"{d}-{s}-deep", marks=pytest.mark.slow) for d in DRAFTERS for s in SAMPLINGS
 ]
@@ -293,6 +301,12 @@ def draft_params_for(params, config, drafter):
     if isinstance(drafter, Eagle3Drafter):
         # Random weights whose trees the target accepts 2+ deep in >= 5% of the first steps (the check below).
         return em.init_params(drafter.draft, jax.random.key(2))
+    if isinstance(drafter, DFlashDrafter):
+        # The target's head on unit-RMS states gives logits of std ~3 here: a random draft's q would put most of
+        # its mass on one arbitrary token and the target would accept almost nothing. A final norm of 0.25 keeps
+        # q spread (but not uniform), so multi-node acceptances happen.
+        dp = dfm.init_params(drafter.draft, jax.random.key(6), scale=0.3)
+        return dp | {"final_norm": dp["final_norm"] * 0.25}
     if isinstance(drafter, TokenSwiftDrafter):
         return th.init_params(config, drafter.heads, params, key=jax.random.key(2))
     if isinstance(drafter, BlockDrafter):
@@ -389,6 +403,32 @@ def test_a_biased_verifier_fails():
     sampling = SAMPLINGS["T1"]
     probs = exact_joint(params, config, PROMPT, sampling)
     samples, _ = sample_joint(params, config, TableDrafter(sampled=False, claim_sampled=True), sampling)
+    assert distribution_pvalue(samples, probs) < 1e-4
+
+
+@dataclasses.dataclass(frozen=True)
+class TopKClaimedSampledDFlash(DFlashDrafter):
+    """A biased DFlash verifier: the deterministic top-k tree, its nodes marked as drawn from q and verified by
+    rejection sampling against that q."""
+
+    def propose(self, ctx, state, draft_state, key):
+        sampled = super().propose(ctx, state, draft_state, key)
+        greedy = dataclasses.replace(ctx.sampling, draft_sampling="greedy")
+        det = super().propose(dataclasses.replace(ctx, sampling=greedy), state, draft_state, key)
+        flags = det.valid & (jnp.arange(det.num_nodes) > 0)[None]
+        return dataclasses.replace(det, logq=sampled.logq, sampled=flags)
+
+
+@pytest.mark.parametrize(
+    "budget", [pytest.param(None, marks=pytest.mark.slow), DFlashTree(6, 2)], ids=["chain", "tree"]
+)
+def test_a_biased_dflash_verifier_fails(budget):
+    """DFlash's tokens must be draws from the q verification reads: its top-k tokens under that q are not."""
+    config, params = model()
+    sampling = SAMPLINGS["T1"]
+    drafter = TopKClaimedSampledDFlash(DRAFTERS["dflash"].draft, budget)
+    probs = exact_joint(params, config, PROMPT, sampling)
+    samples, _ = sample_joint(params, config, drafter, sampling, draft_params_for(params, config, drafter))
     assert distribution_pvalue(samples, probs) < 1e-4
 
 
