@@ -176,6 +176,8 @@ def _eagle3_step(config: ModelConfig, capacity: int) -> _E3Step:
     (one layer like the target's, a 32K draft vocabulary, EAGLE-3's 59-node, 8-level, top-10 tree): the draft's
     tree search, the verification forward with its three streams, and the draft over 4 accepted pairs after it.
     What `--method eagle3` pays per step beside the walk, to set against one AR step."""
+    import flax.linen as nn
+
     from lsjax.cache import KVCache
     from lsjax.engine.types import DraftContext
     from lsjax.engine.verify import aux_tree_forward
@@ -187,7 +189,7 @@ def _eagle3_step(config: ModelConfig, capacity: int) -> _E3Step:
     aux = em.default_aux_layers(config.num_layers)
     cfg = dataclasses.replace(cfg, draft_vocab_size=min(32000, config.vocab_size), aux_layers=aux)
     drafter = Eagle3Drafter(cfg, TREE_PRESETS["eagle3"])
-    dparams = em.init_params(cfg, jax.random.key(1))
+    dparams = nn.meta.unbox(em.Eagle3Draft(cfg).init(jax.random.key(1), method="weights")["params"])
     accepted = 4
 
     def fn(params, cache, dparams, dstate, root):

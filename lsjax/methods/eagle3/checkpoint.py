@@ -13,6 +13,9 @@ Two layouts exist, told apart by the files:
 Weights are single or sharded safetensors (through `model.safetensors.index.json`), or a `pytorch_model.bin`
 read with torch's weights-only loader when torch is installed. `d2t[i]` is the offset of draft id i in the
 target's vocabulary; a draft whose vocabulary is the target's has none.
+
+Either layout reads into the same params, `lsjax.methods.eagle3.model.Eagle3Draft`'s variables (lsjax's names
+and layouts), checked against the module's declaration (`variables_problem`) before anything compiles.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from lsjax.loading.corrupt import reading
 from lsjax.loading.hf import checkpoint_tensors, config_from_hf, config_json
 from lsjax.loading.layout import numpy_dtype
 from lsjax.methods.eagle3 import model as em
+from lsjax.models.module import variables_problem
 
 FORMATS = ("eagle", "speculators")
 PREFIX = {"eagle": "midlayer.", "speculators": "layers.0."}
@@ -131,7 +135,8 @@ def _mapping(cfg: em.Eagle3Config, prefix: str) -> dict[str, tuple[str, callable
 
 
 def read_draft(path: str | Path, target: ModelConfig) -> tuple[em.Eagle3Config, dict, DraftInfo]:
-    """(config, params as numpy in the target's dtype, info) of a published EAGLE-3 draft directory."""
+    """(config, params as numpy in the target's dtype, info) of a published EAGLE-3 draft directory: the params
+    are `Eagle3Draft(config)`'s variables, checked against its declaration before anything compiles."""
     path = Path(path)
     if not path.is_dir():
         raise ModelNotFoundError(f"--draft {path}: no such directory")
@@ -148,7 +153,8 @@ def read_draft(path: str | Path, target: ModelConfig) -> tuple[em.Eagle3Config, 
         cfg = dataclasses.replace(cfg, own_embed="embed_tokens.weight" in st)
         if PREFIX[fmt] + "self_attn.q_proj.bias" in st:
             raise UnsupportedModelError(f"{path}: attention biases are not supported by lsjax's eagle3")
-        specs = em.param_specs(cfg)
+        draft = em.Eagle3Draft(cfg)
+        specs = draft.schema()
         dt = numpy_dtype(target.dtype)
         params = {}
         for name, (src, convert) in _mapping(cfg, PREFIX[fmt]).items():
@@ -156,8 +162,12 @@ def read_draft(path: str | Path, target: ModelConfig) -> tuple[em.Eagle3Config, 
                 raise MissingTensorError(f"{path}: tensor {src} is missing from this {fmt}-layout EAGLE-3 draft")
             with reading(st.file_of(src), WHAT):
                 w = np.asarray(st.get(src), np.float32)
-            w = convert(w) if convert is not None else w
-            if tuple(w.shape) != specs[name].shape:
+            try:
+                w = convert(w) if convert is not None else w
+            except ValueError:  # a projection whose size the heads cannot reshape: named below like any other
+                w = None
+            if w is None or tuple(w.shape) != specs[name].shape:
+                # The published tensor's name and shape: what a user can look up in the files.
                 raise ShapeMismatchError(
                     f"{path}: tensor {src} has shape {tuple(st.shape(src))}, the draft's config implies "
                     f"{specs[name].shape} in lsjax's layout"
@@ -174,6 +184,8 @@ def read_draft(path: str | Path, target: ModelConfig) -> tuple[em.Eagle3Config, 
                 f"(this draft is for another target)"
             )
         params["draft_to_target"] = ids.astype(np.int32)
+    if problem := variables_problem(draft, params, f"EAGLE-3 draft {path}"):
+        raise ShapeMismatchError(problem)
     return cfg, params, DraftInfo(str(path), fmt)
 
 
@@ -195,7 +207,7 @@ def random_draft(target: ModelConfig, seed: int = 0) -> tuple[em.Eagle3Config, d
     rng = np.random.default_rng(seed)
     dt = numpy_dtype(target.dtype)
     params = {}
-    for name, spec in em.param_specs(cfg).items():
+    for name, spec in em.Eagle3Draft(cfg).schema().items():
         if spec.init == "normal":
             params[name] = (0.05 * rng.standard_normal(spec.shape, np.float32)).astype(dt)
         else:

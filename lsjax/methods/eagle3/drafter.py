@@ -1,5 +1,6 @@
 """The EAGLE-3 drafter: a dynamic top-k tree under a fixed node budget (EAGLE-2's), drafted by an EAGLE-3 draft
-(`lsjax.methods.eagle3.model`), verified by the same engine as every other drafter.
+(`lsjax.methods.eagle3.model.Eagle3Draft`, run through its `apply`), verified by the same engine as every other
+drafter.
 
 The draft keeps its own K/V cache of every committed position (one layer; position t holds the pair
 (h_t, x_{t+1})), so its length is always the target's. After each verification the accepted path's pairs
@@ -32,7 +33,7 @@ from lsjax.config import ConfigError, ModelConfig
 from lsjax.engine.types import DraftContext, Drafter, PrefillHook, Verdict
 from lsjax.methods.eagle3 import model as em
 from lsjax.models import target
-from lsjax.models.layers import embed, shape_problem
+from lsjax.models.layers import shape_problem
 from lsjax.tree import Tree, TreeConfig, ancestor_mask
 
 CHUNK = 256  # prompt pairs per pass at `init`
@@ -142,7 +143,7 @@ class Eagle3Drafter(Drafter):
                 f"the draft has no embedding of its own and its hidden size {d.hidden_size} is not the "
                 f"target's {config.hidden_size}"
             )
-        return shape_problem(draft_params, em.param_specs(d))
+        return shape_problem(draft_params, em.Eagle3Draft(d).schema())
 
     # ------------------------------------------------------------------------------------------- contract
 
@@ -209,17 +210,17 @@ class Eagle3Drafter(Drafter):
         """The tree search before the selection: every candidate scored (cumulative log-probability [B, pool],
         target token, parent's pool index or -1 for the root's children), and the draft's logits at each step
         (the root's [B, Vd], then each expansion's [B, k, Vd])."""
-        params, d, b = ctx.draft_params, self.draft, self.budget
+        d, b = self.draft, self.budget
+        draft = self._draft(ctx)
         k, S = b.top_k, b.depth - 1
         B = draft_state.out.shape[0]
         n = draft_state.cache.lengths
-        to_target = params["draft_to_target"]
-        rows = em.embed_rows(params, ctx.target_params)
+        table = self._target_embed(ctx)
 
-        heads = [em.logits(params, d, draft_state.out)]
+        heads = [draft(draft_state.out, method="logits")]
         logp = jax.nn.log_softmax(heads[0], axis=-1)  # [B, Vd]
         score, ids = jax.lax.top_k(logp, k)  # the first frontier
-        tok = jnp.take(to_target, ids)
+        tok = draft(ids, method="target_ids")
         pool_score, pool_tok, pool_parent = [score], [tok], [jnp.full((B, k), -1, jnp.int32)]
         front_pool = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (B, k))
         g = jnp.broadcast_to(draft_state.out[:, None], (B, k, d.hidden_size))
@@ -233,14 +234,14 @@ class Eagle3Drafter(Drafter):
             attend = em.attend_over(
                 draft_state.cache.k, draft_state.cache.v, n, backend=ctx.backend, fresh=(buf_k, buf_v, i * k, mask)
             )
-            out, nk, nv = em.layer(params, d, embed({"embed": rows}, tok), g, pos, attend)
+            out, nk, nv = draft(tok, g, pos, attend, table, method="expand")
             buf_k = jax.lax.dynamic_update_slice_in_dim(buf_k, nk.astype(buf_k.dtype), i * k, axis=1)
             buf_v = jax.lax.dynamic_update_slice_in_dim(buf_v, nv.astype(buf_v.dtype), i * k, axis=1)
-            heads.append(em.logits(params, d, out))
+            heads.append(draft(out, method="logits"))
             lp, ids = jax.lax.top_k(jax.nn.log_softmax(heads[-1], axis=-1), k)  # [B, k, k]
             cand = (score[:, :, None] + lp).reshape(B, k * k)
             pool_score.append(cand)
-            pool_tok.append(jnp.take(to_target, ids).reshape(B, k * k))
+            pool_tok.append(draft(ids, method="target_ids").reshape(B, k * k))
             pool_parent.append(jnp.repeat(front_pool, k, axis=1))
             score, best = jax.lax.top_k(cand, k)  # the next frontier
             parent = best // k
@@ -281,11 +282,17 @@ class Eagle3Drafter(Drafter):
     def _commit_pairs(self, ctx: DraftContext, dcache: KVCache, aux, pairs, positions, count):
         """The draft on consecutive pairs (aux [B, T, A Dt], the next tokens pairs [B, T]) after its cache: (its
         states [B, T, D], the cache with the first `count` [B] pairs' K/V committed)."""
-        params, d = ctx.draft_params, self.draft
-        emb = embed({"embed": em.embed_rows(params, ctx.target_params)}, pairs)
         attend = em.attend_over(dcache.k, dcache.v, dcache.lengths, backend=ctx.backend)
-        h, k, v = em.layer(params, d, emb, em.fuse(params, aux), positions, attend)
+        h, k, v = self._draft(ctx)(aux, pairs, positions, attend, self._target_embed(ctx))
         return h, commit(dcache, k[None], v[None], count)
+
+    def _draft(self, ctx: DraftContext):
+        """`Eagle3Draft(draft).apply` over the context's draft params: call it with the method's arguments."""
+        return functools.partial(em.Eagle3Draft(self.draft).apply, {"params": ctx.draft_params})
+
+    def _target_embed(self, ctx: DraftContext):
+        """The target's embedding table when the draft has none of its own (the draft reads it), else None."""
+        return None if self.draft.own_embed else ctx.target_params["embed"]
 
     def _select(self, root, score, tok, parent_pool) -> Tree:
         """The `nodes` best scored candidates as a tree, in scoring order (parents first)."""

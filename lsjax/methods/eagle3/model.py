@@ -16,6 +16,18 @@ layers `aux_layers` at token t:
 `out` at position t guesses x_{t+2}. Shapes follow the published drafts (SafeAILab/EAGLE `cnets.py`, the
 vLLM speculators `Eagle3Speculator`); this code is lsjax's own.
 
+The draft is the linen module `Eagle3Draft` (`lsjax.models.module`); the drafter, the loaders and the bench
+call it, never the functions below (its bodies):
+
+    draft = Eagle3Draft(cfg)
+    variables = draft.init(key, method="weights")                    # random, with logical axes
+    out, k, v = draft.apply(variables, aux, tokens, positions, attend, target_embed)   # pairs from the target
+    out, k, v = draft.apply(variables, tokens, g, positions, attend, target_embed, method="expand")  # a tree
+    logits = draft.apply(variables, out, method="logits")             # [..., Vd]; "target_ids" maps ids
+
+Its params are both published layouts' weights once read (`lsjax.methods.eagle3.checkpoint.read_draft`); the
+target's embedding table is an argument (`target_embed`), read only when the draft ships none of its own.
+
 Parameters (`param_specs`, one layer, not stacked):
 
     fc [A Dt, D]; hidden_norm, input_norm, mlp_norm, final_norm [D]
@@ -32,7 +44,10 @@ import jax.numpy as jnp
 
 from lsjax import attention
 from lsjax.config import ModelConfig, _check
+from lsjax.errors import InputError
 from lsjax.models.layers import ACT_DTYPE, ParamSpec, declare_axes, dense, dense_mlp, init_from_specs, rms_norm
+from lsjax.models.layers import embed as lookup
+from lsjax.models.module import Model
 from lsjax.rope import apply_rope, inverse_frequencies, rope_angles
 
 AXES = declare_axes({"fc": ("aux", "embed"), "draft_to_target": ("draft_vocab",)})
@@ -166,3 +181,42 @@ def attend_over(cache_k, cache_v, lengths, *, backend: str, fresh=None):
         return attention.merge_attention(out_c, lse_c, out_t, lse_t)[0]
 
     return attend
+
+
+class Eagle3Draft(Model):
+    """An EAGLE-3 draft as a linen module: `param_specs(config)` are its parameters (`draft_to_target`, the
+    draft vocabulary's target ids, among them), `init_params` its random init. Attention is the caller's
+    `attend(q, k, v)` (`attend_over`: the draft's own cache, and a tree's keys so far)."""
+
+    config: Eagle3Config
+
+    def schema(self) -> dict[str, ParamSpec]:
+        return param_specs(self.config)
+
+    def random_weights(self, key: jax.Array) -> dict:
+        return init_params(self.config, key)
+
+    def __call__(self, aux, tokens, positions, attend, target_embed=None):
+        """The pairs (the target's streams aux [B, T, A Dt], the next tokens [B, T]) at positions [B, T] ->
+        (out [B, T, D] fp32, k, v [B, T, K, H])."""
+        w = self.weights()
+        return layer(w, self.config, self.embed(tokens, target_embed), fuse(w, aux), positions, attend)
+
+    def expand(self, tokens, g, positions, attend, target_embed=None):
+        """Deeper in a tree: the draft's own states g [B, T, D] (no fc) paired with tokens [B, T]."""
+        return layer(self.weights(), self.config, self.embed(tokens, target_embed), g, positions, attend)
+
+    def embed(self, tokens, target_embed=None) -> jax.Array:
+        """Embeddings [B, T, D] from the draft's own table, else from the target's (`target_embed` [V, D])."""
+        w = self.weights()
+        if "embed" not in w and target_embed is None:
+            raise InputError("this EAGLE-3 draft has no embedding table of its own: pass the target's (target_embed)")
+        return lookup({"embed": embed_rows(w, {"embed": target_embed})}, tokens)
+
+    def logits(self, out) -> jax.Array:
+        """The draft's states [..., D] -> fp32 logits over the draft vocabulary [..., Vd]."""
+        return logits(self.weights(), self.config, out)
+
+    def target_ids(self, ids) -> jax.Array:
+        """Draft vocabulary ids -> the target's."""
+        return jnp.take(self.weights()["draft_to_target"], ids)
