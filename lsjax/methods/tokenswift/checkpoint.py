@@ -1,5 +1,7 @@
 """TokenSwift heads on the decode side: find, read, check and write the heads (`lsjax.artifacts`, kind
-"tokenswift"), and build the drafter from them."""
+"tokenswift"), and build the drafter from them. Both layouts (lsjax's, a TokenSwift release) read into
+`lsjax.methods.tokenswift.model.TokenSwiftHeads`'s params, checked against its declaration before anything
+compiles."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from lsjax.errors import ShapeMismatchError
 from lsjax.methods.tokenswift import model as th
 from lsjax.methods.tokenswift.config import TokenSwiftConfig
 from lsjax.methods.tokenswift.drafter import TokenSwiftDrafter
+from lsjax.models.module import variables_problem
 
 
 def default_heads_path(model_path: str | Path) -> Path | None:
@@ -85,9 +88,8 @@ def read_released(path: Path, config) -> tuple[dict, th.HeadsConfig, dict]:
             "out_norm": stack("post_layernorm"),
         }
     hcfg = th.HeadsConfig(num_heads=n)
-    for name, spec in th.param_specs(config, hcfg).items():
-        if tuple(params[name].shape) != spec.shape:
-            raise ShapeMismatchError(f"heads {path}: {name} is {params[name].shape}, this target needs {spec.shape}")
+    if problem := variables_problem(th.TokenSwiftHeads(config, hcfg), params, f"heads {path}"):
+        raise ShapeMismatchError(problem)
     return params, hcfg, {"target": hf.get("_name_or_path", "?"), "format": "tokenswift-release"}
 
 
@@ -109,13 +111,10 @@ def load_heads(path: str | Path, config) -> tuple[dict, th.HeadsConfig, dict]:
     hcfg = artifacts.parse_config(
         path, "tokenswift", lambda: from_dict(th.HeadsConfig, meta["heads_config"], "heads_config")
     )
-    for name, spec in th.param_specs(config, hcfg).items():
-        if name not in params or tuple(params[name].shape) != spec.shape:
-            got = tuple(params[name].shape) if name in params else "missing"
-            raise ShapeMismatchError(
-                f"heads {path} do not fit target {config.name}: tensor {name} is {got}, this target needs "
-                f"{spec.shape} (they were made for {meta.get('target', '?')})"
-            )
+    if problem := variables_problem(th.TokenSwiftHeads(config, hcfg), params, f"heads {path}"):
+        raise ShapeMismatchError(
+            f"{problem}; these heads do not fit target {config.name} (they were made for {meta.get('target', '?')})"
+        )
     return params, hcfg, meta
 
 
@@ -128,7 +127,7 @@ def load_tokenswift(model, heads: str | None, cfg: TokenSwiftConfig):
         path = default_heads_path(model.path)
     if path is None:
         hcfg = th.HeadsConfig()
-        params = th.init_params(model.config, hcfg, {"final_norm": jnp.asarray(model.params["final_norm"])})
+        params = th.TokenSwiftHeads(model.config, hcfg).untrained_weights(jnp.asarray(model.params["final_norm"]))
     else:
         params, hcfg, _ = load_heads(path, model.config)
     return TokenSwiftDrafter(cfg, hcfg), params

@@ -75,7 +75,7 @@ class TokenSwiftDrafter(Drafter):
         if not isinstance(draft_params, dict):
             got = type(draft_params).__name__
             return f"tokenswift needs its heads' params (load_heads or registry.build), got {got}"
-        return shape_problem(draft_params, th.param_specs(config, self.heads))
+        return shape_problem(draft_params, th.TokenSwiftHeads(config, self.heads).schema())
 
     def __post_init__(self):
         sets = self.heads.num_heads + (1 if self.cfg.self_draft else 0)
@@ -184,12 +184,11 @@ class TokenSwiftDrafter(Drafter):
         """h0 [B, D] -> (cands [B, levels, kmax]: the best tokens of each logit set the tree uses, ranked on
         penalized logits when the penalty is on; the sets' processed log-probabilities [B, levels, V] when
         trees are sampled, else ())."""
-        hp = ctx.draft_params
         levels = len(self.cfg.topk)
-        if heads_only:
-            logits = th.heads_logits(hp, ctx.target_params, ctx.config, h0)[:, :levels]
-        else:
-            logits = th.all_logits(hp, ctx.target_params, ctx.config, h0)[:, :levels]  # [B, levels, V]
+        heads = th.TokenSwiftHeads(ctx.config, self.heads)
+        method = None if heads_only else "all_logits"  # the heads' sets alone, or the target's own first
+        logits = heads.apply({"params": ctx.draft_params}, h0, ctx.target_params, method=method)
+        logits = logits[:, :levels]  # [B, levels, V]
         s = ctx.sampling
         window = None
         if s.penalized:

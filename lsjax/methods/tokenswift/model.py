@@ -12,6 +12,15 @@ per-head input and output norms included.
 Parameters (stacked over the heads, "heads" axis first):
 
     w [Hn, D, D]; in_norm [Hn, D]; out_norm [Hn, D]
+
+The heads are the linen module `TokenSwiftHeads` (`lsjax.models.module`); the drafter, trainer and loaders call
+it, never the functions below (its bodies). The target's weights it reads (LM head, final norm) are an
+argument:
+
+    heads = TokenSwiftHeads(config, HeadsConfig(3))
+    variables = heads.init(key, method="weights")                        # random W, with logical axes
+    logits = heads.apply(variables, h0, target_params)                   # [..., Hn, V]
+    logits = heads.apply(variables, h0, target_params, method="all_logits")  # [..., 1 + Hn, V]
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import jax.numpy as jnp
 
 from lsjax.config import ModelConfig, _positive_int
 from lsjax.models.layers import ParamSpec, head_logits, init_from_specs, rms_norm
+from lsjax.models.module import Model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,3 +96,33 @@ def all_logits(params: dict, target_params: dict, config: ModelConfig, h0: jax.A
     """h0 [..., D] -> [..., 1 + Hn, V]: the target's own next-token logits, then each head's."""
     own = lm_head_logits(target_params, config, rms_norm(h0, target_params["final_norm"], config.rms_norm_eps))
     return jnp.concatenate([own[..., None, :], heads_logits(params, target_params, config, h0)], axis=-2)
+
+
+class TokenSwiftHeads(Model):
+    """TokenSwift's heads as a linen module over the target `config`: `param_specs` are its parameters,
+    `init_params` its init (random W under `init`; `untrained_weights` for the zero-W start)."""
+
+    config: ModelConfig
+    heads: HeadsConfig = HeadsConfig()
+
+    def schema(self) -> dict[str, ParamSpec]:
+        return param_specs(self.config, self.heads)
+
+    def random_weights(self, key: jax.Array) -> dict:
+        return init_params(self.config, self.heads, key=key)
+
+    def untrained_weights(self, final_norm: jax.Array) -> dict:
+        """Zero W, output norms the target's `final_norm`: each head starts as the target's next-token head."""
+        return init_params(self.config, self.heads, {"final_norm": final_norm})
+
+    def __call__(self, h0: jax.Array, target_params: dict) -> jax.Array:
+        """h0 [..., D] (the target's final hidden state, before its norm) -> the heads' logits [..., Hn, V]."""
+        return heads_logits(self.weights(), target_params, self.config, h0)
+
+    def all_logits(self, h0: jax.Array, target_params: dict) -> jax.Array:
+        """h0 [..., D] -> [..., 1 + Hn, V]: the target's own next-token logits, then each head's."""
+        return all_logits(self.weights(), target_params, self.config, h0)
+
+    def states(self, h0: jax.Array) -> jax.Array:
+        """h0 [..., D] -> the heads' normalised states [..., Hn, D] (before the target's LM head)."""
+        return head_states(self.weights(), self.config, h0)

@@ -176,6 +176,7 @@ def heads_losses(params, target_params, config, micro: dict, loss_cfg: HeadsLoss
     pad = n * C - T
     target_params = jax.lax.stop_gradient(target_params)
     distill = loss_cfg.distill_weight > 0
+    heads = th.TokenSwiftHeads(config, th.HeadsConfig(num_heads))
 
     def shifted(x, i, fill=0):  # x[t + i] at position t (fill past the end)
         return jnp.concatenate([x[:, i:], jnp.full((B, i) + x.shape[2:], fill, x.dtype)], axis=1)
@@ -196,7 +197,7 @@ def heads_losses(params, target_params, config, micro: dict, loss_cfg: HeadsLoss
 
     @jax.checkpoint
     def chunk(c):
-        logits = th.heads_logits(params, target_params, config, c["h"])  # [B, C, Hn, V]
+        logits = heads.apply({"params": params}, c["h"], target_params)  # [B, C, Hn, V]
         logp = jax.nn.log_softmax(logits, axis=-1)
         picked = jnp.take_along_axis(logp, c["y"][..., None], axis=-1)[..., 0]
         out = {
@@ -282,7 +283,7 @@ def _setup(cfg: HeadsTrainConfig, open_run_dir, log, open_set):
         evaluate = _dev_eval(config, cfg, head_params, FeatureBatches(caches, cfg.data, fields, split="dev"))
     d = cfg.data
     return Job(
-        init_state(th.init_params(config, cfg.heads, head_params), optimizer),
+        init_state(th.TokenSwiftHeads(config, cfg.heads).untrained_weights(head_params["final_norm"]), optimizer),
         lambda state, consts, batch, key: heads_step(state, consts, batch),  # the step draws nothing
         head_params,
         data,
