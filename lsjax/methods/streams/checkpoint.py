@@ -1,5 +1,6 @@
 """Stream checkpoints on the decode side: find, read, check and write the streams' weights (`lsjax.artifacts`,
-kind "streams"), and build the drafter from them."""
+kind "streams"), and build the drafter from them. The weights are `lsjax.methods.streams.model.SpeculativeStreams`'s
+variables, checked against its declaration before anything compiles."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from lsjax.errors import ModelNotFoundError, ShapeMismatchError
 from lsjax.methods.longspec.checkpoint import DRAFTS_DIR, target_key
 from lsjax.methods.streams import model as ss
 from lsjax.methods.streams.drafter import StreamsDrafter
+from lsjax.models.module import variables_problem
 from lsjax.tree import TreeConfig, for_device
 
 
@@ -41,14 +43,10 @@ def load_streams(path) -> tuple[dict, ss.StreamsConfig, dict]:
 
 
 def check_streams_fit(params: dict, config, scfg: ss.StreamsConfig, where: str) -> None:
-    for name, spec in ss.param_specs(config, scfg).items():
-        got = params.get(name)
-        if got is None or tuple(got.shape) != spec.shape:
-            shape = None if got is None else tuple(got.shape)
-            raise ShapeMismatchError(
-                f"streams {where} does not fit target {config.name}: tensor {name} has shape {shape}, "
-                f"this target needs {spec.shape}"
-            )
+    """`params` as `SpeculativeStreams(config, scfg)`'s variables, or a one-line ShapeMismatchError naming the
+    variable and both shapes."""
+    if problem := variables_problem(ss.SpeculativeStreams(config, scfg), params, f"streams {where}"):
+        raise ShapeMismatchError(f"{problem}; it does not fit target {config.name}")
 
 
 def parse_stream_tree(spec) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
@@ -81,7 +79,7 @@ def load_streams_drafter(model, draft=None, num_streams=None, msa_layers=None, t
         print(f"[lsjax] streams: {given} is a LongSpec draft; using {draft or 'the shipped streams'}", file=sys.stderr)
     if draft == "random":
         scfg = ss.StreamsConfig(num_streams=num_streams or 3, msa_layers=msa_layers or min(4, config.num_layers))
-        params = jax.tree.map(np.asarray, ss.init_params(config, scfg, jax.random.key(0)))
+        params = jax.tree.map(np.asarray, ss.SpeculativeStreams(config, scfg).random_weights(jax.random.key(0)))
         meta = {}
     else:
         path = Path(draft) if draft else default_streams_path(model.path)

@@ -1,10 +1,11 @@
 """Speculative Streaming (lossless mode): the verify forward drafts the next tree, no draft forward at all.
 
-Each step's verification forward also yields the gamma speculative streams (`lsjax.methods.streams.model`): the
-engine hands the drafter the residual stream entering layer L = N - N_s, the nodes' K/V and the committed
-cache (`extra_hidden_layer`). With `streams_at="nodes"` (the paper's layout) `verify_extras` runs the top
-N_s layers' streams at every node; with "accepted" (default) `update` runs them at the last accepted node
-only, over the cache that now holds every key it may see (same outputs, gamma rows instead of gamma x T).
+Each step's verification forward also yields the gamma speculative streams (`lsjax.methods.streams.model`'s
+module `SpeculativeStreams`, run through its `apply`): the engine hands the drafter the residual stream entering
+layer L = N - N_s, the nodes' K/V and the committed cache (`extra_hidden_layer`). With `streams_at="nodes"` (the
+paper's layout) `verify_extras` runs the top N_s layers' streams at every node; with "accepted" (default)
+`update` runs them at the last accepted node only, over the cache that now holds every key it may see (same
+outputs, gamma rows instead of gamma x T).
 `update` keeps the top-k tokens of each stream at the last accepted node, and the next `propose` builds its
 tree from those alone: stream d's candidates fill depth d (stream d at node t predicts the token
 at t + 1 + d, and the next root, the bonus, sits at t + 1). A beam over the product of the streams' top-k
@@ -26,6 +27,7 @@ Stream checkpoints (`lsjax.artifacts` kind "streams": bfloat16 `model.safetensor
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -69,7 +71,7 @@ class StreamsDrafter(Drafter):
         if not isinstance(draft_params, dict):
             got = type(draft_params).__name__
             return f"streams needs its adapters' params (load_streams or registry.build), got {got}"
-        return shape_problem(draft_params, ss.param_specs(config, self.streams))
+        return shape_problem(draft_params, ss.SpeculativeStreams(config, self.streams).schema())
 
     def __post_init__(self):
         if self.streams_at not in STREAMS_AT:
@@ -136,10 +138,12 @@ class StreamsDrafter(Drafter):
         def main(i):
             return ("cache", cache.k, cache.v, cache.lengths, i)
 
-        s = ss.stream_hidden(
-            ctx.draft_params, ctx.target_params, ctx.config, self.streams, mid, pos, main, backend=ctx.backend
-        )
-        return s[:, 0]
+        return self._streams(ctx)(ctx.target_params, mid, pos, main, backend=ctx.backend)[:, 0]
+
+    def _streams(self, ctx: DraftContext):
+        """`SpeculativeStreams(config, streams).apply` over the context's stream params: call it with the
+        method's arguments."""
+        return functools.partial(ss.SpeculativeStreams(ctx.config, self.streams).apply, {"params": ctx.draft_params})
 
     def propose(self, ctx: DraftContext, state, draft_state: StreamTopK, key=None) -> Tree:
         tc = self.proposed
@@ -162,25 +166,16 @@ class StreamsDrafter(Drafter):
     def prune(self, ctx: DraftContext, tree: Tree, mid_hidden: jax.Array):
         if self.prune_to is None:
             return None
-        return prune_tree(
-            tree, self.proposed, self.tree, ss.exit_logits(ctx.draft_params, ctx.target_params, ctx.config, mid_hidden)
-        )
+        early = self._streams(ctx)(ctx.target_params, mid_hidden, method="exit_logits")
+        return prune_tree(tree, self.proposed, self.tree, early)
 
     def verify_extras(self, ctx: DraftContext, tree: Tree, hidden, logits, taps=None) -> jax.Array:
         """ "nodes": the streams' final residuals [B, T, S, D] at every verified node (the head runs in `update`,
         at the one node that matters); "accepted": the residual entering layer L [B, T, D]."""
         if self.streams_at == "accepted":
             return taps.mid_hidden
-        return ss.stream_hidden(
-            ctx.draft_params,
-            ctx.target_params,
-            ctx.config,
-            self.streams,
-            taps.mid_hidden,
-            taps.positions,
-            ss.tree_main_kv(taps, tree.mask),
-            backend=ctx.backend,
-        )
+        main = ss.tree_main_kv(taps, tree.mask)
+        return self._streams(ctx)(ctx.target_params, taps.mid_hidden, taps.positions, main, backend=ctx.backend)
 
     def update(self, ctx: DraftContext, state, draft_state: StreamTopK, verdict: Verdict) -> StreamTopK:
         last = jnp.take_along_axis(verdict.path, verdict.num_accepted[:, None], axis=1)[:, 0]  # [B]
@@ -198,7 +193,7 @@ class StreamsDrafter(Drafter):
         )
 
     def _topk(self, ctx: DraftContext, s: jax.Array) -> StreamTopK:
-        logits = ss.stream_logits(ctx.target_params, ctx.config, s[:, : len(self.widths)])  # [B, depth, V]
+        logits = self._streams(ctx)(ctx.target_params, s[:, : len(self.widths)], method="logits")  # [B, depth, V]
         lp, ids = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), self.topk)
         return StreamTopK(ids.astype(jnp.int32), lp)
 

@@ -23,6 +23,16 @@ Shapes: streams s [B, T, S, D] (S = gamma streams per node); the target's params
 
 Stream params (`param_specs`): stream_embed [S, D]; adapter_norm [Ns, D], adapter_down [Ns, D, r],
 adapter_up [Ns, r, D] (zero init: the adapter starts as a no-op); exit_down [D, r], exit_up [r, D] (zero).
+
+They are the linen module `SpeculativeStreams` (`lsjax.models.module`); the drafter and the trainer call it,
+never the functions below (its bodies). Its forward reads the target's top layers and LM head, which are the
+target's weights: an argument, never a variable of the module.
+
+    streams = SpeculativeStreams(config, StreamsConfig())
+    variables = streams.init(key, method="weights")                              # random, with logical axes
+    s = streams.apply(variables, target_params, mid_hidden, positions, main_kv)   # [B, T, S, D]
+    logits = streams.apply(variables, target_params, s, method="logits")          # [B, T, S, V]
+    early = streams.apply(variables, target_params, mid_hidden, method="exit_logits")
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from lsjax import attention
 from lsjax.config import ConfigError, ModelConfig, _check
 from lsjax.models import target
 from lsjax.models.layers import ParamSpec, init_from_specs, rms_norm
+from lsjax.models.module import Model
 from lsjax.rope import apply_rope, inverse_frequencies, rope_angles
 
 
@@ -316,3 +327,37 @@ def main_top_layers(target_params: dict, config: ModelConfig, scfg: StreamsConfi
         layers=(scfg.first_layer(config), config.num_layers),
         x=mid_hidden,
     )
+
+
+class SpeculativeStreams(Model):
+    """The stream parameters of a target `config` as a linen module: `param_specs` are its variables,
+    `init_params` its random init. Each method takes the target's params (either layout) as an argument."""
+
+    config: ModelConfig
+    streams: StreamsConfig = StreamsConfig()
+
+    def schema(self) -> dict[str, ParamSpec]:
+        return param_specs(self.config, self.streams)
+
+    def random_weights(self, key: jax.Array) -> dict:
+        return init_params(self.config, self.streams, key)
+
+    def __call__(self, target_params, mid_hidden, positions, main_kv, *, backend: str = "auto") -> jax.Array:
+        """`stream_hidden`: the streams' final residuals [B, T, S, D] at T nodes, from the main stream entering
+        layer L there (mid_hidden [B, T, D] at positions [B, T]); `main_kv(i)` the keys each node sees."""
+        w = self.weights()
+        return stream_hidden(
+            w, target_params, self.config, self.streams, mid_hidden, positions, main_kv, backend=backend
+        )
+
+    def logits(self, target_params, s: jax.Array) -> jax.Array:
+        """The streams' residuals [..., D] -> logits [..., V] (the target's final norm and LM head)."""
+        return stream_logits(target_params, self.config, s)
+
+    def exit_hidden(self, mid_hidden: jax.Array) -> jax.Array:
+        """The early-exit residual o_theta(mid_hidden) [..., D]."""
+        return exit_hidden(self.weights(), mid_hidden)
+
+    def exit_logits(self, target_params, mid_hidden: jax.Array) -> jax.Array:
+        """Early-exit logits [..., V] at layer L."""
+        return exit_logits(self.weights(), target_params, self.config, mid_hidden)

@@ -15,14 +15,16 @@ N_s layers:
   early-exit adapter's next-token CE at the same positions. Labels are the target's own argmax continuation
   (`labels: target`, what verification accepts) or the data (`labels: data`).
 
-Only the stream params (stream embeddings, stream adapters, the early-exit adapter) are optimised. The run
-resumes exactly (orbax: params, optimizer, step, RNG, data position) and exports a stream checkpoint
-(`lsjax.methods.streams.drafter.save_streams`) that `decode.py --method streams` finds.
+Only the stream params (stream embeddings, stream adapters, the early-exit adapter: `SpeculativeStreams`'s
+variables, run through its `apply`) are optimised. The run resumes exactly (orbax: params, optimizer, step,
+RNG, data position) and exports a stream checkpoint (`lsjax.methods.streams.drafter.save_streams`) that
+`decode.py --method streams` finds.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 import jax
@@ -142,7 +144,8 @@ def stream_losses(stream_params, target_params, config: ModelConfig, cfg: Stream
     _, mk, mv = jax.lax.stop_gradient(ss.main_top_layers(target_params, config, scfg, mid, pos))
     q = sample_positions(key, batch["loss_mask"], cfg.data.positions)  # [B, P]
     mid_q = jnp.take_along_axis(mid, q[:, :, None], axis=1)
-    s = ss.stream_hidden(stream_params, target_params, config, scfg, mid_q, q, ss.causal_main_kv(mk, mv, q, L))
+    streams = functools.partial(ss.SpeculativeStreams(config, scfg).apply, {"params": stream_params})
+    s = streams(target_params, mid_q, q, ss.causal_main_kv(mk, mv, q, L))
     # Labels: the token at t + 1 + j. "target": the target's argmax after t + j (its own continuation).
     if lcfg.labels == "target":
         nxt = batch["topk_ids"][..., 0]  # [B, T]: the token the target predicts after each position
@@ -169,7 +172,7 @@ def stream_losses(stream_params, target_params, config: ModelConfig, cfg: Stream
     ce, right = _chunked_ce(
         target_params,
         config,
-        ss.exit_hidden(stream_params, mid_q).reshape(-1, D),
+        streams(mid_q, method="exit_hidden").reshape(-1, D),
         label_at(t).reshape(-1),
         w.reshape(-1),
         lcfg.chunk_size,
@@ -307,7 +310,7 @@ def _setup(cfg: StreamsTrainConfig, open_run_dir, log, target):
         params = initial_streams(cfg, config)
         log(f"streams: initialised from {cfg.checkpoint.init_from}")
     else:
-        params = ss.init_params(config, cfg.streams, jax.random.PRNGKey(cfg.seed))
+        params = ss.SpeculativeStreams(config, cfg.streams).random_weights(jax.random.PRNGKey(cfg.seed))
     open_run_dir()
     log(f"streams: {ss.num_params(config, cfg.streams)} trained parameters (the target's {config.num_params()})")
     optimizer = make_optimizer(cfg.optim)
