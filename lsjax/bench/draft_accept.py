@@ -171,14 +171,13 @@ def tokenswift_first_level(
     from lsjax.methods.tokenswift import model as th
     from lsjax.models import target
 
-    del heads  # the params carry the head count
     T = tokens.shape[1]
     length = jnp.int32(T) if length is None else length
     pos = jnp.arange(T)[None]
     x, _, _ = target.forward_hidden(target_params, config, tokens, pos, KVCache.zeros(config, 1, 0))
     first = length - new - 1
     h = jax.lax.dynamic_slice_in_dim(x, first - 1, new, axis=1)[0].astype(jnp.dtype(config.dtype))
-    q_logits = th.heads_logits(heads_params, target_params, config, h)[:, 0]  # [new, V]
+    q_logits = th.TokenSwiftHeads(config, heads).apply({"params": heads_params}, h, target_params)[:, 0]  # [new, V]
     return _one_level(target_params, config, tokens, x, first, new, q_logits, None, temperature)
 
 
@@ -190,7 +189,6 @@ def eagle3_first_level(target_params, config, draft_params, draft, tokens, new: 
 
     from lsjax.cache import KVCache
     from lsjax.methods.eagle3 import model as em
-    from lsjax.models.layers import embed
 
     T = tokens.shape[1]
     length = jnp.int32(T) if length is None else length
@@ -199,10 +197,10 @@ def eagle3_first_level(target_params, config, draft_params, draft, tokens, new: 
     pairs = jnp.concatenate([tokens[:, 1:], jnp.zeros((1, 1), tokens.dtype)], axis=1)
     dcache = KVCache.zeros(draft.layer, 1, 0)
     attend = em.attend_over(dcache.k, dcache.v, jnp.zeros((1,), jnp.int32), backend="auto")
-    emb = embed({"embed": em.embed_rows(draft_params, target_params)}, pairs)
-    h, _, _ = em.layer(draft_params, draft, emb, em.fuse(draft_params, aux), pos, attend)
+    run, variables = em.Eagle3Draft(draft).apply, {"params": draft_params}
+    h, _, _ = run(variables, aux, pairs, pos, attend, None if draft.own_embed else target_params["embed"])
     first = length - new - 1
-    q_logits = em.logits(draft_params, draft, jax.lax.dynamic_slice_in_dim(h, first - 1, new, axis=1))[0]
+    q_logits = run(variables, jax.lax.dynamic_slice_in_dim(h, first - 1, new, axis=1), method="logits")[0]
     return _one_level(
         target_params, config, tokens, x, first, new, q_logits, draft_params["draft_to_target"], temperature
     )
