@@ -274,8 +274,16 @@ class Eagle3Drafter(Drafter):
         """The target's residual streams entering `aux_layers` for a causal run of tokens [B, C] after `cache`:
         [B, C, A Dt] in the model's dtype (only the layers below the deepest one run)."""
         layers = self.draft.aux_layers
-        *_, streams = target.forward_streams(
-            ctx.target_params, ctx.config, tokens, positions, cache, layers, backend=ctx.backend, upto=max(layers)
+        net = target.Transformer(ctx.config)
+        *_, streams = net.apply(
+            {"params": ctx.target_params},
+            tokens,
+            positions,
+            cache,
+            layers,
+            backend=ctx.backend,
+            upto=max(layers),
+            method="streams",
         )
         return streams.astype(jnp.dtype(ctx.config.dtype))
 

@@ -124,11 +124,12 @@ class StreamsDrafter(Drafter):
         last = jnp.take_along_axis(ctx.prompt_tokens, (lengths - 1)[:, None], axis=1)  # [B, 1]
         pos = (lengths - 1)[:, None]
         below = dataclasses.replace(state.cache, lengths=lengths - 1)  # the token sees the prompt before it
+        net = target.Transformer(cfg).bind({"params": tp})
         if self.layer > 0:
-            mid, _, _ = target.forward_hidden(tp, cfg, last, pos, below, backend=ctx.backend, layers=(0, self.layer))
+            mid, _, _ = net.hidden(last, pos, below, backend=ctx.backend, layers=(0, self.layer))
             mid = mid.astype(jnp.dtype(cfg.dtype))  # the streams' dtype (the target's stream is fp32)
         else:
-            mid = target.embed(tp, last).astype(jnp.dtype(cfg.dtype))
+            mid = net.embed(last).astype(jnp.dtype(cfg.dtype))
         return self._topk(ctx, self._streams_over_cache(ctx, state.cache, mid, pos))
 
     def _streams_over_cache(self, ctx: DraftContext, cache, mid, pos) -> jax.Array:

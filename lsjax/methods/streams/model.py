@@ -277,6 +277,8 @@ def stream_hidden(
 
 def stream_logits(target_params: dict, config: ModelConfig, s: jax.Array) -> jax.Array:
     """Final residuals [..., D] -> logits [..., V] through the target's final norm and LM head."""
+    # The target's body function: this runs inside the streams module's methods, where a second module cannot
+    # be constructed outside `setup`.
     return target.lm_head(target_params, config, s)
 
 
@@ -287,7 +289,7 @@ def exit_hidden(stream_params: dict, mid_hidden: jax.Array) -> jax.Array:
 
 def exit_logits(stream_params: dict, target_params: dict, config: ModelConfig, mid_hidden: jax.Array) -> jax.Array:
     """Early-exit logits [..., V] at layer L: the LM head on o_theta(mid_hidden)."""
-    return target.lm_head(target_params, config, exit_hidden(stream_params, mid_hidden))
+    return stream_logits(target_params, config, exit_hidden(stream_params, mid_hidden))
 
 
 def tree_main_kv(taps, tree_mask: jax.Array):
@@ -318,14 +320,14 @@ def main_top_layers(target_params: dict, config: ModelConfig, scfg: StreamsConfi
     from lsjax.cache import KVCache
 
     B, T, _ = mid_hidden.shape
-    return target.forward_hidden(
-        target_params,
-        config,
+    return target.Transformer(config).apply(
+        {"params": target_params},
         jnp.zeros((B, T), jnp.int32),
         positions,
         KVCache.zeros(config, B, 0),
         layers=(scfg.first_layer(config), config.num_layers),
         x=mid_hidden,
+        method="hidden",
     )
 
 

@@ -121,7 +121,8 @@ def _chunked_ce(target_params, config, h, labels, weights, chunk: int):
     @jax.checkpoint
     def one(x):
         hc, yc, wc = x
-        logp = jax.nn.log_softmax(target_lib.lm_head(target_params, config, hc), axis=-1)
+        logits = target_lib.Transformer(config).apply({"params": target_params}, hc, method="logits")
+        logp = jax.nn.log_softmax(logits, axis=-1)
         picked = jnp.take_along_axis(logp, yc[:, None], axis=1)[:, 0]
         right = jnp.argmax(logp, axis=-1) == yc
         return -jnp.sum(picked * wc), jnp.sum(right * wc)

@@ -113,8 +113,14 @@ class TokenSwiftDrafter(Drafter):
             # before it (its K/V come out as the prefill wrote them).
             last = jnp.take_along_axis(ctx.prompt_tokens, (ctx.prompt_lengths - 1)[:, None], axis=1)
             before = KVCache(state.cache.k, state.cache.v, state.cache.lengths - 1)
-            h, _, _ = target.forward_hidden(
-                ctx.target_params, ctx.config, last, before.lengths[:, None], before, backend=ctx.backend
+            net = target.Transformer(ctx.config)
+            h, _, _ = net.apply(
+                {"params": ctx.target_params},
+                last,
+                before.lengths[:, None],
+                before,
+                backend=ctx.backend,
+                method="hidden",
             )
             h = h.astype(jnp.dtype(ctx.config.dtype))  # the heads' dtype (the target's stream is fp32)
             cands, logq = self._candidates(ctx, state, h[:, 0], heads_only=True)
@@ -176,7 +182,10 @@ class TokenSwiftDrafter(Drafter):
                 ctx.target_params, ctx.config, pcache, state.cache, root, pos, self.cfg.kv_sink, backend=ctx.backend
             )
         else:
-            h, _, _ = target.forward_hidden(ctx.target_params, ctx.config, root, pos, state.cache, backend=ctx.backend)
+            net = target.Transformer(ctx.config)
+            h, _, _ = net.apply(
+                {"params": ctx.target_params}, root, pos, state.cache, backend=ctx.backend, method="hidden"
+            )
         h = h.astype(jnp.dtype(ctx.config.dtype))  # the heads' dtype (the target's stream is fp32)
         return *self._candidates(ctx, state, h[:, 0], heads_only=False), pcache
 
