@@ -80,6 +80,7 @@ def drafts(model, work: Path) -> dict[str, list[str]]:
         "block": ["--draft", str(block)],
         "dels": ["--draft", str(block), "--local-head", str(head)],
         "eagle3": ["--draft", "random", "--eagle-tree", "cpu"],
+        "dflash": ["--draft", "random", "--dflash-tree", "cpu"],
     }
 
 

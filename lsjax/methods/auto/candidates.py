@@ -21,7 +21,7 @@ from lsjax.tree import Tree, TreeConfig, root_only
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     name: str
-    kind: str  # "ar" | "pld" | "ls" | "hybrid" | "e3" (an EAGLE-3 draft's chain or tree)
+    kind: str  # "ar" | "pld" | "ls" | "hybrid" | "e3" (an EAGLE-3 draft's chain or tree) | "df" (a DFlash draft's)
     drafter: Drafter
     family: int  # row of the acceptance statistics (pld: the 1-gram family; + n - 1 for an n-gram match)
     group: int  # probe group (-1: AR, never probed)
@@ -40,6 +40,10 @@ PRIORS = {
     # their targets, an untrained one ~0; the run's own probes decide).
     "e3-chain": ((0.4, 0.5, 0.5, 0.5), (0.3, 0.4, 0.4, 0.4)),
     "e3-tree": ((0.5, 0.5, 0.5, 0.5), (0.4, 0.4, 0.4, 0.4)),
+    # A DFlash draft's: as modest (published drafts report 6-7 tokens per block on their targets, an untrained one
+    # ~1; the run's own probes decide).
+    "df-chain": ((0.4, 0.5, 0.5, 0.5), (0.3, 0.4, 0.4, 0.4)),
+    "df-tree": ((0.5, 0.5, 0.5, 0.5), (0.4, 0.4, 0.4, 0.4)),
 }
 
 
@@ -78,11 +82,13 @@ class CandidateStep(Drafter):
             return c.drafter.propose(sub_context(ctx), state, draft_state.ring, key)
         if c.kind == "e3":
             return c.drafter.propose(sub_context(ctx, "eagle3"), state, draft_state.ring, key)
+        if c.kind == "df":
+            return c.drafter.propose(sub_context(ctx, "dflash"), state, draft_state.ring, key)
         return c.drafter.propose(sub_context(ctx), state, (draft_state.pld, draft_state.ring), key)
 
 
 def sub_context(ctx: DraftContext, draft: str = "longspec") -> DraftContext:
-    """The context a draft's sub-drafters see: its own params (`draft`: "longspec" or "eagle3"), not auto's
+    """The context a draft's sub-drafters see: its own params (`draft`: "longspec", "eagle3" or "dflash"), not auto's
     {draft, "costs"} dict."""
     dp = ctx.draft_params
     return dataclasses.replace(ctx, draft_params=dp.get(draft) if isinstance(dp, dict) else None)
@@ -100,6 +106,8 @@ def families_of(auto: Drafter) -> tuple[str, ...]:
         out += ["ls-chain", "ls-tree"] + (["hybrid"] if auto.hybrid_pld else [])
     if auto.eagle3 is not None:
         out += ["e3-chain", "e3-tree"]
+    if auto.dflash is not None:
+        out += ["df-chain", "df-tree"]
     return tuple(out)
 
 
@@ -135,6 +143,19 @@ def candidates_of(auto: Drafter) -> tuple[Candidate, ...]:
                 out.append(Candidate(f"e3-chain{k}", "e3", dataclasses.replace(e3, budget=budget), chain, groups))
             groups += 1
         out.append(Candidate("e3-tree", "e3", e3, fams.index("e3-tree"), groups))
+    df = auto.dflash
+    if df is not None:
+        from lsjax.methods.dflash.drafter import DFlashTree
+
+        groups = 0
+        most = df.draft.block_size - 1  # a chain drafts at most the block's positions
+        if auto.chains:  # the block's first k positions, the draft's top-1 at each
+            chain = fams.index("df-chain")
+            for k in sorted({min(k, most) for k in auto.chains}):
+                step = dataclasses.replace(df, budget=DFlashTree(k, 1, k))
+                out.append(Candidate(f"df-chain{k}", "df", step, chain, groups))
+            groups += 1
+        out.append(Candidate("df-tree", "df", df, fams.index("df-tree"), groups))
     return tuple(out)
 
 

@@ -133,6 +133,14 @@ class AutoOptions(LongSpecOptions):
     eagle_tree: str | None = option(
         None, "the EAGLE-3 draft's tree candidate, as for eagle3 (default: cpu on a CPU, else small)"
     )
+    dflash: str | None = option(
+        None,
+        "a DFlash draft's chains and tree among the candidates instead of LongSpec's (a directory, or 'random'); "
+        "--draft DIR of a DFlash draft does the same",
+    )
+    dflash_tree: str | None = option(
+        None, "the DFlash draft's tree candidate, as for dflash (default: cpu on a CPU, else small)"
+    )
     hybrid_pld: int | None = option(None, "the hybrid candidate's chain length; 0 = none", flag=False)
     cost_profile: str = option(
         "cached",
@@ -171,12 +179,18 @@ class AutoOptions(LongSpecOptions):
 
 
 def draft_info(opts: AutoOptions) -> dict | None:
-    """`--json`'s "draft" field: the EAGLE-3 draft's (directory and layout) when auto runs one, else the
+    """`--json`'s "draft" field: the EAGLE-3 or DFlash draft's (directory and layout) when auto runs one, else the
     LongSpec draft's."""
+    from lsjax.methods.dflash.checkpoint import draft_info as dflash_info
+    from lsjax.methods.dflash.checkpoint import is_dflash_dir
     from lsjax.methods.eagle3.checkpoint import draft_info as eagle3_info
     from lsjax.methods.eagle3.checkpoint import is_eagle3_dir
     from lsjax.methods.longspec.checkpoint import draft_info as longspec_info
 
+    if opts.dflash:
+        return dflash_info(dataclasses.replace(opts, draft=opts.dflash))
+    if opts.draft not in DRAFT_WORDS and is_dflash_dir(opts.draft):
+        return dflash_info(opts)
     if opts.eagle3:
         return eagle3_info(dataclasses.replace(opts, draft=opts.eagle3))
     if opts.draft not in DRAFT_WORDS and is_eagle3_dir(opts.draft):
@@ -199,4 +213,5 @@ def without_draft(opts: AutoOptions) -> bool:
     program groups cost more to load beside the decode than its steps save (docs/design/auto-policy.md)."""
     import jax
 
-    return opts.eagle3 is None and (opts.draft == "none" or (opts.draft is None and jax.default_backend() == "cpu"))
+    given = opts.eagle3 is not None or opts.dflash is not None
+    return not given and (opts.draft == "none" or (opts.draft is None and jax.default_backend() == "cpu"))

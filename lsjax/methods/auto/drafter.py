@@ -11,6 +11,8 @@ verification, and candidates with equal node counts share one compiled forward):
     hybrid               that tree plus a 6-token prompt-lookup chain, verified together
     e3-chain1, 2, 4      with an EAGLE-3 draft instead of LongSpec's (`--draft DIR` in either published layout):
     e3-tree              its greedy chains and its dynamic tree (`--eagle-tree`)
+    df-chain1, 2, 4      with a DFlash draft instead (`--draft DIR` of a published one): the first 1, 2, 4 tokens
+    df-tree              of its block, and its static tree (`--dflash-tree`)
 
 Each step runs the candidate with the highest expected tokens per second,
 
@@ -54,7 +56,9 @@ is updated once per step from the committed path, whichever candidate ran (`upda
 An EAGLE-3 draft reads the target's streams at every committed token: auto then sets the draft's
 `aux_hidden_layers`, every candidate's verification returns them along the accepted path (`SwitchExtras.aux`),
 and the draft's cache takes the committed pairs whichever candidate ran. Its candidates are explored by probes
-(shadow drafts are LongSpec's), and AR stretches are off (an AR step inside one keeps no streams).
+(shadow drafts are LongSpec's), and AR stretches are off (an AR step inside one keeps no streams). A DFlash draft
+reads the target's streams the same way (its context cache takes the committed tokens whichever candidate ran),
+and is explored and priced alike.
 
 Costs reach the jitted step as an array in the draft params (`draft_params["costs"]`, one entry per
 candidate, then an AR step with a shadow draft: `cost_names`), so a measured profile replaces the prior
@@ -84,6 +88,7 @@ from lsjax.methods.auto.config import AutoPolicy
 from lsjax.methods.auto.policy import PolicyRules, PolicyState
 from lsjax.methods.auto.shadow import DraftShadow, LookupShadow
 from lsjax.methods.auto.shadow import accepts as shadow_accepts
+from lsjax.methods.dflash.drafter import DFlashDrafter
 from lsjax.methods.eagle3.drafter import Eagle3Drafter
 from lsjax.methods.longspec.drafter import LongSpecDrafter
 from lsjax.methods.pld.drafter import History, PLDDrafter, find_continuation
@@ -94,7 +99,7 @@ from lsjax.tree import Tree, TreeConfig
 @dataclasses.dataclass(frozen=True)
 class AutoState:
     pld: History
-    ring: Any  # the draft's state: LongSpec's RingCache or EAGLE-3's Eagle3State; () without a draft
+    ring: Any  # the draft's state: LongSpec's RingCache, EAGLE-3's Eagle3State or DFlash's; () without a draft
     policy: PolicyState
     shadow: Any  # DraftShadow; () without a draft
     match: tuple  # (n, start, avail) [B] each: `_match` of the history, kept so a step computes it once
@@ -104,7 +109,8 @@ class AutoState:
 @dataclasses.dataclass(frozen=True)
 class AutoDrafter(PolicyRules, Drafter):
     longspec: LongSpecDrafter | None = None  # the draft and its own tree; None: AR and prompt lookup only
-    eagle3: Eagle3Drafter | None = None  # an EAGLE-3 draft and its tree instead (never both)
+    eagle3: Eagle3Drafter | None = None  # an EAGLE-3 draft and its tree instead (one draft at a time)
+    dflash: DFlashDrafter | None = None  # a DFlash draft and its tree instead
     pld_tokens: tuple[int, ...] = (4, 8)
     pld_ngram: int = 3
     # LongSpec chain depths. One node is what the draft pays for most often on a CPU (dev, every task kind:
@@ -123,8 +129,9 @@ class AutoDrafter(PolicyRules, Drafter):
             return None
         key = self.sub_key
         if not isinstance(draft_params, dict) or key not in draft_params:
+            kind = {"eagle3": "an EAGLE-3", "dflash": "a DFlash"}.get(key, "a LongSpec")
             return (
-                f"auto with {'an EAGLE-3' if key == 'eagle3' else 'a LongSpec'} draft needs {{'{key}': the draft's "
+                f"auto with {kind} draft needs {{'{key}': the draft's "
                 "params, 'costs': ...} as "
                 f"registry.build('auto', ...) returns it, got {type(draft_params).__name__}"
             )
@@ -133,20 +140,26 @@ class AutoDrafter(PolicyRules, Drafter):
 
     @property
     def sub(self) -> Drafter | None:
-        """The draft auto's draft candidates run (LongSpec's or EAGLE-3's), None without one."""
-        return self.longspec if self.longspec is not None else self.eagle3
+        """The draft auto's draft candidates run (LongSpec's, EAGLE-3's or DFlash's), None without one."""
+        return next((d for d in (self.longspec, self.eagle3, self.dflash) if d is not None), None)
 
     @property
     def sub_key(self) -> str:
         """Where the draft's params sit in auto's draft params."""
-        return "eagle3" if self.eagle3 is not None else "longspec"
+        return "eagle3" if self.eagle3 is not None else "dflash" if self.dflash is not None else "longspec"
+
+    @property
+    def streams_draft(self) -> Drafter | None:
+        """The draft that reads the target's streams (EAGLE-3's or DFlash's), None without one."""
+        return self.eagle3 if self.eagle3 is not None else self.dflash
 
     @property
     def aux_hidden_layers(self) -> tuple[int, ...]:
-        return self.eagle3.aux_hidden_layers if self.eagle3 is not None else ()
+        return self.streams_draft.aux_hidden_layers if self.streams_draft is not None else ()
 
     def prefill_hook(self, ctx: DraftContext):
-        return self.eagle3.prefill_hook(sub_context(ctx, "eagle3")) if self.eagle3 is not None else None
+        d = self.streams_draft
+        return d.prefill_hook(sub_context(ctx, self.sub_key)) if d is not None else None
 
     def __post_init__(self):
         for field, vals in (("pld_tokens", self.pld_tokens), ("chains", self.chains)):
@@ -160,8 +173,13 @@ class AutoDrafter(PolicyRules, Drafter):
             raise ConfigError(f"auto.longspec: must be a LongSpecDrafter or None, got {type(self.longspec).__name__}")
         if self.eagle3 is not None and not isinstance(self.eagle3, Eagle3Drafter):
             raise ConfigError(f"auto.eagle3: must be an Eagle3Drafter or None, got {type(self.eagle3).__name__}")
-        if self.longspec is not None and self.eagle3 is not None:
-            raise ConfigError("auto: one draft at a time, a LongSpec draft (longspec) or an EAGLE-3 one (eagle3)")
+        if self.dflash is not None and not isinstance(self.dflash, DFlashDrafter):
+            raise ConfigError(f"auto.dflash: must be a DFlashDrafter or None, got {type(self.dflash).__name__}")
+        if sum(d is not None for d in (self.longspec, self.eagle3, self.dflash)) > 1:
+            raise ConfigError(
+                "auto: one draft at a time: a LongSpec draft (longspec), an EAGLE-3 one (eagle3) or a DFlash one "
+                "(dflash)"
+            )
 
     # ------------------------------------------------------------------------------------------ layout
 
@@ -321,7 +339,7 @@ class AutoDrafter(PolicyRules, Drafter):
 
     @property
     def ar_stretches(self) -> bool:
-        return bool(self.policy.stretch) and self.eagle3 is None
+        return bool(self.policy.stretch) and self.streams_draft is None
 
     @property
     def stretch_limit(self) -> int:
@@ -456,9 +474,9 @@ class AutoDrafter(PolicyRules, Drafter):
         tokens, the candidate that ran updates its family's rates, and prompt lookup learns from the committed
         tokens."""
         pld = self._pld(max(self.pld_tokens)).update(ctx, state, ds.pld, verdict)
-        if self.eagle3 is not None:  # the draft's pairs take the target's streams along the path
-            e3_verdict = dataclasses.replace(verdict, extras=verdict.extras.aux)
-            ring = self.eagle3.update(sub_context(ctx, "eagle3"), state, ds.ring, e3_verdict)
+        if self.streams_draft is not None:  # the draft takes the target's streams along the path
+            aux_verdict = dataclasses.replace(verdict, extras=verdict.extras.aux)
+            ring = self.streams_draft.update(sub_context(ctx, self.sub_key), state, ds.ring, aux_verdict)
         elif self.longspec is not None:
             ring = self.longspec.update(sub_context(ctx), state, ds.ring, verdict)
         else:
@@ -588,9 +606,9 @@ def _window(hist: History, start: jax.Array, n: int) -> jax.Array:
     return flat.reshape(idx.shape)
 
 
-def auto_params(drafter: AutoDrafter, longspec_params=None, costs=None, eagle3_params=None) -> dict:
-    """The draft params `auto` runs with: the LongSpec (or EAGLE-3) draft's, and the per-candidate costs (the
-    built-in prior unless given; `lsjax.methods.auto.profile` measures them)."""
+def auto_params(drafter: AutoDrafter, longspec_params=None, costs=None, eagle3_params=None, dflash_params=None) -> dict:
+    """The draft params `auto` runs with: the LongSpec (or EAGLE-3, or DFlash) draft's, and the per-candidate costs
+    (the built-in prior unless given; `lsjax.methods.auto.profile` measures them)."""
     from lsjax.methods.auto.profile import prior_costs
 
     if costs is not None and np.shape(costs) != (len(drafter.cost_names),):
@@ -603,6 +621,8 @@ def auto_params(drafter: AutoDrafter, longspec_params=None, costs=None, eagle3_p
         out["longspec"] = longspec_params
     if eagle3_params is not None:
         out["eagle3"] = eagle3_params
+    if dflash_params is not None:
+        out["dflash"] = dflash_params
     return out
 
 
@@ -611,11 +631,28 @@ def build_auto(model, opts, cache) -> tuple[AutoDrafter, dict]:
     AR and prompt lookup alone where there is none."""
     from lsjax.methods import registry
     from lsjax.methods.auto.config import CPU_PLD_TOKENS, DRAFT_WORDS, without_draft
+    from lsjax.methods.dflash.checkpoint import is_dflash_dir
     from lsjax.methods.eagle3.checkpoint import is_eagle3_dir
     from lsjax.methods.hybrid.config import combined_tree
     from lsjax.methods.longspec.checkpoint import default_draft_path
 
     shape = {k: getattr(opts, k) for k in ("pld_tokens", "chains", "hybrid_pld") if getattr(opts, k) is not None}
+    df = opts.dflash or (opts.draft if opts.draft not in DRAFT_WORDS and is_dflash_dir(opts.draft) else None)
+    if df is not None:
+        if opts.dflash and opts.draft:
+            raise ConfigError("auto: give one draft, --draft (LongSpec's, EAGLE-3's or DFlash's) or --dflash, not both")
+        df_tree = opts.dflash_tree or ("cpu" if jax.default_backend() == "cpu" else "small")
+        sub, sub_params = registry.build("dflash", model, cache=cache, draft=df, dflash_tree=df_tree)
+        shape.pop("hybrid_pld", None)
+        drafter = AutoDrafter(
+            dflash=sub,
+            hybrid_pld=0,
+            pld_ngram=opts.pld_ngram,
+            policy=opts.policy,
+            cost_profile=opts.cost_profile,
+            **shape,
+        )
+        return drafter, auto_params(drafter, dflash_params=sub_params)
     e3 = opts.eagle3 or (opts.draft if opts.draft not in DRAFT_WORDS and is_eagle3_dir(opts.draft) else None)
     if e3 is not None:
         if opts.eagle3 and opts.draft:

@@ -49,6 +49,7 @@ _VERIFY = (1.0, 1.21, 1.35, 1.63, 2.24, 3.05)
 PLD_DRAFT = 0.03
 LS_LEVEL = 0.08
 E3_LEVEL = 0.08  # one EAGLE-3 draft layer over the frontier, like a LongSpec level (an estimate, not measured)
+DF_LAYER = 0.06  # one DFlash draft layer over the block, and its context K/V after the step (an estimate)
 
 
 def prior_costs(drafter) -> np.ndarray:
@@ -57,9 +58,11 @@ def prior_costs(drafter) -> np.ndarray:
     out = []
     for c in drafter.candidates:
         verify = float(np.interp(np.log2(c.drafter.num_nodes), np.log2(_NODES), _VERIFY))
-        draft = {"ar": 0.0, "pld": PLD_DRAFT, "ls": 0.0, "hybrid": PLD_DRAFT, "e3": 0.0}[c.kind]
+        draft = {"ar": 0.0, "pld": PLD_DRAFT, "ls": 0.0, "hybrid": PLD_DRAFT, "e3": 0.0, "df": 0.0}[c.kind]
         if c.kind == "e3":  # a draft pass per level, and one over the accepted pairs after it
             draft += E3_LEVEL * (c.drafter.max_depth + 1)
+        if c.kind == "df":  # one block forward, whatever the tree
+            draft += DF_LAYER * c.drafter.draft.layer.num_layers
         if c.kind in ("ls", "hybrid"):
             draft += LS_LEVEL * drafter.longspec.max_depth if c.kind == "hybrid" else LS_LEVEL * c.drafter.max_depth
         out.append(verify + draft)

@@ -236,3 +236,13 @@ def load_dflash(model, draft: str | None, tree=None, block_size: int | None = No
     if problem := drafter.check_params(params, model.config):
         raise ShapeMismatchError(f"--draft {draft}: {problem}")
     return drafter, jax.tree.map(jax.numpy.asarray, params)
+
+
+def is_dflash_dir(path) -> bool:
+    """Whether a directory holds a DFlash draft (read from its config.json alone: a `dflash_config`, or the
+    DFlashDraftModel architecture), so that a method taking several kinds of drafts (`auto`) can tell them
+    apart before reading weights."""
+    from lsjax.loading.hf import config_json
+
+    hf = config_json(path)
+    return hf is not None and ("dflash_config" in hf or "DFlashDraftModel" in (hf.get("architectures") or []))

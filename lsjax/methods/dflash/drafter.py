@@ -308,7 +308,8 @@ class DFlashDrafter(Drafter):
             tokens = jnp.concatenate([state.root[:, None], toks], axis=1).astype(jnp.int32)
             return make_tree(tokens, parents, jnp.ones((B, T), bool), self.tree)
         # Each node with children draws them from q at the next block position, with noise of its own.
-        logq = processed_logprobs(logits, ctx.sampling)  # [B, D, V]
+        # q may be any distribution: the filters, not the contextual penalty (its window is each node's own path).
+        logq = processed_logprobs(logits, dataclasses.replace(ctx.sampling, penalty=1.0))  # [B, D, V]
         fan = shape.fanout
         inner = np.flatnonzero(fan > 0)  # nodes with children; node depth < D
         g = jax.random.gumbel(key, (B, len(inner), V))

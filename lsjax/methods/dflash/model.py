@@ -117,11 +117,14 @@ class DFlashConfig:
 
 def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
     """The target layers a DFlash draft reads when its config names none: one in the middle for a one-layer
-    draft, else `num_draft_layers` spread evenly from layer 1 to layer L - 3 (the published drafts' rule)."""
+    draft, else `num_draft_layers` spread evenly from layer 1 to layer L - 3 (the published drafts' rule),
+    clipped into a target of fewer than 5 layers."""
+    L = num_target_layers
     if num_draft_layers == 1:
-        return (num_target_layers // 2,)
-    lo, hi = 1, num_target_layers - 3
-    return tuple(int(round(lo + i * (hi - lo) / (num_draft_layers - 1))) for i in range(num_draft_layers))
+        return (L // 2,)
+    lo, hi = 1, L - 3
+    spread = (int(round(lo + i * (hi - lo) / (num_draft_layers - 1))) for i in range(num_draft_layers))
+    return tuple(min(max(i, 0), L - 1) for i in spread)
 
 
 def param_specs(cfg: DFlashConfig) -> dict[str, ParamSpec]:
