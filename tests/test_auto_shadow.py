@@ -430,7 +430,7 @@ def test_first_children_are_what_propose_drafts_at_each_root(pruned):
         tree = propose(*at(jnp.int32(s0 + i)))
         np.testing.assert_array_equal(got[i], np.asarray(tree.tokens)[0, 1:4], err_msg=f"root {i}")
     # Without the per-root mask over the tail, later keys leak into earlier roots.
-    import lsjax.methods.longspec.drafter as ld
+    import lsjax.methods.longspec.model as ld  # the body LongSpecDraft.step runs
 
     real = ld.draft_step
 

@@ -204,14 +204,17 @@ def test_draft_shape_checks_derive_from_the_schema():
         check_draft_fits(dict(arrays, w_up=arrays["w_up"][:, :-1]), DraftConfig(), config, "here")
 
 
-def test_draft_sharding_from_the_schema_matches_the_name_rules():
+def test_draft_sharding_from_the_module_metadata():
+    """The block draft's shardings come from the logical axes its module declares: its declared variables and a
+    params tree of the same names get the same specs (the width FSDP-sharded, heads and norms whole)."""
     config, tp = tiny_model()
     mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1), ("data", "fsdp"))
+    model = block_draft.BlockDraft(config, DraftConfig())
     params = block_draft.init_block_params(config, DraftConfig(), tp)
-    from_specs = sharding.spec_shardings(block_draft.param_specs(config), mesh)
-    by_name = sharding.tree_shardings(params, mesh)
-    assert from_specs.keys() == by_name.keys()
-    for name, s in from_specs.items():
-        assert s.spec == by_name[name].spec, name
-    assert from_specs["self_wq"].spec == PartitionSpec("fsdp", None, None)
-    assert from_specs["w_down"].spec == PartitionSpec(None, "fsdp")
+    from_module = sharding.module_shardings(model, mesh)
+    by_tree = sharding.tree_shardings(params, mesh, sharding.model_axes(model))
+    assert from_module.keys() == by_tree.keys() == block_draft.param_specs(config).keys()
+    for name, s in from_module.items():
+        assert s.spec == by_tree[name].spec, name
+    assert from_module["self_wq"].spec == PartitionSpec("fsdp", None, None)
+    assert from_module["w_down"].spec == PartitionSpec(None, "fsdp")

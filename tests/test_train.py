@@ -390,9 +390,7 @@ SHARDED = textwrap.dedent(
     s1, m1 = single(tr.init_state(dp, opt), tp, batch, key)
     mesh = sharding.make_mesh(cfg.mesh)
     state = tr.init_state(dp, opt)
-    axes = sharding.model_axes(target_lib.Transformer(TINY)) | {{
-        p: s.logical_axes for p, s in draft_lib.param_specs(TINY, cfg.draft).items()
-    }}
+    axes = sharding.model_axes(target_lib.Transformer(TINY), draft_lib.LongSpecDraft(TINY, cfg.draft))
     jitted, ssh, tsh, bsh = sharding.shard_train_step(step, mesh, state, tp, batch, axes)
     state, tps = sharding.place(state, ssh), sharding.place(tp, tsh)
     s2, m2 = jitted(state, tps, sharding.place(batch, bsh), key)

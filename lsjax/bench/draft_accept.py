@@ -116,11 +116,11 @@ def first_level(
     def roots(x):  # x [1, T, ...] -> [1, new, ...] at the roots
         return jax.lax.dynamic_slice_in_dim(x, first, new, axis=1)
 
+    net = draft_lib.LongSpecDraft(config, draft_config).bind({"params": dp.weights})
+
     def draft_at(shift):  # [new, Vd] logits at the roots, target cache `shift` tokens behind each
-        h = draft_lib.draft_forward_train(
-            dp.weights, target_params, config, draft_config, tokens, pos, feats["k"], feats["v"], jnp.int32(shift)
-        )
-        return draft_lib.draft_logits(dp, target_params, config, roots(h))[0]
+        h = net.forward_train(target_params, tokens, pos, feats["k"], feats["v"], jnp.int32(shift))
+        return net.logits(target_params, roots(h), vocab_ids, dp.vocab_head)[0]
 
     def to_ids(local):
         return local if vocab_ids is None else jnp.take(jnp.asarray(vocab_ids), local)

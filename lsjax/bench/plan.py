@@ -392,9 +392,7 @@ def plan_train(cfg, config: ModelConfig, chip: Chip, *, export: bool = True) -> 
     }
     key = jax.ShapeDtypeStruct((2,), jnp.uint32)
     step = ls_step.make_train_step(config, cfg)
-    axes = sharding.model_axes(target.Transformer(config)) | {
-        path: spec.logical_axes for path, spec in draft_lib.param_specs(config, cfg.draft).items()
-    }
+    axes = sharding.model_axes(target.Transformer(config), draft_lib.LongSpecDraft(config, cfg.draft))
     jitted, s_sh, t_sh, b_sh = sharding.shard_train_step(step, mesh, state, tp, batch, axes)
     numbers, seconds = compile_step(jitted, (state, tp, batch, key))
     numbers["compile_s"] = seconds

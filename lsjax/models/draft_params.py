@@ -7,10 +7,12 @@
 
 The three parts used to share one dict. They are different things:
 
-* `weights` {name: Array}: the trained tensors, named as the model's `param_specs` (`lsjax.methods.longspec.model`;
-  `lsjax.methods.dels.model` adds `mask_embed`). Trainers optimise exactly this dict.
+* `weights` {name: Array}: the trained tensors, the params collection of the draft's linen module
+  (`LongSpecDraft(config, draft).apply({"params": weights}, ...)`, `lsjax.methods.longspec.model`; the block
+  draft `lsjax.methods.dels.model.BlockDraft` adds `mask_embed`). Trainers optimise exactly this dict.
 * `vocab_ids` [Vd] int or None: the pruned draft vocabulary (`lsjax.vocab`), metadata chosen before training
-  and never trained. None = the target's whole vocabulary.
+  and never trained. None = the target's whole vocabulary. Like the head, an argument of the module's
+  `logits`, not one of its variables.
 * `vocab_head` [Vd, D] or None: the target's LM-head rows at `vocab_ids`, derived at load so drafting does not
   gather them from the [V, D] head every step (19 MB of reads per step for SmolLM2 at Vd = 8192). Never saved.
 

@@ -123,16 +123,15 @@ def make_position_eval(config, draft_cfg, edges: tuple[int, ...], chunk_size: in
         tokens = seq["tokens"]
         B, T = tokens.shape
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-        hidden = draft_lib.draft_forward_train(
-            draft_params,
+        hidden = draft_lib.LongSpecDraft(config, draft_cfg).apply(
+            {"params": draft_params},
             target_params,
-            config,
-            draft_cfg,
             tokens,
             positions,
             seq["target_k"],
             seq["target_v"],
             jnp.int32(1),
+            method="forward_train",
         )  # [B, T, D]
         labels, weights = ls_losses.next_token_targets(tokens, seq["loss_mask"])
         rows = []

@@ -28,6 +28,7 @@ from lsjax.methods.dels import model as bd
 from lsjax.methods.dels.drafter import prepare_dels_params
 from lsjax.methods.longspec.checkpoint import DRAFTS_DIR, check_draft_fits, load_draft, target_key
 from lsjax.models.draft_params import DraftParams
+from lsjax.models.module import variables_problem
 
 LOCAL, BLOCK = "local_head", "block"  # their lsjax.artifacts kinds
 
@@ -60,7 +61,8 @@ def save_local_head(
 
 def load_local_head(path, config=None):
     """(params as float32 numpy, LocalHeadConfig, unigram_logprior [V], vocab_ids or None, meta). With a target
-    `config`, the head's shapes are checked against it."""
+    `config`, the params are checked against the module `LocalHead(cfg, config.hidden_size)` and the prior
+    against the vocabulary: a ShapeMismatchError naming the variable and both shapes."""
     path = Path(path)
     arrays, meta = artifacts.load_weights(path, LOCAL)
     cfg = artifacts.parse_config(path, LOCAL, lambda: from_dict(LocalHeadConfig, meta["local_head"], "local_head"))
@@ -70,11 +72,12 @@ def load_local_head(path, config=None):
         raise CorruptFileError(f"{artifacts.files(path, LOCAL)[0]}: the unigram prior is missing")
     params = arrays
     if config is not None:
-        bad = lh.check_params(params, cfg, config.hidden_size)
+        where = f"local head {path} does not fit target {config.name}"
+        bad = variables_problem(lh.LocalHead(cfg, config.hidden_size), params, where)
         if bad is None and prior.shape != (config.vocab_size,):
-            bad = f"its prior covers {prior.shape[0]} tokens, the target's vocabulary {config.vocab_size}"
+            bad = f"{where}: its prior covers {prior.shape[0]} tokens, the target's vocabulary {config.vocab_size}"
         if bad is not None:
-            raise ShapeMismatchError(f"local head {path} does not fit target {config.name}: {bad}")
+            raise ShapeMismatchError(bad)
     return params, cfg, prior, vocab_ids, meta
 
 
@@ -106,8 +109,8 @@ def load_block_draft(path, config) -> tuple[dict, DraftConfig, BlockConfig, dict
 
 
 def check_block_fits(params: dict, dcfg: DraftConfig, config, where: str, made_for: str = "") -> None:
-    """`check_draft_fits` against the block draft's schema (`lsjax.methods.dels.model.param_specs`)."""
-    check_draft_fits(params, dcfg, config, where, made_for, specs=bd.param_specs(config))
+    """`check_draft_fits` against the block draft's module (`lsjax.methods.dels.model.BlockDraft`)."""
+    check_draft_fits(params, dcfg, config, where, made_for, model=bd.BlockDraft(config, dcfg))
 
 
 def longspec_as_block(model, draft: str | None) -> tuple[DraftParams, DraftConfig]:

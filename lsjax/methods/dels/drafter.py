@@ -22,6 +22,10 @@ the drafting key: every node's children are a without-replacement sample from th
 
 α and β live in the draft params (arrays, `with_weights`), so one compiled program serves every (α, β).
 Draft state: the LongSpec ring of the block draft's self-attention K/V (`LongSpecDrafter.init/update`).
+
+The two models run as linen modules bound to their params inside the caller's trace: the block draft
+`BlockDraft(config, draft, block_size)` over the block DraftParams' weights, the local head
+`LocalHead(local, hidden_size)` over `params["local"]`.
 """
 
 from __future__ import annotations
@@ -35,9 +39,8 @@ from lsjax.cache import RingCache
 from lsjax.config import BlockConfig, DraftConfig, LocalHeadConfig
 from lsjax.engine.types import DraftContext, Drafter, Verdict
 from lsjax.methods.dels import local_head as lh
-from lsjax.methods.dels.model import block_hidden, param_specs
+from lsjax.methods.dels.model import BlockDraft
 from lsjax.methods.longspec.drafter import LongSpecDrafter
-from lsjax.methods.longspec.model import draft_logits
 from lsjax.models.draft_params import DraftParams, weights_problem
 from lsjax.sampling import processed_logprobs
 from lsjax.tree import Tree, TreeConfig, make_tree
@@ -75,10 +78,11 @@ def prepare_dels_params(block, local: dict, prior, head_vocab, embed, alpha=0.3,
     )
     local = {k: jnp.asarray(v, jnp.float32) for k, v in local.items()}
     rows = None if ids is None else jnp.asarray(ids, jnp.int32)
+    head = lh.LocalHead(lh.config_of(local), embed.shape[-1])
     return {
         "block": block,
         "local": local,
-        "table": lh.vocab_table(local, embed, rows),
+        "table": head.apply({"params": local}, embed, rows, method="vocab_table"),
         "prior": prior if rows is None else prior[rows],
         "in_head": in_head if rows is None else in_head[rows],
         **weights(alpha, beta),
@@ -118,15 +122,19 @@ class BlockDrafter(Drafter):
 
     def check_params(self, draft_params, config) -> str | None:
         if self.local is None:
-            return weights_problem(draft_params, param_specs(config), "block")
+            return weights_problem(draft_params, self.model(config).schema(), "block")
         parts = ("block", "local", "table", "prior", "in_head", "alpha", "beta")
         if not isinstance(draft_params, dict) or (missing := [p for p in parts if p not in draft_params]):
             got = type(draft_params).__name__ if not isinstance(draft_params, dict) else f"no {missing[0]!r}"
             return f"dels needs the params prepare_dels_params (or registry.build('dels', ...)) makes, got {got}"
-        if problem := weights_problem(draft_params["block"], param_specs(config), "dels"):
+        if problem := weights_problem(draft_params["block"], self.model(config).schema(), "dels"):
             return f"['block']: {problem}"
         problem = lh.check_params(draft_params["local"], self.local, config.hidden_size)
         return None if problem is None else f"['local']: {problem}"
+
+    def model(self, config) -> BlockDraft:
+        """The block draft module this drafter runs (its params: the block DraftParams' weights)."""
+        return BlockDraft(config, self.draft, self.block.block_size)
 
     def _block_params(self, ctx: DraftContext) -> DraftParams:
         return DraftParams.of(ctx.draft_params if self.local is None else ctx.draft_params["block"])
@@ -145,11 +153,9 @@ class BlockDrafter(Drafter):
         """ℓ_L [B, s, Vd]: one block-draft forward."""
         params = self._block_params(ctx)
         cache = state.cache
-        hidden = block_hidden(
-            params.weights,
+        net = self.model(ctx.config).bind({"params": params.weights})
+        hidden = net.hidden(
             ctx.target_params,
-            ctx.config,
-            self.block.block_size,
             state.root,
             cache.lengths,
             ring,
@@ -158,7 +164,7 @@ class BlockDrafter(Drafter):
             cache.lengths,
             backend=ctx.backend,
         )
-        return draft_logits(params, ctx.target_params, ctx.config, hidden)
+        return net.logits(ctx.target_params, hidden, params.vocab_ids, params.vocab_head)
 
     def propose(self, ctx: DraftContext, state, draft_state: RingCache, key: jax.Array) -> Tree:
         s, w = self.block.block_size, self.branches
@@ -181,6 +187,7 @@ class BlockDrafter(Drafter):
         if self.local is not None:
             p = ctx.draft_params
             embed = ctx.target_params["embed"]
+            head = lh.LocalHead(self.local, ctx.config.hidden_size).bind({"params": p["local"]})
             hstate = lh.init_state(self.local, (B, w))
         prev = first[:, 0]  # [B, w]
         for j in range(1, s):
@@ -188,7 +195,7 @@ class BlockDrafter(Drafter):
                 logits = jnp.broadcast_to(ll[:, j : j + 1], (B, w, Vd))
             else:
                 full = prev if vocab_ids is None else jnp.take(vocab_ids, prev)
-                hstate, r = lh.step(p["local"], self.local, embed, hstate, full)
+                hstate, r = head.step(embed, hstate, full)
                 ls = short_logprobs(r, p["table"], p["in_head"], p["prior"])  # [B, w, Vd]
                 logits = fuse(ll[:, j : j + 1], ls, p["prior"], p["alpha"], p["beta"])
             nxt, lq, ok = pick(logits, 1, j)

@@ -25,6 +25,13 @@ order (r, z, n):
 
 The unigram prior is log of add-λ smoothed token counts over the training tokens that carry loss (assistant
 tokens only in chat data): ℓ_P(v) = log((c(v) + λ) / Σ_v' (c(v') + λ)).
+
+The head is the linen module `LocalHead`, used as a pure function (the target's embedding is an argument,
+never one of its variables); its methods are the forward, the functions here their bodies:
+
+    head = LocalHead(cfg, hidden_size)
+    variables = head.init(key, method="weights")                    # {"params": w_ih, w_hh, w_rank, w_out}
+    state, r = head.apply({"params": weights}, embed, state, tokens, method="step")
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from lsjax.config import LocalHeadConfig
+from lsjax.models.layers import ParamSpec
+from lsjax.models.module import Model, variables_problem
 
 # ---------------------------------------------------------------------------------------------- params
 
@@ -60,14 +69,25 @@ def init_params(cfg: LocalHeadConfig, hidden_size: int, key: jax.Array, embed_rm
     return out
 
 
+# Logical axes of each weight: "embed" the target's width D, "local_hidden" the GRU's, "gate" (r, z, n).
+AXES: dict[str, tuple[str, ...]] = {
+    "w_ih": ("embed", "gate", "local_hidden"),
+    "w_hh": ("local_hidden", "gate", "local_hidden"),
+    "w_out": ("rank", "embed"),
+}
+
+
+def param_specs(cfg: LocalHeadConfig, hidden_size: int) -> dict[str, ParamSpec]:
+    """The head's parameter schema (float32, whatever the target's dtype: the head is trained and run in fp32)."""
+    rank_in = ("local_hidden",) if cfg.kind == "gru" else ("embed",)  # w_rank reads the GRU state or the token
+    axes = AXES | {"w_rank": (*rank_in, "rank")}
+    return {name: ParamSpec(shape, "float32", axes[name]) for name, shape in param_shapes(cfg, hidden_size).items()}
+
+
 def check_params(params: dict, cfg: LocalHeadConfig, hidden_size: int) -> str | None:
-    """None when `params` fit (cfg, hidden_size), else a description of the first mismatch."""
-    for name, shape in param_shapes(cfg, hidden_size).items():
-        if name not in params:
-            return f"tensor {name} is missing"
-        if tuple(params[name].shape) != shape:
-            return f"tensor {name} has shape {tuple(params[name].shape)}, need {shape}"
-    return None
+    """None when `params` are the variables of `LocalHead(cfg, hidden_size)`, else one line naming the first
+    variable that is missing, extra or of another shape (with both shapes)."""
+    return variables_problem(LocalHead(cfg, hidden_size), params, "local head")
 
 
 # ---------------------------------------------------------------------------------------------- the head
@@ -142,6 +162,49 @@ def logits(params: dict, embed: jax.Array, r: jax.Array, rows: jax.Array | None 
     out = jnp.einsum("...r,rd->...d", r, params["w_out"])
     flat = out.reshape(-1, out.shape[-1])
     return (e.astype(jnp.float32) @ flat.T).T.reshape(*out.shape[:-1], e.shape[0])
+
+
+# ---------------------------------------------------------------------------------------------- the module
+
+
+class LocalHead(Model):
+    """The local head as a linen module (module docstring). Fields: its config, the target's width D, and the
+    RMS of the target's embedding rows that random init scales the input projections by."""
+
+    config: LocalHeadConfig
+    hidden_size: int
+    embed_rms: float = 1.0
+
+    def schema(self) -> dict[str, ParamSpec]:
+        return param_specs(self.config, self.hidden_size)
+
+    def random_weights(self, key: jax.Array) -> dict:
+        return init_params(self.config, self.hidden_size, key, self.embed_rms)
+
+    def step(self, embed: jax.Array, state: jax.Array, tokens: jax.Array):
+        """`step`: feed drafted tokens [...] -> (new state, r [..., rank] predicting the next token)."""
+        return step(self.weights(), self.config, embed, state, tokens)
+
+    def block_states(self, embed: jax.Array, blocks: jax.Array) -> jax.Array:
+        """`block_states`: blocks [N, s], each a fresh prefix -> r [N, s, rank]."""
+        return block_states(self.weights(), self.config, embed, blocks)
+
+    def logits(self, embed: jax.Array, r: jax.Array, rows: jax.Array | None = None) -> jax.Array:
+        """`logits`: r [..., rank] -> fp32 logits [..., V] (or over `rows`) through the target's tied head."""
+        return logits(self.weights(), embed, r, rows)
+
+    def vocab_table(self, embed: jax.Array, rows: jax.Array | None = None) -> jax.Array:
+        """`vocab_table`: E W_out^T [V, rank] (or over `rows`), derived at load time."""
+        return vocab_table(self.weights(), embed, rows)
+
+
+def config_of(params: dict, block_size: int = LocalHeadConfig.block_size) -> LocalHeadConfig:
+    """The LocalHeadConfig whose module `params` are the variables of (kind, GRU width and rank read off their
+    shapes; `block_size` is training's, not a shape)."""
+    rank = int(np.shape(params["w_out"])[0])
+    if "w_ih" in params:
+        return LocalHeadConfig(kind="gru", hidden=int(np.shape(params["w_hh"])[0]), rank=rank, block_size=block_size)
+    return LocalHeadConfig(kind="markov", rank=rank, block_size=block_size)
 
 
 # ---------------------------------------------------------------------------------------------- the prior

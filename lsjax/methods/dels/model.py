@@ -18,6 +18,14 @@ memory) and the shipped LongSpec draft was trained to read them.
 Training (`block_hidden_train`) drafts A blocks per sequence at once: anchor a plays the root at position a,
 its window is the sequence's tokens [a - W, a) and its target context the keys [0, a) — exactly what drafting
 at n = a sees.
+
+The block draft is the linen module `BlockDraft` (a `LongSpecDraft` with `mask_embed` and a block size), used
+as a pure function; its methods are the forward and the functions here their bodies:
+
+    draft = BlockDraft(config, draft_config, block_size)
+    variables = draft.init(key, method="weights")                   # {"params": the weights of param_specs}
+    hidden = draft.apply({"params": weights}, target_params, root, n, ring, k, v, n, method="hidden")
+    logits = draft.apply({"params": weights}, target_params, hidden, vocab_ids, vocab_head, method="logits")
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from lsjax import attention
 from lsjax.cache import RingCache
 from lsjax.config import DraftConfig, ModelConfig
 from lsjax.methods.longspec import model as draft_lib
-from lsjax.methods.longspec.model import _query, _rope, _self_qkv, init_draft_params
+from lsjax.methods.longspec.model import LongSpecDraft, _query, _rope, _self_qkv, init_draft_params
 from lsjax.models.draft_params import DraftParams
 from lsjax.models.layers import ParamSpec, declare_axes, embed, mlp, rms_norm
 
@@ -38,10 +46,11 @@ from lsjax.models.layers import ParamSpec, declare_axes, embed, mlp, rms_norm
 AXES: dict[str, tuple[str, ...]] = declare_axes({"mask_embed": ("embed",)})
 
 
-def param_specs(config: ModelConfig) -> dict[str, ParamSpec]:
-    """The block draft's parameter schema: the LongSpec draft's (`lsjax.methods.longspec.model.param_specs`) plus the
-    mask embedding [D]. Init, the loader's shape checks and the sharding rules derive from it."""
-    return draft_lib.param_specs(config) | {
+def param_specs(config: ModelConfig, draft: DraftConfig | None = None) -> dict[str, ParamSpec]:
+    """The block draft's parameter schema: the LongSpec draft's (`lsjax.methods.longspec.model.param_specs`, whose
+    optional weights `draft` chooses) plus the mask embedding [D]. Init, the loader's shape checks and the
+    sharding rules derive from it."""
+    return draft_lib.param_specs(config, draft) | {
         "mask_embed": ParamSpec((config.hidden_size,), config.dtype, AXES["mask_embed"])
     }
 
@@ -205,3 +214,70 @@ def reference_position(params, target_params, config, root, n, j, ring_k, ring_v
     hm = _np_rms(xj, p["mlp_norm"], eps)
     g, u = hm @ p["w_gate"], hm @ p["w_up"]
     return xj + (g / (1 + np.exp(-g)) * u) @ p["w_down"]
+
+
+# ---------------------------------------------------------------------------------------------- the module
+
+
+class BlockDraft(LongSpecDraft):
+    """The block draft as a linen module: the LongSpec draft's layer and methods (`self_kv` fills the ring,
+    `logits` is its head) plus the mask embedding, run once over [root, MASK x block_size].
+
+    Its parameters are `param_specs(config, draft)`; the target's tensors it reads are arguments."""
+
+    block_size: int = 8  # s: the masks after the root, the tokens one forward drafts
+
+    def schema(self) -> dict[str, ParamSpec]:
+        return param_specs(self.config, self.draft)
+
+    def random_weights(self, key: jax.Array) -> dict:
+        """The LongSpec draft's random weights for `key` (the same values), plus a random mask embedding."""
+        weights = super().random_weights(key)
+        dtype = jnp.dtype(self.config.dtype)
+        mask = 0.02 * jax.random.normal(jax.random.fold_in(key, 1), (self.config.hidden_size,))
+        return weights | {"mask_embed": mask.astype(dtype)}
+
+    def hidden(
+        self,
+        target_params: dict,
+        root: jax.Array,
+        n: jax.Array,
+        ring: RingCache,
+        target_k: jax.Array,
+        target_v: jax.Array,
+        target_len: jax.Array,
+        *,
+        layer: int | None = None,
+        backend: str = "auto",
+    ) -> jax.Array:
+        """`block_hidden`: drafting, root [B] at positions n [B] -> hidden [B, s, D] of the s masks."""
+        return block_hidden(
+            self.weights(),
+            target_params,
+            self.config,
+            self.block_size,
+            root,
+            n,
+            ring,
+            target_k,
+            target_v,
+            target_len,
+            layer=layer,
+            backend=backend,
+        )
+
+    def hidden_train(
+        self, target_params: dict, tokens: jax.Array, anchors: jax.Array, target_k: jax.Array, target_v: jax.Array
+    ) -> jax.Array:
+        """`block_hidden_train`: A blocks per sequence at anchors [B, A] -> hidden [B, A, s, D]."""
+        return block_hidden_train(
+            self.weights(),
+            target_params,
+            self.config,
+            self.draft_config(),
+            self.block_size,
+            tokens,
+            anchors,
+            target_k,
+            target_v,
+        )

@@ -4,7 +4,7 @@ Each step draws `dels.num_anchors` anchor positions per sequence (distinct, amon
 carries loss). Anchor a plays the root of a block at position a: its s masks at a + 1 .. a + s learn the
 tokens there, reading the draft's window [a - W, a) and the target's last-layer keys [0, a) (the cached
 pre-RoPE keys, roped at the plain positions the target ran at) — what drafting at n = a sees
-(`lsjax.methods.dels.model.block_hidden_train`). Block position k weighs exp(-(k - 1) / dels.decay_gamma)
+(`BlockDraft.hidden_train`, `lsjax.methods.dels.model`). Block position k weighs exp(-(k - 1) / dels.decay_gamma)
 (DFlash's loss decay: early positions matter most, since a chain is accepted up to its first miss).
 
 Losses: cross-entropy on the data and, with `loss.distill: argmax`, on the target's argmax at a + k - 1 (the
@@ -65,7 +65,8 @@ def micro_block_losses(params, target_params, config, cfg: DelsTrainConfig, micr
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None], (B, T))
     tk = rope_keys(micro["target_k_raw"], positions, config)
     tv = micro["target_v"].astype(jnp.float32)
-    hidden = bd.block_hidden_train(params, target_params, config, cfg.draft, s, tokens, anchors, tk, tv)
+    model = bd.BlockDraft(config, cfg.draft, s)
+    hidden = model.apply({"params": params}, target_params, tokens, anchors, tk, tv, method="hidden_train")
     labels, distill_labels, weights = block_targets(
         tokens, mask, micro["target_argmax"], anchors, s, cfg.dels.decay_gamma
     )
@@ -81,6 +82,7 @@ def micro_block_losses(params, target_params, config, cfg: DelsTrainConfig, micr
         vocab_ids=vocab_ids,
         distill=cfg.loss.distill if cfg.loss.distill == "argmax" else "none",
         target_labels=distill_labels.reshape(B, -1) if cfg.loss.distill == "argmax" else None,
+        model=model,
     )
 
 

@@ -96,7 +96,8 @@ def local_head_losses(params, cfg: DelsTrainConfig, embed, embed_rows, index, to
         blocks, bmask = tokens, mask  # one token of context: block starts do not matter, every position trains
     else:
         blocks, bmask = split_blocks(tokens, mask, phase, hc.block_size)
-    r = lh.block_states(params, hc, embed, blocks)[:, :-1]  # [N, s - 1, rank]: position j predicts j + 1
+    head = lh.LocalHead(hc, embed.shape[-1])
+    r = head.apply({"params": params}, embed, blocks, method="block_states")[:, :-1]  # position j predicts j + 1
     weights = bmask[:, 1:].astype(jnp.float32) * position_weights(cfg, r.shape[1])[None]
     return chunked_ce(
         r.reshape(-1, r.shape[-1]),
@@ -193,7 +194,8 @@ def _setup(cfg: DelsTrainConfig, open_run_dir, log, prior_out: list):
     consts = (embed, rows, vocab_index(vocab_ids, V))
 
     data = GrainBatches(iter(data_lib.batches(seqs, mask, cfg, config.max_position).to_iter_dataset()))
-    params = lh.init_params(cfg.local_head, config.hidden_size, jax.random.PRNGKey(cfg.seed), embed_rms(embed))
+    head = lh.LocalHead(cfg.local_head, config.hidden_size, embed_rms(embed))
+    params = head.random_weights(jax.random.PRNGKey(cfg.seed))
     optimizer = make_optimizer(cfg.optim)
     d = cfg.data
 

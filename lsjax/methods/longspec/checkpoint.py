@@ -23,8 +23,9 @@ from lsjax import artifacts
 from lsjax.config import DraftConfig, from_dict
 from lsjax.errors import MissingTensorError, ModelNotFoundError, ShapeMismatchError
 from lsjax.methods.longspec.drafter import LongSpecDrafter
-from lsjax.methods.longspec.model import init_draft_params, param_specs
+from lsjax.methods.longspec.model import LongSpecDraft, init_draft_params
 from lsjax.models.draft_params import VOCAB_IDS, DraftParams
+from lsjax.models.module import Model, shapes
 from lsjax.tree import TreeConfig, for_device, parse_tree
 
 DEFAULT_TARGET = "SmolLM2-135M-Instruct"  # the name drafts of the bundled target are filed under
@@ -42,27 +43,28 @@ def load_draft(path: str | Path) -> tuple[dict, DraftConfig, dict]:
 
 
 def check_draft_fits(
-    params: dict, dcfg: DraftConfig, config, where: str, made_for: str = "", specs: dict | None = None
+    params: dict, dcfg: DraftConfig, config, where: str, made_for: str = "", model: Model | None = None
 ) -> None:
-    """Raises ShapeMismatchError (MissingTensorError) when the draft's tensors (the file's arrays) do not fit
-    target `config`: a draft trained for another target would otherwise fail deep inside jit with an XLA shape
-    error. The expected tensors are the model's schema, `specs` (default the LongSpec draft's `param_specs`)."""
-    expected = param_specs(config) if specs is None else specs
+    """Raises ShapeMismatchError (MissingTensorError) when the draft's tensors (the file's arrays) are not the
+    variables of its module `model` (default `LongSpecDraft(config, dcfg)`) for target `config`: a draft trained
+    for another target would otherwise fail deep inside jit with an XLA shape error. One line naming the tensor
+    and both shapes. Entries the module does not declare (`vocab_ids`, checked here; a block draft's
+    `mask_embed` read as a LongSpec draft) are not its variables and are left to their readers."""
+    model = LongSpecDraft(config, dcfg) if model is None else model
     note = f" (it was made for {made_for})" if made_for else ""
-    for name, spec in expected.items():
+    for name, shape in shapes(model).items():
         if name not in params:
             raise MissingTensorError(f"draft {where}: tensor {name} is missing{note}")
-        if tuple(params[name].shape) != tuple(spec.shape):
+        if tuple(params[name].shape) != shape:
             raise ShapeMismatchError(
                 f"draft {where} does not fit target {config.name}: tensor {name} has shape "
-                f"{tuple(params[name].shape)}, this target needs {tuple(spec.shape)}{note}"
+                f"{tuple(params[name].shape)}, this target needs {shape}{note}"
             )
     ids = params.get(VOCAB_IDS)
     if ids is not None and (ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= config.vocab_size):
         raise ShapeMismatchError(
             f"draft {where} does not fit target {config.name}: its vocab_ids lie outside [0, {config.vocab_size}){note}"
         )
-    del dcfg  # the window sizes the ring, not a tensor: any window fits any target
 
 
 def target_key(model_path: str | Path) -> str:
@@ -111,7 +113,7 @@ def load_longspec(model, draft: str | None, tree_spec: str | TreeConfig | None):
             meta = {"format": "released"}
         else:
             arrays, dcfg, meta = load_draft(path)
-        check_draft_fits(arrays, dcfg, model.config, str(path), meta.get("target", ""), param_specs(model.config, dcfg))
+        check_draft_fits(arrays, dcfg, model.config, str(path), meta.get("target", ""))
         params = (
             DraftParams.from_arrays(arrays).in_dtype(model.config.dtype).with_vocab_head(model.params, model.config)
         )

@@ -17,7 +17,9 @@ instead of p(child) for a top-k child).
 
 Draft checkpoints (load: `lsjax.methods.longspec.checkpoint`; export from a training
 run: `lsjax.methods.longspec.export`) hold the params this drafter runs with: a `DraftParams`
-(`lsjax.models.draft_params`: weights, pruned vocabulary, gathered head) in `ctx.draft_params`.
+(`lsjax.models.draft_params`: weights, pruned vocabulary, gathered head) in `ctx.draft_params`. The draft
+runs as the module `LongSpecDraft(config, draft)` bound to `DraftParams.weights` inside the caller's trace;
+the vocabulary and its head are arguments of its `logits`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import jax.numpy as jnp
 from lsjax.cache import RingCache, ring_write
 from lsjax.config import DraftConfig, ModelConfig
 from lsjax.engine.types import DraftContext, Drafter, Verdict
-from lsjax.methods.longspec.model import draft_logits, draft_self_kv, draft_step, param_specs
+from lsjax.methods.longspec.model import LongSpecDraft
 from lsjax.models.draft_params import DraftParams, weights_problem
 from lsjax.sampling import processed_logprobs, tree_penalty_mask
 from lsjax.tree import Tree, TreeConfig
@@ -50,7 +52,16 @@ class LongSpecDrafter(Drafter):
     name = "longspec"
 
     def check_params(self, draft_params, config: ModelConfig) -> str | None:
-        return weights_problem(draft_params, param_specs(config, self.draft), "longspec")
+        return weights_problem(draft_params, self.model(config).schema(), "longspec")
+
+    def model(self, config: ModelConfig) -> LongSpecDraft:
+        """The draft module this drafter runs (its params: `DraftParams.weights`)."""
+        return LongSpecDraft(config, self.draft)
+
+    def _bound(self, ctx: DraftContext) -> LongSpecDraft:
+        # Bound inside the caller's trace (a Flax scope belongs to the trace it was made in): every call below
+        # is `apply` over the same weights.
+        return self.model(ctx.config).bind({"params": DraftParams.of(ctx.draft_params).weights})
 
     @property
     def ring_size(self) -> int:
@@ -62,7 +73,6 @@ class LongSpecDrafter(Drafter):
 
     def init(self, ctx: DraftContext, state) -> RingCache:
         """Fill the ring with the draft K/V of the last W prompt tokens (positions [P - W, P); W the ring's size)."""
-        params = DraftParams.of(ctx.draft_params).weights
         tokens, lengths = ctx.prompt_tokens, ctx.prompt_lengths
         B, P = tokens.shape
         W = self.ring_size
@@ -70,7 +80,7 @@ class LongSpecDrafter(Drafter):
         start = jnp.maximum(lengths - W, 0)  # [B]
         idx = jnp.clip(start[:, None] + jnp.arange(n)[None], 0, P - 1)  # [B, n]
         toks = jnp.take_along_axis(tokens, idx, axis=1)
-        k, v = draft_self_kv(params, ctx.target_params, ctx.config, toks, idx)
+        k, v = self._bound(ctx).self_kv(ctx.target_params, toks, idx)
         ring = RingCache.zeros(ctx.config, B, W)
         return ring_write(ring, k, v, start, jnp.minimum(lengths, W))
 
@@ -92,7 +102,8 @@ class LongSpecDrafter(Drafter):
 
     def _propose(self, ctx: DraftContext, state, draft_state: RingCache, key: jax.Array, root_q: bool, record=None):
         dp = DraftParams.of(ctx.draft_params)
-        params, vocab_ids = dp.weights, dp.vocab_ids
+        vocab_ids = dp.vocab_ids
+        net = self._bound(ctx)
         cfg, tp = ctx.config, ctx.target_params
         ring = draft_state
         cache = state.cache
@@ -108,7 +119,7 @@ class LongSpecDrafter(Drafter):
         scores = jnp.zeros((B, T), jnp.float32)  # cumulative draft log-prob
         valid = jnp.ones((B, T), bool)
         anc = jnp.zeros((B, T, T), bool).at[:, 0, 0].set(True)
-        k0, v0 = draft_self_kv(params, tp, cfg, state.root[:, None], n[:, None])
+        k0, v0 = net.self_kv(tp, state.root[:, None], n[:, None])
         tree_k = jnp.zeros((B, T) + k0.shape[2:], k0.dtype).at[:, :1].set(k0)  # [B, T, K, H]
         tree_v = jnp.zeros_like(tree_k).at[:, :1].set(v0)
         logq = jnp.full((B, T, cfg.vocab_size), -jnp.inf, jnp.float32) if stochastic else None
@@ -122,11 +133,8 @@ class LongSpecDrafter(Drafter):
             if self.draft.frontier_window:  # released: query i of w sees keys >= n - W - (w - i) at a tree step
                 extra = 0 if d == 0 else w - jnp.arange(w)
                 ring_lo = (n, jnp.broadcast_to((n - self.draft.window)[:, None] - extra, (B, w)))
-            hidden = draft_step(
-                params,
+            hidden = net.step(
                 tp,
-                cfg,
-                self.draft,
                 q_tokens,
                 pos,
                 ring,
@@ -139,7 +147,7 @@ class LongSpecDrafter(Drafter):
                 backend=ctx.backend,
                 ring_lo=ring_lo,
             )
-            logits = draft_logits(dp, tp, cfg, hidden)  # [B, w, Vd]
+            logits = net.logits(tp, hidden, vocab_ids, dp.vocab_head)  # [B, w, Vd]
             if record is not None:
                 record.append(logits)
             w_next = widths[d + 1]
@@ -178,7 +186,7 @@ class LongSpecDrafter(Drafter):
             rows = jnp.take_along_axis(anc, child_parent[:, :, None], axis=1)  # the parents' ancestor rows
             rows = rows | jax.nn.one_hot(jnp.arange(c_lo, c_lo + w_next), T, dtype=bool)[None]
             anc = anc.at[:, sl].set(rows)
-            ck, cv = draft_self_kv(params, tp, cfg, tokens[:, sl], jnp.broadcast_to((n + d + 1)[:, None], (B, w_next)))
+            ck, cv = net.self_kv(tp, tokens[:, sl], jnp.broadcast_to((n + d + 1)[:, None], (B, w_next)))
             tree_k = tree_k.at[:, sl].set(ck)
             tree_v = tree_v.at[:, sl].set(cv)
 
@@ -202,11 +210,12 @@ class LongSpecDrafter(Drafter):
         run sees up to i of the oldest keys more (as a tree node at depth i does). `auto` learns the draft's
         first-depth acceptance from this at every root an AR stretch passed, where a shadow draft sees one."""
         dp = DraftParams.of(ctx.draft_params)
-        params, vocab_ids = dp.weights, dp.vocab_ids
+        vocab_ids = dp.vocab_ids
+        net = self._bound(ctx)
         cfg, tp = ctx.config, ctx.target_params
         B, k = tokens.shape
         pos = start[:, None] + jnp.arange(k)[None]
-        own_k, own_v = draft_self_kv(params, tp, cfg, tokens, pos)
+        own_k, own_v = net.self_kv(tp, tokens, pos)
         causal = jnp.broadcast_to(jnp.tril(jnp.ones((k, k), bool))[None], (B, k, k))
         # Target keys: [0, start - 1) unmasked, then positions start - 1 + j for key j <= query i; every query
         # sees at least one tail key, so no part is empty.
@@ -216,11 +225,8 @@ class LongSpecDrafter(Drafter):
         def tail(buf):  # [L, B, K, S, H] -> [B, k, K, H]
             return jnp.take_along_axis(buf[layer], idx[:, None, :, None], axis=2).swapaxes(1, 2)
 
-        hidden = draft_step(
-            params,
+        hidden = net.step(
             tp,
-            cfg,
-            self.draft,
             tokens,
             pos,
             ring,
@@ -233,7 +239,7 @@ class LongSpecDrafter(Drafter):
             backend=ctx.backend,
             target_tail=(tail(cache.k), tail(cache.v), causal),
         )
-        _, top = jax.lax.top_k(draft_logits(dp, tp, cfg, hidden), width)  # [B, k, width]
+        _, top = jax.lax.top_k(net.logits(tp, hidden, vocab_ids, dp.vocab_head), width)  # [B, k, width]
         return top if vocab_ids is None else jnp.take(vocab_ids, top)
 
     def _penalized(self, ctx: DraftContext, state, tokens, anc, lo: int, w: int, d: int):
@@ -259,11 +265,10 @@ class LongSpecDrafter(Drafter):
 
     def update(self, ctx: DraftContext, state, draft_state: RingCache, verdict: Verdict):
         """The root and the accepted nodes are committed: their draft K/V join the window."""
-        params = DraftParams.of(ctx.draft_params).weights
         A = verdict.path.shape[1]
         start = state.cache.lengths - verdict.count  # the old n: the root's position
         toks = verdict.path_tokens  # [B, A]
-        k, v = draft_self_kv(params, ctx.target_params, ctx.config, toks, start[:, None] + jnp.arange(A)[None])
+        k, v = self._bound(ctx).self_kv(ctx.target_params, toks, start[:, None] + jnp.arange(A)[None])
         return ring_write(draft_state, k, v, start, verdict.count)
 
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from lsjax.config import ModelConfig
-from lsjax.methods.longspec import model as draft_lib
+from lsjax.methods.longspec.model import LongSpecDraft
 from lsjax.methods.longspec.train_config import LongSpecTrainConfig
 from lsjax.train.feature_cache import rope_keys
 from lsjax.train.features import positions_from_offsets, target_features, target_logits
@@ -33,6 +33,7 @@ def lm_losses(
     target_hidden: jax.Array | None = None,
     target_labels: jax.Array | None = None,
     distill_weights: jax.Array | None = None,
+    model: LongSpecDraft | None = None,
 ) -> dict:
     """Weighted sums over positions, chunk by chunk: {"ce", "distill", "correct", "weight", "distill_weight"}
     (scalars).
@@ -43,8 +44,10 @@ def lm_losses(
     `target_hidden`); "kl": KL(target || draft) from `target_hidden` [B, T, D] (over the pruned vocabulary,
     renormalised, when pruned), weighed by `distill_weights` [B, T] (default: `weights`; a data label outside a
     pruned vocabulary does not remove a position from it, a target argmax outside it does). Each chunk's
-    [B, C, V] logits are rematerialised in the backward pass.
+    [B, C, V] logits are rematerialised in the backward pass. The logits are `model`'s (`logits` of the draft
+    module whose params `draft_params` are; default `LongSpecDraft(config)`).
     """
+    model = LongSpecDraft(config) if model is None else model
     B, T, D = hidden.shape
     C = min(chunk_size, T)
     n = -(-T // C)
@@ -78,7 +81,7 @@ def lm_losses(
 
     @jax.checkpoint
     def chunk(c):
-        logits = draft_lib.draft_logits(draft_params, target_params, config, c["h"], head_ids)  # [B, C, V]
+        logits = model.apply({"params": draft_params}, target_params, c["h"], head_ids, method="logits")  # [B, C, V]
         logp = jax.nn.log_softmax(logits, axis=-1)
         y = to_local(c["y"])
         ce_sum, w = ce(logp, y, c["w"])
@@ -106,7 +109,7 @@ def lm_losses(
 def dense_lm_losses(draft_params, target_params, config, hidden, labels, weights, *, vocab_ids=None) -> dict:
     """Reference for `lm_losses` (CE only) with full [B, T, V] logits: tests compare the two."""
     head_ids = None if vocab_ids is None else jnp.asarray(vocab_ids, jnp.int32)
-    logits = draft_lib.draft_logits(draft_params, target_params, config, hidden, head_ids)
+    logits = LongSpecDraft(config).apply({"params": draft_params}, target_params, hidden, head_ids, method="logits")
     logp = jax.nn.log_softmax(logits, axis=-1)
     if vocab_ids is not None:
         labels = vocab_index(vocab_ids, config.vocab_size)[labels]
@@ -154,8 +157,9 @@ def micro_losses(
         feats = target_features(target_params, config, tokens, positions)
         tk, tv, th = feats["k"], feats["v"], feats["hidden"]
     target_labels = micro.get("target_argmax")  # cached: position t's argmax is the target's guess for t + 1
-    hidden = draft_lib.draft_forward_train(
-        draft_params, target_params, config, cfg.draft, tokens, positions, tk, tv, shift
+    model = LongSpecDraft(config, cfg.draft)
+    hidden = model.apply(
+        {"params": draft_params}, target_params, tokens, positions, tk, tv, shift, method="forward_train"
     )
     labels, weights = next_token_targets(tokens, micro["loss_mask"])
     return lm_losses(
@@ -171,4 +175,5 @@ def micro_losses(
         target_hidden=None if distill == "none" else th,
         target_labels=target_labels if distill == "argmax" else None,
         distill_weights=text_weights(micro["loss_mask"]) if cfg.loss.distill_on == "text" else None,
+        model=model,
     )

@@ -17,8 +17,15 @@ Parameters (`param_specs`: a dict of weights in the target's dtype):
 Which optional weights a draft has is its config's (`param_specs(config, draft)`); the functions below read them
 from the weights themselves (a bias or final norm present is applied), so one code path serves both.
 
-Random init, the draft loader's shape checks (`lsjax.methods.longspec.checkpoint`) and the sharding rules
-(`lsjax.sharding`) derive from that schema. At decode time the weights travel in a `DraftParams`
+The draft is the linen module `LongSpecDraft` (end of this file), used as a pure function:
+
+    draft = LongSpecDraft(config, draft_config)
+    variables = draft.init(key, method="weights")                   # {"params": the weights of param_specs}
+    hidden = draft.apply({"params": weights}, target_params, tokens, positions, ring, ..., method="step")
+
+Its methods (`self_kv`, `step`, `forward_train`, `logits`) are the forward; the functions below are their
+bodies. Random init, the draft loader's shape checks (`lsjax.methods.longspec.checkpoint`) and the sharding
+rules (`lsjax.sharding`) derive from its schema. At decode time the weights travel in a `DraftParams`
 (`lsjax.models.draft_params`) with the pruned vocabulary and its gathered head.
 
 The self-attention layer's input is the embedding, so a token's draft K/V depend
@@ -64,6 +71,7 @@ from lsjax.cache import RingCache
 from lsjax.config import DraftConfig, ModelConfig
 from lsjax.models.draft_params import DraftParams
 from lsjax.models.layers import ParamSpec, declare_axes, embed, head_logits, init_from_specs, mlp, rms_norm
+from lsjax.models.module import Model
 from lsjax.rope import apply_rope, inverse_frequencies, rope_angles
 
 # ---------------------------------------------------------------------------
@@ -179,7 +187,7 @@ def init_draft_params(
     if not from_target:
         if key is None:
             raise ValueError("init_draft_params(from_target=False) needs a PRNG key")
-        return random_draft_params(config, key, draft=draft_config)
+        return LongSpecDraft(config, draft_config).random_weights(key)
     if target_params is None:
         raise ValueError("init_draft_params(from_target=True) needs target_params")
     i = _layer_index(config, draft_config.init_from_target_layer)
@@ -416,3 +424,111 @@ def draft_step(
         oc, _ = attention.merge_attention(oc, lse_c, out_tail, lse_tail)
     x = x + jnp.einsum("btnh,nhd->btd", oc, draft_params["cross_wo"])
     return x + mlp(draft_params, rms_norm(x, draft_params["mlp_norm"], config.rms_norm_eps))
+
+
+# ---------------------------------------------------------------------------
+# The module
+
+
+class LongSpecDraft(Model):
+    """The LongSpec draft as a linen module: the layer of the module docstring, run through `init` / `apply`.
+
+        draft = LongSpecDraft(config, draft_config)
+        variables = draft.init(key, method="weights")       # random, with logical axes (lsjax.models.module)
+        k, v = draft.apply(variables, target_params, tokens, positions, method="self_kv")
+        hidden = draft.apply(variables, target_params, tokens, positions, ring, ..., method="step")
+        logits = draft.apply(variables, target_params, hidden, vocab_ids, vocab_head, method="logits")
+
+    Its parameters are `param_specs(config, draft)`; at decode time they are `DraftParams.weights`. The
+    target's tensors it reads (the embedding, the LM head, the last layer's K/V) are arguments of the
+    methods, never variables of the draft, and so are the pruned vocabulary and its gathered head. The
+    methods are the forward; the functions above are their bodies, written over the weights dict.
+    """
+
+    config: ModelConfig
+    draft: DraftConfig | None = None  # its optional weights and its window; None: lsjax's own layout
+
+    def schema(self) -> dict[str, ParamSpec]:
+        return param_specs(self.config, self.draft)
+
+    def random_weights(self, key: jax.Array) -> dict:
+        return random_draft_params(self.config, key, draft=self.draft)
+
+    def draft_config(self) -> DraftConfig:
+        return DraftConfig() if self.draft is None else self.draft
+
+    def self_kv(self, target_params: dict, tokens: jax.Array, positions: jax.Array):
+        """`draft_self_kv`: the self-attention K/V [B, T, K, H] (k RoPE'd) of tokens at positions."""
+        return draft_self_kv(self.weights(), target_params, self.config, tokens, positions)
+
+    def step(
+        self,
+        target_params: dict,
+        tokens: jax.Array,
+        positions: jax.Array,
+        ring: RingCache,
+        tree_k: jax.Array,
+        tree_v: jax.Array,
+        tree_mask: jax.Array,
+        target_k: jax.Array,
+        target_v: jax.Array,
+        target_len: jax.Array,
+        *,
+        layer: int | None = None,
+        backend: str = "auto",
+        target_tail: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+        ring_lo: tuple[jax.Array, jax.Array] | None = None,
+    ) -> jax.Array:
+        """`draft_step`: inference on T query tokens, hidden [B, T, D] before the final norm."""
+        return draft_step(
+            self.weights(),
+            target_params,
+            self.config,
+            self.draft_config(),
+            tokens,
+            positions,
+            ring,
+            tree_k,
+            tree_v,
+            tree_mask,
+            target_k,
+            target_v,
+            target_len,
+            layer=layer,
+            backend=backend,
+            target_tail=target_tail,
+            ring_lo=ring_lo,
+        )
+
+    def forward_train(
+        self,
+        target_params: dict,
+        tokens: jax.Array,
+        positions: jax.Array,
+        target_k: jax.Array,
+        target_v: jax.Array,
+        shift: jax.Array,
+    ) -> jax.Array:
+        """`draft_forward_train`: the whole sequence at lag `shift`, hidden [B, T, D] before the final norm."""
+        return draft_forward_train(
+            self.weights(),
+            target_params,
+            self.config,
+            self.draft_config(),
+            tokens,
+            positions,
+            target_k,
+            target_v,
+            shift,
+        )
+
+    def logits(
+        self,
+        target_params: dict,
+        hidden: jax.Array,
+        vocab_ids: jax.Array | None = None,
+        vocab_head: jax.Array | None = None,
+    ) -> jax.Array:
+        """`draft_logits`: fp32 logits [..., V] (or [..., Vd] over `vocab_ids`, through `vocab_head` [Vd, D]
+        when it was gathered at load) of hidden [..., D] before the final norm."""
+        return draft_logits(DraftParams(self.weights(), vocab_ids, vocab_head), target_params, self.config, hidden)

@@ -12,7 +12,8 @@ layer's weights (single or sharded safetensors, or `pytorch_model.bin` through t
     mlp.{gate,up,down}_proj            -> w_gate, w_up, w_down
 
 The cross-attention's k/v projections are saved but never used (its keys and values are the target's last-layer
-cache). What the released layer does differently from lsjax's own draft is the draft's config
+cache). `read_release` gives the variables of the same module as lsjax's own drafts (`LongSpecDraft(target,
+RELEASED)`), checked against it. What the released layer does differently from lsjax's own draft is the draft's config
 (`DraftConfig`): biases on both attentions whatever the target (`qkv_bias=True`), no final norm
 (`final_norm=False`: the target's LM head reads the last hidden state), and flash-attn's bottom-right-aligned
 512-token window at tree steps (`frontier_window=True`). The RoPE is the target's.
@@ -30,7 +31,8 @@ from lsjax.errors import MissingTensorError, ModelNotFoundError, ShapeMismatchEr
 from lsjax.loading.corrupt import reading
 from lsjax.loading.hf import checkpoint_tensors, config_json
 from lsjax.loading.layout import numpy_dtype
-from lsjax.methods.longspec.model import param_specs
+from lsjax.methods.longspec.model import LongSpecDraft
+from lsjax.models.module import shapes, variables_problem
 
 WHAT = "released LongSpec draft (config.json or weights)"
 RELEASED = DraftConfig(window=512, qkv_bias=True, final_norm=False, frontier_window=True)
@@ -104,11 +106,12 @@ def read_release(path: str | Path, target: ModelConfig, dcfg: DraftConfig = RELE
                 f"input_layernorm / post_self_attention_layernorm / post_cross_attention_layernorm; found "
                 f"{', '.join(sorted(names)[:6]) or 'none'}"
             )
-        specs = param_specs(target, dcfg)
+        model = LongSpecDraft(target, dcfg)
+        declared = shapes(model)
         dt = numpy_dtype(target.dtype)
         params = {}
         for name, (src, convert) in _mapping(target).items():
-            if name not in specs:
+            if name not in declared:
                 continue
             if prefix + src not in names:
                 raise MissingTensorError(f"{path}: tensor {prefix + src} is missing from this released draft")
@@ -117,12 +120,16 @@ def read_release(path: str | Path, target: ModelConfig, dcfg: DraftConfig = RELE
                 w = convert(w) if convert is not None else w
             except ValueError:
                 w = np.zeros(0)
-            if tuple(w.shape) != specs[name].shape:
+            if tuple(w.shape) != declared[name]:
                 raise ShapeMismatchError(
                     f"--draft {path}: tensor {prefix + src} has shape {tuple(st.shape(prefix + src))}; "
-                    f"{target.name} needs {specs[name].shape} in lsjax's layout"
+                    f"{target.name} needs {declared[name]} in lsjax's layout"
                 )
             params[name] = np.ascontiguousarray(w).astype(dt)
+    # Every tensor read was checked above: what is left is a variable of `dcfg`'s draft that the released
+    # layout does not hold (a final norm).
+    if problem := variables_problem(model, params, f"--draft {path}"):
+        raise MissingTensorError(problem)
     return dcfg, params
 
 

@@ -136,9 +136,7 @@ def _setup(cfg: LongSpecTrainConfig, open_run_dir, log):
             data = ProcessBatches(GrainBatches(iter(dataset.to_iter_dataset())), batch_sh, B)
 
         def compile(step, state, target_params):
-            axes = sharding.model_axes(Transformer(config)) | {
-                path: spec.logical_axes for path, spec in draft_lib.param_specs(config, cfg.draft).items()
-            }
+            axes = sharding.model_axes(Transformer(config), draft_lib.LongSpecDraft(config, cfg.draft))
             jitted, state_sh, target_sh, _ = sharding.shard_train_step(step, mesh, state, target_params, example, axes)
             return jitted, sharding.place(state, state_sh), sharding.place(target_params, target_sh)
 
