@@ -1,8 +1,8 @@
 """Layers shared by the target and the draft, and the parameter schema both describe themselves with.
 
-A model module exposes `param_specs(config) -> {path: ParamSpec}` (paths like "layers/wq"); its random
-init (`init_from_specs`), the loaders' shape checks (`check_shapes`) and the sharding rules
-(`lsjax.sharding`, through each spec's logical axes) are derived from it, so a new weight is declared once.
+A model states its parameters once, as `{path: ParamSpec}` (paths like "layers/wq"): its Flax module declares
+them from it (`lsjax.models.module.Model.schema`, each with its logical axes as partitioning metadata), and random
+init (`init_from_specs`) and the loaders' shape checks (`check_shapes`) read it.
 """
 
 from __future__ import annotations
@@ -15,19 +15,6 @@ import jax.numpy as jnp
 from lsjax.errors import ShapeMismatchError
 
 INITS = ("normal", "ones", "zeros")
-
-
-# Logical axes of every named weight leaf, declared by each model module (`declare_axes`, beside its
-# `param_specs`): what `lsjax.sharding` maps to mesh axes by a leaf's name. A name two models share (w_gate,
-# mlp_norm, final_norm, ...) must have the same axes in both.
-LOGICAL_AXES: dict[str, tuple[str, ...]] = {}
-
-
-def declare_axes(axes: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
-    for name, ax in axes.items():
-        if LOGICAL_AXES.setdefault(name, tuple(ax)) != tuple(ax):
-            raise ValueError(f"logical axes of {name!r}: {ax} differ from those declared before, {LOGICAL_AXES[name]}")
-    return axes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,7 +41,6 @@ from lsjax.config import ConfigError, ModelConfig
 from lsjax.models.layers import (
     ACT_DTYPE,
     ParamSpec,
-    declare_axes,
     dense,
     dense_mlp,
     dense_rows,
@@ -73,27 +72,25 @@ __all__ = [
 
 
 # Logical axes of every parameter (the "layers" axis of stacked leaves is added by param_specs).
-AXES: dict[str, tuple[str, ...]] = declare_axes(
-    {
-        "embed": ("vocab", "embed"),
-        "final_norm": ("norm",),
-        "lm_head": ("embed", "vocab"),
-        "attn_norm": ("norm",),
-        "wq": ("embed", "heads", "head_dim"),
-        "wk": ("embed", "kv_heads", "head_dim"),
-        "wv": ("embed", "kv_heads", "head_dim"),
-        "bq": ("heads", "head_dim"),
-        "bk": ("kv_heads", "head_dim"),
-        "bv": ("kv_heads", "head_dim"),
-        "q_norm": ("head_dim",),
-        "k_norm": ("head_dim",),
-        "wo": ("heads", "head_dim", "embed"),
-        "mlp_norm": ("norm",),
-        "w_gate": ("embed", "mlp"),
-        "w_up": ("embed", "mlp"),
-        "w_down": ("mlp", "embed"),
-    }
-)
+AXES: dict[str, tuple[str, ...]] = {
+    "embed": ("vocab", "embed"),
+    "final_norm": ("norm",),
+    "lm_head": ("embed", "vocab"),
+    "attn_norm": ("norm",),
+    "wq": ("embed", "heads", "head_dim"),
+    "wk": ("embed", "kv_heads", "head_dim"),
+    "wv": ("embed", "kv_heads", "head_dim"),
+    "bq": ("heads", "head_dim"),
+    "bk": ("kv_heads", "head_dim"),
+    "bv": ("kv_heads", "head_dim"),
+    "q_norm": ("head_dim",),
+    "k_norm": ("head_dim",),
+    "wo": ("heads", "head_dim", "embed"),
+    "mlp_norm": ("norm",),
+    "w_gate": ("embed", "mlp"),
+    "w_up": ("embed", "mlp"),
+    "w_down": ("mlp", "embed"),
+}
 
 
 def param_specs(config: ModelConfig) -> dict[str, ParamSpec]:

@@ -40,10 +40,10 @@ from lsjax.config import DraftConfig, ModelConfig
 from lsjax.methods.longspec import model as draft_lib
 from lsjax.methods.longspec.model import LongSpecDraft, _query, _rope, _self_qkv, init_draft_params
 from lsjax.models.draft_params import DraftParams
-from lsjax.models.layers import ParamSpec, declare_axes, embed, mlp, rms_norm
+from lsjax.models.layers import ParamSpec, embed, mlp, rms_norm
 
 # Logical axes of the weights beyond the LongSpec draft's (`lsjax.methods.longspec.model.AXES`).
-AXES: dict[str, tuple[str, ...]] = declare_axes({"mask_embed": ("embed",)})
+AXES: dict[str, tuple[str, ...]] = {"mask_embed": ("embed",)}
 
 
 def param_specs(config: ModelConfig, draft: DraftConfig | None = None) -> dict[str, ParamSpec]:

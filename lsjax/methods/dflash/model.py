@@ -53,7 +53,6 @@ from lsjax.config import ModelConfig, _check
 from lsjax.models.layers import (
     ACT_DTYPE,
     ParamSpec,
-    declare_axes,
     dense,
     dense_mlp,
     head_logits,
@@ -65,7 +64,7 @@ from lsjax.rope import apply_rope, inverse_frequencies, rope_angles
 
 # `fc` is EAGLE-3's name for the same kind of weight (the target's concatenated streams in, the draft's width
 # out): the same logical axes.
-AXES = declare_axes({"fc": ("aux", "embed")})
+AXES = {"fc": ("aux", "embed")}
 LAYER_AXES = {
     "attn_norm": ("norm",),
     "mlp_norm": ("norm",),

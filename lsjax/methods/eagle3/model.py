@@ -45,12 +45,12 @@ import jax.numpy as jnp
 from lsjax import attention
 from lsjax.config import ModelConfig, _check
 from lsjax.errors import InputError
-from lsjax.models.layers import ACT_DTYPE, ParamSpec, declare_axes, dense, dense_mlp, init_from_specs, rms_norm
+from lsjax.models.layers import ACT_DTYPE, ParamSpec, dense, dense_mlp, init_from_specs, rms_norm
 from lsjax.models.layers import embed as lookup
 from lsjax.models.module import Model
 from lsjax.rope import apply_rope, inverse_frequencies, rope_angles
 
-AXES = declare_axes({"fc": ("aux", "embed"), "draft_to_target": ("draft_vocab",)})
+AXES = {"fc": ("aux", "embed"), "draft_to_target": ("draft_vocab",)}
 
 
 @dataclasses.dataclass(frozen=True)

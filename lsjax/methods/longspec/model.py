@@ -70,7 +70,7 @@ from lsjax.band_attention import band_attention
 from lsjax.cache import RingCache
 from lsjax.config import DraftConfig, ModelConfig
 from lsjax.models.draft_params import DraftParams
-from lsjax.models.layers import ParamSpec, declare_axes, embed, head_logits, init_from_specs, mlp, rms_norm
+from lsjax.models.layers import ParamSpec, embed, head_logits, init_from_specs, mlp, rms_norm
 from lsjax.models.module import Model
 from lsjax.rope import apply_rope, inverse_frequencies, rope_angles
 
@@ -78,27 +78,25 @@ from lsjax.rope import apply_rope, inverse_frequencies, rope_angles
 # Parameters
 
 # Logical axes of every weight (`lsjax.sharding` maps them to mesh axes).
-AXES: dict[str, tuple[str, ...]] = declare_axes(
-    {
-        "self_norm": ("norm",),
-        "self_wq": ("embed", "heads", "head_dim"),
-        "self_wk": ("embed", "kv_heads", "head_dim"),
-        "self_wv": ("embed", "kv_heads", "head_dim"),
-        "self_wo": ("heads", "head_dim", "embed"),
-        "self_bq": ("heads", "head_dim"),
-        "self_bk": ("kv_heads", "head_dim"),
-        "self_bv": ("kv_heads", "head_dim"),
-        "cross_norm": ("norm",),
-        "cross_wq": ("embed", "heads", "head_dim"),
-        "cross_wo": ("heads", "head_dim", "embed"),
-        "cross_bq": ("heads", "head_dim"),
-        "mlp_norm": ("norm",),
-        "w_gate": ("embed", "mlp"),
-        "w_up": ("embed", "mlp"),
-        "w_down": ("mlp", "embed"),
-        "final_norm": ("norm",),
-    }
-)
+AXES: dict[str, tuple[str, ...]] = {
+    "self_norm": ("norm",),
+    "self_wq": ("embed", "heads", "head_dim"),
+    "self_wk": ("embed", "kv_heads", "head_dim"),
+    "self_wv": ("embed", "kv_heads", "head_dim"),
+    "self_wo": ("heads", "head_dim", "embed"),
+    "self_bq": ("heads", "head_dim"),
+    "self_bk": ("kv_heads", "head_dim"),
+    "self_bv": ("kv_heads", "head_dim"),
+    "cross_norm": ("norm",),
+    "cross_wq": ("embed", "heads", "head_dim"),
+    "cross_wo": ("heads", "head_dim", "embed"),
+    "cross_bq": ("heads", "head_dim"),
+    "mlp_norm": ("norm",),
+    "w_gate": ("embed", "mlp"),
+    "w_up": ("embed", "mlp"),
+    "w_down": ("mlp", "embed"),
+    "final_norm": ("norm",),
+}
 
 # Where `init_draft_params` copies each weight from: the target layer's tensor of this name ("final_norm":
 # the target's final norm).
