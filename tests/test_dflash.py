@@ -222,3 +222,40 @@ def test_a_block_size_option_overrides_the_drafts(written):
     assert drafter.draft.block_size == 3 and drafter.tree.widths == (1, 1)
     with pytest.raises(ConfigError, match="a block of 3 tokens drafts 2"):
         load_dflash(types.SimpleNamespace(config=config), str(path), "4,2,3", block_size=3)
+
+
+def test_draft_accept_blocks_are_what_propose_drafts_there():
+    """`lsjax.bench.draft_accept --method dflash` reads, at every root of a known continuation, the block the
+    drafter proposes there: its teacher-forced blocks (`teacher_forced_blocks`) equal `propose` after a prefill of
+    everything before the root, and its `first`/`chain` keys are those blocks' matches."""
+    from lsjax import engine
+    from lsjax.bench.draft_accept import dflash_first_level
+    from lsjax.config import GenerateConfig
+    from lsjax.engine.types import DraftContext
+    from lsjax.methods.dflash.drafter import teacher_forced_blocks
+
+    config, params = small_target()
+    cfg, dp, _ = random_draft(config, layers=2, block_size=5, seed=2)
+    dp = jax.tree.map(jnp.asarray, dp)
+    drafter = DFlashDrafter(cfg)
+    gen = GenerateConfig(max_new_tokens=12, ignore_eos=True)
+    prompt = np.array([3, 5, 7, 3, 5, 7, 9, 4, 3, 5], np.int32)
+    toks = jnp.asarray(np.pad(prompt, (0, 22))[None])
+    ar, key = engine.ARDrafter(), jax.random.key(0)
+    state = engine.start(params, dp, config, ar, gen, toks, jnp.array([10]), key, chunk=16)
+    state = engine.decode(params, dp, config, ar, gen, state, jnp.int32(20))
+    seq = np.concatenate([prompt, np.asarray(state.out)[0, :12]])
+    tokens = jnp.asarray(seq[None])
+    first, new = 12, 6
+    logits, _ = teacher_forced_blocks(params, config, dp, cfg, tokens, first, new)
+    for i, r in enumerate(range(first, first + new)):
+        buf = jnp.asarray(np.pad(seq[:r], (0, 32 - r))[None])
+        st = engine.start(params, dp, config, drafter, gen, buf, jnp.array([r]), key, chunk=16)
+        assert int(st.root[0]) == seq[r]
+        ctx = DraftContext(params, dp, config, capacity=st.cache.capacity)
+        tree = drafter.propose(ctx, st, st.draft, jax.random.key(1))
+        np.testing.assert_array_equal(np.asarray(tree.tokens)[0, 1:], np.argmax(np.asarray(logits)[i], axis=-1))
+    got = dflash_first_level(params, config, dp, cfg, tokens, new, 0.0)
+    top1 = np.argmax(np.asarray(logits), axis=-1)  # [new, 4]
+    np.testing.assert_array_equal(np.asarray(got["first"]), (top1[:, 0] == seq[first + 1 : first + 1 + new]))
+    assert np.all(np.asarray(got["chain2"]) >= 1) and np.all(np.asarray(got["chain4"]) <= 4)

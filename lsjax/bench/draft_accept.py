@@ -3,11 +3,12 @@
     python -m lsjax.bench.draft_accept                                   # the shipped draft, dev 1K-4K
     python -m lsjax.bench.draft_accept --draft A --draft B --suite dev --buckets 1K-2K
     python -m lsjax.bench.draft_accept --method eagle3 --draft DIR --prompts my.jsonl --dump top5.jsonl
+    python -m lsjax.bench.draft_accept --method dflash --draft DIR
 
 `--method longspec` (default) measures LongSpec drafts, `--method eagle3` EAGLE-3 drafts in either published
 layout (`--draft random`: an untrained one), `--method tokenswift` TokenSwift heads (lsjax's or a release;
-`--draft shipped` or `zero`). Prompts come from a suite or a JSONL file (`--prompts`, lines of
-{"id", "prompt"[, "chat"]}).
+`--draft shipped` or `zero`), `--method dflash` DFlash drafts (`--draft random`: an untrained one). Prompts come
+from a suite or a JSONL file (`--prompts`, lines of {"id", "prompt"[, "chat"]}).
 
 Per prompt and temperature the target writes `--new-tokens` with AR (seed 0); then one target pass and a few
 draft passes over prompt + continuation give, at every root of the continuation:
@@ -40,6 +41,12 @@ TokenSwift heads: one target pass gives its last hidden state h (before the fina
 proposal at root r is head 1 on h at r - 1, the last node verification accepted (the `verified` draft pass: the
 target's own head there sampled the root, head 1 guesses the token after it); `first`/`top2` and the T > 0 keys as
 above over the whole vocabulary; the deeper heads' chain is not given.
+
+DFlash drafts: one target pass gives the streams the draft reads at every position, one draft pass their context
+K/V; then the block [root, MASK, ...] at each root runs over the context before it (what `propose` drafts there:
+`lsjax.methods.dflash.drafter.teacher_forced_blocks`). `first`/`top2` and the T > 0 keys are block position 1's;
+`chain2`/`chain4` are exact (the block's positions do not depend on one another's tokens: the chain at a root is
+the block's top-1 at every position).
 
 `--dump FILE` writes one JSON line per prompt (at T = 0): `tokens` (prompt + the target's greedy continuation),
 `roots` (the root positions), and at each root the draft's first-level `top_ids` (target token ids, best first) and
@@ -206,6 +213,26 @@ def eagle3_first_level(target_params, config, draft_params, draft, tokens, new: 
     )
 
 
+def dflash_first_level(target_params, config, draft_params, draft, tokens, new: int, temperature: float, length=None):
+    """`first_level` for a DFlash draft (`draft`: its DFlashConfig): per-root estimates [new] (module doc)."""
+    import jax.numpy as jnp
+
+    from lsjax.methods.dflash.drafter import teacher_forced_blocks
+
+    T = tokens.shape[1]
+    length = jnp.int32(T) if length is None else length
+    first = length - new - 1
+    logits, x = teacher_forced_blocks(target_params, config, draft_params, draft, tokens, first, new)  # [new, D, V]
+    out = _one_level(target_params, config, tokens, x, first, new, logits[:, 0], None, temperature)
+    if temperature == 0:
+        D = logits.shape[1]
+        at = first + 1 + jnp.arange(new)[:, None] + jnp.arange(D)[None]  # [new, D]: the token each position guesses
+        hit = (jnp.argmax(logits, axis=-1) == jnp.take(tokens[0], jnp.minimum(at, T - 1))) & (at < length)
+        run = jnp.cumprod(hit.astype(jnp.float32), axis=1)
+        out |= {f"chain{k}": 1.0 + jnp.sum(run[:, :k], axis=1) for k in (2, 4) if k <= D}
+    return out
+
+
 def _one_level(target_params, config, tokens, final, first, new: int, q_logits, to_target, temperature: float):
     """The module doc's keys at the roots first .. first + new - 1 from a draft's first-level logits q_logits
     [new, Vd] (draft id i is target id to_target[i]; None: the target's ids), the target's final hidden states
@@ -262,12 +289,16 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "--method", choices=("longspec", "eagle3", "tokenswift"), default="longspec", help="whose drafts (longspec)"
+        "--method",
+        choices=("longspec", "eagle3", "tokenswift", "dflash"),
+        default="longspec",
+        help="whose drafts (longspec)",
     )
     p.add_argument(
         "--draft",
         action="append",
-        help="a draft directory, `shipped` (longspec) or `random` (eagle3); repeat to compare (default: shipped)",
+        help="a draft directory, `shipped` (longspec) or `random` (eagle3, dflash); repeat to compare (default: "
+        "shipped)",
     )
     p.add_argument("--prompts", metavar="FILE", help='a JSONL file of {"id", "prompt"[, "chat"]} instead of a suite')
     p.add_argument("--dump", metavar="FILE", help="write each prompt's tokens and per-root top-5 proposals here")
@@ -289,6 +320,8 @@ def main(argv=None) -> int:
 
     if args.method == "eagle3" and not args.draft:
         p.error("--method eagle3 needs --draft DIR (an EAGLE-3 draft in either published layout) or --draft random")
+    if args.method == "dflash" and not args.draft:
+        p.error("--method dflash needs --draft DIR (a DFlash draft as published) or --draft random")
     for d in args.draft or []:  # before the model loads
         if d not in ("shipped", "random", "zero") and not Path(d).is_dir():
             p.error(f"--draft {d}: no such directory (a draft directory, or `shipped`)")
@@ -313,6 +346,8 @@ def main(argv=None) -> int:
         try:
             if args.method == "eagle3":
                 drafter, dp = registry.build("eagle3", model, draft=d)
+            elif args.method == "dflash":
+                drafter, dp = registry.build("dflash", model, draft=d)
             elif args.method == "tokenswift":
                 drafter, dp = registry.build("tokenswift", model, draft=None if d == "shipped" else d)
                 dp = jax.tree.map(jnp.asarray, dp)
@@ -327,7 +362,12 @@ def main(argv=None) -> int:
         *registry.build("ar", model),
     )
     tp = jax.tree.map(jnp.asarray, model.params)
-    one = {"longspec": first_level, "eagle3": eagle3_first_level, "tokenswift": tokenswift_first_level}[args.method]
+    one = {
+        "longspec": first_level,
+        "eagle3": eagle3_first_level,
+        "tokenswift": tokenswift_first_level,
+        "dflash": dflash_first_level,
+    }[args.method]
     measure = jax.jit(
         lambda dp, toks, n, temperature, dcfg: one(tp, model.config, dp, dcfg, toks, args.new_tokens, temperature, n),
         static_argnums=(3, 4),

@@ -42,7 +42,7 @@ from lsjax.config import ConfigError
 
 ENV = "LSJAX_METHODS"
 # The order `--method` lists the built-in folders in (AR first, then by kinship); other folders follow by name.
-BUILTIN = ("ar", "longspec", "hybrid", "pld", "auto", "dels", "streams", "tokenswift", "eagle3")
+BUILTIN = ("ar", "longspec", "hybrid", "pld", "auto", "dels", "streams", "tokenswift", "eagle3", "dflash")
 
 
 def option(

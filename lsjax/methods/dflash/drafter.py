@@ -269,9 +269,8 @@ class DFlashDrafter(Drafter):
             toks = jax.lax.dynamic_slice_in_dim(tokens, start, C, axis=1)
             pos = start + jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32), (B, C))
             before = KVCache(cache.k, cache.v, jnp.full((B,), start, jnp.int32))
-            *_, streams = target.forward_streams(
-                ctx.target_params, ctx.config, toks, pos, before, taps, backend=ctx.backend, upto=max(taps)
-            )
+            net = target.Transformer(ctx.config).bind({"params": ctx.target_params})
+            *_, streams = net.streams(toks, pos, before, taps, backend=ctx.backend, upto=max(taps))
             return i + 1, hook.step(dcache, streams.astype(jnp.dtype(ctx.config.dtype)), start, tokens, lengths)
 
         num_chunks = (jnp.max(lengths) + C - 1) // C
@@ -348,16 +347,48 @@ class DFlashDrafter(Drafter):
         return commit(dcache, k, v, count)
 
     def _hf_streams(self, ctx: DraftContext, streams):
-        """The streams as HF's hidden_states[i + 1] has them: the one after the last layer is final-normed."""
-        L = ctx.config.num_layers
-        if L not in self.draft.taps:
-            return streams
-        parts = jnp.split(streams, len(self.draft.taps), axis=-1)
-        norm = ctx.target_params["final_norm"]
-        eps = ctx.config.rms_norm_eps
-        parts = [rms_norm(p, norm, eps).astype(p.dtype) if t == L else p for p, t in zip(parts, self.draft.taps)]
-        return jnp.concatenate(parts, axis=-1)
+        return hf_streams(streams, self.draft.taps, ctx.config, ctx.target_params)
 
     def _draft(self, ctx: DraftContext):
         """`DFlashDraft(draft).apply` over the context's draft params: call it with the method's arguments."""
         return functools.partial(dm.DFlashDraft(self.draft).apply, {"params": ctx.draft_params})
+
+
+def hf_streams(streams, taps: tuple[int, ...], config: ModelConfig, target_params):
+    """The target's streams entering layers `taps` [..., len(taps) Dt] as HF's hidden_states[i + 1] has them: the
+    one after the last layer is final-normed."""
+    L = config.num_layers
+    if L not in taps:
+        return streams
+    parts = jnp.split(streams, len(taps), axis=-1)
+    norm, eps = target_params["final_norm"], config.rms_norm_eps
+    parts = [rms_norm(p, norm, eps).astype(p.dtype) if t == L else p for p, t in zip(parts, taps)]
+    return jnp.concatenate(parts, axis=-1)
+
+
+def teacher_forced_blocks(target_params, config: ModelConfig, draft_params, draft: dm.DFlashConfig, tokens, first, new):
+    """What the drafter proposes at each of `new` roots of a known sequence tokens [1, T] (the roots at positions
+    first .. first + new - 1, each root's context every position before it, as decoding keeps them): the target's
+    head's logits [new, s - 1, V] at each root's block positions 1 .. s - 1, and the target's final hidden states
+    [1, T, D] (fp32). One target pass and one context pass; then one block forward per root."""
+    from lsjax.models.layers import ACT_DTYPE
+
+    T = tokens.shape[1]
+    s = draft.block_size
+    pos = jnp.arange(T)[None]
+    tnet = target.Transformer(config).bind({"params": target_params})
+    x, _, _, streams = tnet.streams(tokens, pos, KVCache.zeros(config, 1, 0), draft.taps)
+    streams = hf_streams(streams.astype(jnp.dtype(config.dtype)), draft.taps, config, target_params)
+    net = dm.DFlashDraft(draft).bind({"params": draft_params})
+    k, v = net.context_kv(streams, pos)
+    full = commit(KVCache.zeros(draft.layer, 1, T), k, v, jnp.array([T], jnp.int32))
+    lm_head = target_params.get("lm_head") if not config.tie_embeddings else None
+    masks = jnp.full((s - 1,), draft.mask_token_id, jnp.int32)
+
+    def one(r):
+        block = jnp.concatenate([jax.lax.dynamic_slice_in_dim(tokens[0], r, 1), masks])[None]
+        cache = KVCache(full.k, full.v, jnp.reshape(r, (1,)).astype(jnp.int32))
+        hidden = net(net.noise(block, target_params["embed"]), r + jnp.arange(s)[None], cache)
+        return net.logits(hidden[0, 1:].astype(ACT_DTYPE), lm_head, target_params["embed"])
+
+    return jax.lax.map(one, first + jnp.arange(new)), x
