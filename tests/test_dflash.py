@@ -259,3 +259,27 @@ def test_draft_accept_blocks_are_what_propose_drafts_there():
     top1 = np.argmax(np.asarray(logits), axis=-1)  # [new, 4]
     np.testing.assert_array_equal(np.asarray(got["first"]), (top1[:, 0] == seq[first + 1 : first + 1 + new]))
     assert np.all(np.asarray(got["chain2"]) >= 1) and np.all(np.asarray(got["chain4"]) <= 4)
+
+
+def test_a_pytorch_bin_reads_through_torch_and_a_config_without_dflash_keys_is_named(written, tmp_path):
+    torch = pytest.importorskip("torch")
+    from safetensors.numpy import load_file
+
+    config, path = written
+    binned = tmp_path / "bin"
+    binned.mkdir()
+    (binned / "config.json").write_text((path / "config.json").read_text())
+    state = {k: torch.from_numpy(v) for k, v in load_file(str(path / "model.safetensors")).items()}
+    torch.save(state, binned / "pytorch_model.bin")
+    cfg_a, a, _ = read_draft(path, config)
+    cfg_b, b, _ = read_draft(binned, config)
+    assert cfg_a == cfg_b
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(x, y)
+    hf = json.loads((path / "config.json").read_text())
+    (binned / "config.json").write_text(json.dumps({k: v for k, v in hf.items() if k != "dflash_config"}))
+    with pytest.raises(UnsupportedModelError, match="no dflash_config.mask_token_id"):
+        read_draft(binned, config)
+    (binned / "config.json").write_text(json.dumps({k: v for k, v in hf.items() if k != "block_size"}))
+    with pytest.raises(UnsupportedModelError, match="no block_size"):
+        read_draft(binned, config)
