@@ -177,7 +177,9 @@ class BlockDrafter(Drafter):
             """k children per row of logits [B, m, Vd]: (tokens [B, m, k] in Vd, log q [B, m, Vd] or None, ok)."""
             if not stochastic:
                 return jax.lax.top_k(logits, k)[1], None, jnp.ones(logits.shape[:2] + (k,), bool)
-            logq = processed_logprobs(logits, ctx.sampling)
+            # q leaves the contextual penalty out (it needs each node's generated-token window): verification
+            # divides by the q the children were drawn from, whatever it is, so the output stays exact.
+            logq = processed_logprobs(logits, dataclasses.replace(ctx.sampling, penalty=1.0))
             g = jax.random.gumbel(jax.random.fold_in(key, level), logq.shape)
             perturbed, tok = jax.lax.top_k(logq + g, k)  # Gumbel-top-k: a draw without replacement, in order
             return tok, logq, jnp.isfinite(perturbed)
