@@ -163,7 +163,8 @@ def target_streams(target_params, config, tokens, layers: tuple[int, ...]):
     from lsjax.models import target
 
     pos = jnp.arange(tokens.shape[1])[None]
-    x, _, _, streams = target.forward_streams(target_params, config, tokens, pos, KVCache.zeros(config, 1, 0), layers)
+    net = target.Transformer(config).bind({"params": target_params})
+    x, _, _, streams = net.streams(tokens, pos, KVCache.zeros(config, 1, 0), layers)
     return streams.astype(jnp.dtype(config.dtype)), x
 
 
@@ -181,7 +182,8 @@ def tokenswift_first_level(
     T = tokens.shape[1]
     length = jnp.int32(T) if length is None else length
     pos = jnp.arange(T)[None]
-    x, _, _ = target.forward_hidden(target_params, config, tokens, pos, KVCache.zeros(config, 1, 0))
+    net = target.Transformer(config)
+    x, _, _ = net.apply({"params": target_params}, tokens, pos, KVCache.zeros(config, 1, 0), method="hidden")
     first = length - new - 1
     h = jax.lax.dynamic_slice_in_dim(x, first - 1, new, axis=1)[0].astype(jnp.dtype(config.dtype))
     q_logits = th.TokenSwiftHeads(config, heads).apply({"params": heads_params}, h, target_params)[:, 0]  # [new, V]
@@ -250,7 +252,7 @@ def _one_level(target_params, config, tokens, final, first, new: int, q_logits, 
         top2 = jnp.any(ids[:, :2] == y[:, None], axis=-1).astype(jnp.float32)
         return {"first": (ids[:, 0] == y).astype(jnp.float32), "top2": top2} | dump
     at_roots = jax.lax.dynamic_slice_in_dim(final, first, new, axis=1)
-    p_logits = target.lm_head(target_params, config, at_roots)[0]  # [new, V]
+    p_logits = target.Transformer(config).apply({"params": target_params}, at_roots, method="logits")[0]  # [new, V]
     return _sampled_keys(p_logits, q_logits, to_target, temperature) | dump
 
 
