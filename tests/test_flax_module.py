@@ -142,6 +142,8 @@ def test_generate_takes_variables_and_bound_modules():
     )
     for form in ({"params": params}, {"params": boxed}, target.Transformer(config).bind({"params": params})):
         np.testing.assert_array_equal(lsjax.generate(form, (), ids, spec, key, lengths).tokens, want)
+    jitted = jax.jit(lsjax.generate)({"params": boxed}, (), ids, spec, key, lengths)  # variables as jit arguments
+    np.testing.assert_array_equal(jitted.tokens, want)
     other = target.Transformer(dataclasses.replace(config, name="other")).bind({"params": params})
     with pytest.raises(InputError, match="is not SpecConfig.model"):
         lsjax.generate(other, (), ids, spec, key, lengths)

@@ -10,6 +10,8 @@ add DIR COMMIT`), the code before the change and after, each run in its own proc
 - decode: `decode.py --json` per method from an empty compile cache, rounds alternating the copies: the text
   (hashed) and the compile seconds;
 - repeat: `lsjax.bench.repeat` (AR, longspec, auto; dev) run alternately in each copy: decode speed per method;
+- hlo: `lsjax.generate` lowered and compiled in-process per method (no compile cache), rounds alternating: whether
+  the programs are the same HLO, and the lowering and compile seconds;
 - train: 20 steps of `configs/train/smollm2-smoke.yaml`: the losses and the step speed.
 
 Prints one line per comparison and writes the rows to OUT/ab.json.
@@ -59,8 +61,45 @@ np.savez(sys.argv[1], **out)
 """
 
 
-def sh(args, cwd: Path, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(cwd)}
+HLO = r"""
+import hashlib, json, sys, time, jax, jax.numpy as jnp
+import lsjax
+from lsjax.methods import registry
+
+model = lsjax.load_model()
+params = jax.tree.map(jnp.asarray, model.params)
+ids, lengths = lsjax.pad_prompts([model.tokenizer.encode(open("lsjax/assets/default_prompt.txt").read())[:900]])
+out = {}
+for method in sys.argv[1:]:
+    drafter, draft = registry.build(method, model)
+    spec = lsjax.SpecConfig(model=model.config, gen=lsjax.GenerateConfig(max_new_tokens=64), drafter=drafter)
+    fn = jax.jit(lsjax.generate, static_argnums=3)
+    t = time.perf_counter()
+    lowered = fn.lower(params, draft, ids, spec, jax.random.key(0), lengths)
+    lower_s = time.perf_counter() - t
+    text = lowered.as_text()
+    t = time.perf_counter()
+    lowered.compile()
+    out[method] = {"hlo": hashlib.sha256(text.encode()).hexdigest()[:16], "lower_s": lower_s,
+                   "compile_s": time.perf_counter() - t}
+print(json.dumps(out))
+"""
+
+
+def hlo(dirs: dict, out: Path, rounds: int) -> list[dict]:
+    rows = []
+    for r in range(rounds):
+        order = list(dirs.items()) if r % 2 == 0 else list(dirs.items())[::-1]
+        for name, d in order:
+            env = {"JAX_ENABLE_COMPILATION_CACHE": "false"}
+            res = sh([sys.executable, "-c", HLO, "ar", "pld", "longspec", "tokenswift"], d, extra_env=env)
+            for method, row in json.loads(res.stdout.strip().splitlines()[-1]).items():
+                rows.append({"part": "hlo", "round": r, "copy": name, "method": method} | row)
+    return rows
+
+
+def sh(args, cwd: Path, extra_env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(cwd), **(extra_env or {})}
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, check=True, **kw)
 
 
@@ -101,7 +140,7 @@ def drafts(dirs: dict, out: Path) -> list[dict]:
 def decode(dirs: dict, out: Path, rounds: int) -> list[dict]:
     rows = []
     for r in range(rounds):
-        for method in ("ar", "longspec", "auto", "pld"):
+        for method in ("ar", "longspec", "auto"):
             order = list(dirs.items()) if r % 2 == 0 else list(dirs.items())[::-1]
             for name, d in order:
                 with tempfile.TemporaryDirectory() as cache:
@@ -121,12 +160,12 @@ def repeat(dirs: dict, out: Path, rounds: int) -> list[dict]:
     for r in range(rounds):
         order = list(dirs.items()) if r % 2 == 0 else list(dirs.items())[::-1]
         for name, d in order:
-            file = out / f"repeat_{name}_{r}.jsonl"
+            file = out / f"repeat_{name}_{r}.json"
             args = ["--methods", "ar", "longspec", "auto", "--suite", "dev", "--buckets", "1K-2K", "--per-cell", "1"]
             args += ["--max-new-tokens", "64", "--repeats", "2", "--temperatures", "0", "--out", str(file)]
-            sh([sys.executable, "-m", "lsjax.bench.repeat", *args], d)
-            for line in file.read_text().splitlines():
-                row = json.loads(line)
+            if not file.exists():  # a rerun resumes: a finished run's rows are kept
+                sh([sys.executable, "-m", "lsjax.bench.repeat", *args], d)
+            for row in json.loads(file.read_text())["rows"]:
                 rows.append({"part": "repeat", "round": r, "copy": name} | row)
     return rows
 
@@ -162,10 +201,20 @@ def summary(rows: list[dict]) -> None:
             for c in ("before", "after")
         }
         print(f"repeat {method}: median tok/s {med} (after/before {med['after'] / med['before']:.3f})")
+    hl = [r for r in rows if r["part"] == "hlo"]
+    for method in sorted({r["method"] for r in hl}):
+        per = {c: [r for r in hl if r["method"] == method and r["copy"] == c] for c in ("before", "after")}
+        same = {r["hlo"] for r in per["before"]} == {r["hlo"] for r in per["after"]}
+        low = {c: statistics.median(r["lower_s"] for r in v) for c, v in per.items()}
+        comp = {c: statistics.median(r["compile_s"] for r in v) for c, v in per.items()}
+        print(f"hlo {method}: identical {same}; lower s {low}; compile s {comp}")
     tr = [r for r in rows if r["part"] == "train"]
     if tr:
         losses = {c: [r["loss"] for r in tr if r["copy"] == c and "loss" in r] for c in ("before", "after")}
-        speed = {c: statistics.median(r["tokens_per_s"] for r in tr if r["copy"] == c and "tokens_per_s" in r) for c in losses}
+        speed = {
+            c: statistics.median(r["tokens_per_s"] for r in tr if r["copy"] == c and "tokens_per_s" in r)
+            for c in losses
+        }
         diff = max(abs(a - b) for a, b in zip(losses["before"], losses["after"]))
         print(f"train: {len(losses['after'])} losses, max |diff| {diff:.2e}; tokens/s {speed}")
 
@@ -182,7 +231,7 @@ def main(argv=None) -> None:
     dirs = {"before": args.before.resolve(), "after": args.after.resolve()}
     rows = []
     for part in args.parts:
-        if part in ("decode", "repeat"):
+        if part in ("decode", "repeat", "hlo"):
             rows += globals()[part](dirs, args.out, args.rounds)
         else:
             rows += globals()[part](dirs, args.out)
