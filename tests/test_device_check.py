@@ -31,8 +31,13 @@ def test_dry_run_writes_every_part(tmp_path, capsys):
     assert [(r["temperature"], r["identical"]) for r in e2e] == [(0.0, True), (1.0, None)]
     assert e2e[1]["prompts_identical"] == "sampled" and e2e[1]["speedup"] > 0 and e2e[1]["invariant_rows"] == 0
     assert set(parts["step"]["rows"][0]["vs_ar"]) == {"1", "4"}  # JSON keys
-    assert parts["step"]["rows"][0]["eagle3_vs_ar"] > 0  # EAGLE-3's step at the target's shapes
+    step = parts["step"]["rows"][0]
+    assert step["eagle3_vs_ar"] > 0  # EAGLE-3's step at the target's shapes
     assert "eagle3 step (draft + 60-node verification)" in md
+    # DFlash's: the draft alone, and with its chain's or its tree's verification, in multiples of an AR step
+    assert all(step[f"{k}_vs_ar"] > 0 for k in ("dflash_draft", "dflash", "dflash_tree")), step
+    assert not [s for s in parts["step"]["skips"] if "dflash" in s]
+    assert "| dflash step (block 16 draft + 16-node chain verification) <= 1.3x a 1-node step at 256 |" in md
     assert "## Goals" in md and "| kernels within" in md
     assert "every T = 0 output identical to AR's; the T > 0 rows are samples, timed and not compared" in md
     assert "[kernels] prefix" in capsys.readouterr().out  # progress as it goes

@@ -255,10 +255,17 @@ def test_draft_accept_blocks_are_what_propose_drafts_there():
         ctx = DraftContext(params, dp, config, capacity=st.cache.capacity)
         tree = drafter.propose(ctx, st, st.draft, jax.random.key(1))
         np.testing.assert_array_equal(np.asarray(tree.tokens)[0, 1:], np.argmax(np.asarray(logits)[i], axis=-1))
-    got = dflash_first_level(params, config, dp, cfg, tokens, new, 0.0)
+    # its roots are the last `new` but one of `length` tokens: the same roots as `logits`
+    got = dflash_first_level(params, config, dp, cfg, tokens, new, 0.0, length=jnp.int32(first + new + 1))
     top1 = np.argmax(np.asarray(logits), axis=-1)  # [new, 4]
     np.testing.assert_array_equal(np.asarray(got["first"]), (top1[:, 0] == seq[first + 1 : first + 1 + new]))
     assert np.all(np.asarray(got["chain2"]) >= 1) and np.all(np.asarray(got["chain4"]) <= 4)
+    # What `--dump` writes at every block position: the block's top proposals there, position 1's as `top_ids`
+    ids = np.asarray(got["block_top_ids"])
+    assert ids.shape == (new, cfg.block_size - 1, 5)
+    np.testing.assert_array_equal(ids[:, :, 0], top1)
+    np.testing.assert_array_equal(ids[:, 0], np.asarray(got["top_ids"]))
+    np.testing.assert_allclose(np.asarray(got["block_top_logits"])[:, :, 0], np.max(np.asarray(logits), -1), rtol=1e-6)
 
 
 def test_a_pytorch_bin_reads_through_torch_and_a_config_without_dflash_keys_is_named(written, tmp_path):

@@ -18,7 +18,10 @@ b. bandwidth: the prefix kernel over 8K/32K/128K of Llama-3.1-8B K/V (bf16, one 
 c. step: one decode step at Llama-3.1-8B shapes (random bf16 weights, as many layers as fit): the 1-node step
    against the time to read its weights and K/V once at the measured copy bandwidth, and verification forwards
    of 1-128 nodes at 8K/32K/128K as multiples of that step: the curve that picks the tree for this card.
-   Goals: 1-node step <= 1.3x its read time; 69 nodes <= 1.3x the 1-node step at 8K.
+   Beside them, in the same multiples, an EAGLE-3 step and DFlash's (random drafts shaped like the published
+   Llama-3.1-8B ones): the DFlash draft alone (block 16), and with the verification of its 16-node chain or of
+   its `gpu` tree. Goals: 1-node step <= 1.3x its read time; 69 nodes <= 1.3x the 1-node step at 8K; the
+   EAGLE-3 step <= 1.5x and the DFlash chain step <= 1.3x the 1-node step at 8K.
 d. end to end: SmolLM2 with its real weights, `longspec` (the paper tree), `pld` and `auto` each against AR on
    the bundled prompt (what `decode.py --compare ar` does): identical outputs, speedup, tau, and the step's
    draft/verify/commit ms. Goal: `auto` and `longspec` faster than AR, every output identical. Then the same
@@ -55,7 +58,7 @@ from pathlib import Path
 import jax
 
 from lsjax.bench.device_kernels import TOLERANCE, check_bandwidth, check_kernels, device_memory, first_line
-from lsjax.bench.device_model import check_e2e, check_step
+from lsjax.bench.device_model import DFLASH_BLOCK, check_e2e, check_step
 
 VERSIONED = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "libtpu", "triton", "numpy", "flax")
 # In order of what a short lease must not miss: correctness first (kernels, then outputs equal AR's end to end),
@@ -275,6 +278,10 @@ def goals(rep: Report) -> list[tuple[str, str, bool | None]]:
             out.append(
                 (f"eagle3 step (draft + 60-node verification) <= 1.5x a 1-node step at {at}", f"{e:.2f}x", e <= 1.5)
             )
+        d = r.get("dflash_vs_ar")
+        if d is not None:
+            what = f"dflash step (block {DFLASH_BLOCK} draft + {DFLASH_BLOCK}-node chain verification)"
+            out.append((f"{what} <= 1.3x a 1-node step at {r['context']}", f"{d:.2f}x", d <= 1.3))
     e2e = rep.parts.get("e2e", {}).get("rows", [])
     greedy = [r for r in e2e if r["temperature"] == 0]
     e = {r["method"]: r for r in greedy if r["dtype"] == greedy[0]["dtype"]} if greedy else {}  # the first dtype's

@@ -1,6 +1,6 @@
 """Parts c and d of the device check (`lsjax.bench.device`, whose docstring states each part's goal): one
-decode step at Llama-3.1-8B shapes against the time to read its bytes, verification forwards of 1-128 nodes
-and an EAGLE-3 step as multiples of it; then SmolLM2 end to end, each method against AR.
+decode step at Llama-3.1-8B shapes against the time to read its bytes, verification forwards of 1-128 nodes,
+an EAGLE-3 step and DFlash steps as multiples of it; then SmolLM2 end to end, each method against AR.
 """
 
 from __future__ import annotations
@@ -37,6 +37,17 @@ LLAMA_8B = ModelConfig(
     name="Llama-3.1-8B (random weights)",
 )
 
+# The DFlash row's draft, shaped like z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat: Qwen3-style layers as wide as
+# the target's, reading 5 target layers by the published rule, block 16. Its depth is the published Qwen3-8B
+# draft's (5 layers): the Llama draft's config.json was not available here. The dry run keeps 2 layers, which
+# compile faster and run the same code.
+DFLASH_LAYERS = 5
+DFLASH_BLOCK = 16
+DFLASH_TREE = "gpu"  # the tree preset verified beside the chain: a GPU's
+# Committed to the draft's context after each step: about what a trained DFlash draft accepts at block 16
+# (its context K/V cost the same per token whatever the count).
+DFLASH_ACCEPTED = 6
+
 
 # ---------------------------------------------------------------------------
 # c. one decode step at Llama-3.1-8B shapes
@@ -71,15 +82,46 @@ def kv_bytes(config: ModelConfig, tokens: int) -> int:
     return 2 * config.num_layers * config.num_kv_heads * tokens * config.head_dim * 2
 
 
+def dflash_config(config: ModelConfig, layers: int = DFLASH_LAYERS, block_size: int = DFLASH_BLOCK):
+    """The DFlash row's draft for `config` (a DFlashConfig): `checkpoint.random_draft`'s shape, whose weights are
+    drawn on the device instead (numpy would take seconds of the lease at 8B shapes)."""
+    from lsjax.methods.dflash import model as dm
+
+    layer = dataclasses.replace(
+        config,
+        arch="qwen3",
+        qk_norm=True,
+        num_layers=layers,
+        name="dflash",
+        invariant_rows=0,
+        qkv_bias=False,
+        tie_embeddings=False,
+        bos_token_id=None,
+        eos_token_ids=(),
+        pad_token_id=0,
+    )
+    ids = dm.default_layer_ids(config.num_layers, layers)
+    return dm.DFlashConfig(layer, config.hidden_size, ids, block_size, config.vocab_size - 1)
+
+
+def dflash_bytes(capacity: int) -> int:
+    """The DFlash row's draft at Llama-3.1-8B shapes: its bf16 weights and its context cache at `capacity`."""
+    from lsjax.methods.dflash import model as dm
+
+    cfg = dflash_config(LLAMA_8B)
+    weights = sum(int(np.prod(s.shape)) for s in dm.param_specs(cfg).values()) * 2
+    return weights + kv_bytes(cfg.layer, capacity)
+
+
 def layers_that_fit(capacity: int) -> int:
     """The most Llama-3.1-8B layers whose weights (twice: the random init and the decode layout), cache at
-    `capacity` and 2 GiB of margin fit in 85% of this device's memory."""
+    `capacity`, the DFlash row's draft and 2 GiB of margin fit in 85% of this device's memory."""
     mem = device_kernels.device_memory()
     if mem is None:
         return LLAMA_8B.num_layers
     one, two = (weight_bytes(dataclasses.replace(LLAMA_8B, num_layers=n)) for n in (1, 2))
     per_layer = 2 * (two - one) + kv_bytes(dataclasses.replace(LLAMA_8B, num_layers=1), capacity)
-    fixed = 2 * (one - (two - one)) + 2 * 2**30
+    fixed = 2 * (one - (two - one)) + dflash_bytes(capacity) + 2 * 2**30
     return max(0, min(LLAMA_8B.num_layers, int((0.85 * mem - fixed) // per_layer)))
 
 
@@ -91,7 +133,8 @@ def check_step(rep, copy_bw: dict[int, float]) -> None:
 
     cfg = rep.config
     sizes = sorted(set(cfg.step_sizes) | {1})
-    capacity = -(-(max(cfg.contexts) + max(sizes)) // 512) * 512
+    # Room past the longest context for the widest tree any row verifies (DFlash's tree: 33 nodes).
+    capacity = -(-(max(cfg.contexts) + max(*sizes, 64)) // 512) * 512
     layers = None if cfg.dry else layers_that_fit(capacity)
     if layers == 0:
         rep.skip("step", f"not one Llama-3.1-8B layer with a {capacity}-token cache fits this device")
@@ -120,26 +163,48 @@ def check_step(rep, copy_bw: dict[int, float]) -> None:
                 toks, jnp.asarray(chain_parents(T))[None], jnp.ones((1, T), bool), TreeConfig((1,) * (T - 1))
             )
     repeats = 3 if cfg.dry else 10
-    e3 = _eagle3_step(config, capacity)
+    steps = {"eagle3": _eagle3_step(config, capacity)}
+    try:
+        dflash = dflash_config(config, DFLASH_LAYERS if not cfg.dry else 2)
+        steps |= _dflash_steps(config, capacity, dflash)
+        rep.note(
+            "step",
+            f"dflash: a random draft of {dflash.layer.num_layers} layers, block {dflash.block_size}, target layers "
+            f"{list(dflash.target_layer_ids)}; {DFLASH_ACCEPTED} tokens committed to its context a step",
+        )
+    except Exception as e:  # noqa: BLE001 - the other rows do not need it
+        rep.skip("step", f"dflash: {device_kernels.first_line(e)}")
     for ctx in cfg.contexts:
         if rep.over_budget("step", f"context {ctx}"):
             return
         cache = KVCache(cache.k, cache.v, jnp.array([ctx], jnp.int32))
-        times: dict[int, list[float]] = {T: [] for T in sizes}
+        times: dict = {T: [] for T in sizes}
         try:
             for T in sizes:
                 jax.block_until_ready(fwd(params, trees[T], cache))  # compiles once per size
-            e3_args = e3.args(ctx)
-            jax.block_until_ready(e3.fn(params, cache, *e3_args))
-            times["eagle3"] = []
-            for _ in range(repeats):  # interleaved: machine noise hits every size alike
+        except Exception as e:  # noqa: BLE001
+            rep.skip("step", f"context {ctx}: {device_kernels.first_line(e)}")
+            continue
+        ready, made = {}, {}  # a method's step that cannot run here is a skip line, not a lost row
+        for name, step in steps.items():
+            try:
+                if step.args not in made:  # DFlash's steps share one draft cache
+                    made[step.args] = step.args(ctx)
+                args = made[step.args]
+                jax.block_until_ready(step.fn(params, cache, *args))  # compiles once
+                ready[name] = args
+            except Exception as e:  # noqa: BLE001
+                rep.skip("step", f"context {ctx}: the {name} step: {device_kernels.first_line(e)}")
+        try:
+            for _ in range(repeats):  # interleaved: machine noise hits every size and step alike
                 for T in sizes:
                     t = time.perf_counter()
                     jax.block_until_ready(fwd(params, trees[T], cache))
                     times[T].append(time.perf_counter() - t)
-                t = time.perf_counter()
-                jax.block_until_ready(e3.fn(params, cache, *e3_args))
-                times["eagle3"].append(time.perf_counter() - t)
+                for name, args in ready.items():
+                    t = time.perf_counter()
+                    jax.block_until_ready(steps[name].fn(params, cache, *args))
+                    times.setdefault(name, []).append(time.perf_counter() - t)
         except Exception as e:  # noqa: BLE001
             rep.skip("step", f"context {ctx}: {device_kernels.first_line(e)}")
             continue
@@ -147,7 +212,8 @@ def check_step(rep, copy_bw: dict[int, float]) -> None:
         # bw counts a copy's reads and writes alike: the rate HBM moves bytes, which a pure read runs at too.
         read = (weight_bytes(config) + kv_bytes(config, ctx)) / bw
         ratios = {T: float(np.median(times[T])) / ar for T in sizes}
-        e3_ratio = float(np.median(times["eagle3"])) / ar
+        methods = {n: float(np.median(times[n])) / ar if n in times else None for n in steps}
+        said = [f"{n} step ({steps[n].what}) " + ("-" if r is None else f"{r:.2f}x") for n, r in methods.items()]
         rep.row(
             "step",
             dict(
@@ -155,23 +221,29 @@ def check_step(rep, copy_bw: dict[int, float]) -> None:
                 ar_ms=ar * 1e3,
                 read_ms=read * 1e3,
                 ar_vs_read=ar / read,
-                eagle3_vs_ar=e3_ratio,
+                eagle3_vs_ar=methods["eagle3"],
+                dflash_draft_vs_ar=methods.get("dflash_draft"),
+                dflash_vs_ar=methods.get("dflash"),
+                dflash_tree_vs_ar=methods.get("dflash_tree"),
                 vs_ar=ratios,
             ),
             f"{ctx:>6} ctx: 1-node step {ar * 1e3:.2f} ms = {ar / read:.2f}x its read ({read * 1e3:.2f} ms); "
             + " ".join(f"{T}:{r:.2f}x" for T, r in ratios.items())
-            + f"; eagle3 step ({e3.what}) {e3_ratio:.2f}x",
+            + "; "
+            + "; ".join(said),
         )
 
 
 @dataclasses.dataclass(frozen=True)
-class _E3Step:
-    fn: object  # jitted (target params, target cache, *args) -> logits
-    args: object  # context -> the draft's params, state and root at that context
+class _Step:
+    """A method's step at the target's shapes, timed beside the 1-node step."""
+
+    fn: object  # jitted (target params, target cache, *args) -> outputs
+    args: object  # context -> the rest of fn's arguments at that context
     what: str
 
 
-def _eagle3_step(config: ModelConfig, capacity: int) -> _E3Step:
+def _eagle3_step(config: ModelConfig, capacity: int) -> _Step:
     """An EAGLE-3 step at the target's shapes with random weights, as a published Llama-3.1-8B draft is shaped
     (one layer like the target's, a 32K draft vocabulary, EAGLE-3's 59-node, 8-level, top-10 tree): the draft's
     tree search, the verification forward with its three streams, and the draft over 4 accepted pairs after it.
@@ -209,7 +281,60 @@ def _eagle3_step(config: ModelConfig, capacity: int) -> _E3Step:
         return dparams, Eagle3State(dcache, jnp.zeros((1, cfg.hidden_size), jnp.float32)), jnp.array([7], jnp.int32)
 
     b = drafter.budget
-    return _E3Step(jax.jit(fn), args, f"{b.nodes + 1} nodes, depth {b.depth}, top-{b.top_k}")
+    return _Step(jax.jit(fn), args, f"{b.nodes + 1} nodes, depth {b.depth}, top-{b.top_k}")
+
+
+def _dflash_steps(config: ModelConfig, capacity: int, cfg) -> dict[str, _Step]:
+    """DFlash steps at the target's shapes with random weights for the draft `cfg` (`dflash_config`), each what
+    `--method dflash` pays per step beside the walk, to set against one AR step:
+
+    - `dflash_draft`: the draft alone: the block [root, MASK x 15] over its context cache, the target's head at
+      the 15 drafted positions, and the context K/V of `DFLASH_ACCEPTED` committed tokens;
+    - `dflash`: that and the verification of the block's chain (16 nodes: the root and 15 drafted) with the
+      streams the draft reads, which the committed tokens' K/V are made from;
+    - `dflash_tree`: the same with the `DFLASH_TREE` preset's tree instead of the chain.
+
+    The K/V are returned, not written into the draft's cache: a decode writes them in place, where a returned
+    cache here would be a copy of it that no step pays."""
+    import flax.linen as nn
+
+    from lsjax.cache import KVCache
+    from lsjax.engine.types import DraftContext
+    from lsjax.engine.verify import aux_tree_forward
+    from lsjax.methods.dflash import model as dm
+    from lsjax.methods.dflash.drafter import DFlashDrafter, DFlashState, parse_tree
+
+    dparams = nn.meta.unbox(dm.DFlashDraft(cfg).init(jax.random.key(2), method="weights")["params"])
+    chain = DFlashDrafter(cfg)
+    tree = DFlashDrafter(cfg, parse_tree(DFLASH_TREE, cfg.block_size))
+    A = DFLASH_ACCEPTED
+
+    def step(drafter: DFlashDrafter, verify: bool):
+        def fn(params, cache, dparams, dstate, root, streams):
+            ctx = DraftContext(params, dparams, config, capacity=capacity)
+            proposal = drafter.propose(ctx, types.SimpleNamespace(root=root), dstate)
+            out = proposal.tokens
+            if verify:  # the verification's own streams replace the stand-in ones
+                _, out, _, _, streams = aux_tree_forward(params, config, proposal, cache, cfg.taps)
+            pos = dstate.cache.lengths[:, None] + jnp.arange(A, dtype=jnp.int32)[None]
+            k, v = drafter._draft(ctx)(drafter._hf_streams(ctx, streams[:, :A]), pos, method="context_kv")
+            return out, k, v
+
+        return jax.jit(fn)
+
+    def args(ctx: int):
+        dcache = KVCache.zeros(cfg.layer, 1, capacity)
+        dcache = KVCache(dcache.k, dcache.v, jnp.array([ctx], jnp.int32))
+        streams = jnp.ones((1, A, len(cfg.taps) * config.hidden_size), jnp.dtype(config.dtype))
+        return dparams, DFlashState(dcache), jnp.array([7], jnp.int32), streams
+
+    s = cfg.block_size
+    n_tree = len(tree.shape.parents)
+    return {
+        "dflash_draft": _Step(step(chain, False), args, "the draft alone"),
+        "dflash": _Step(step(chain, True), args, f"draft + {s}-node chain"),
+        "dflash_tree": _Step(step(tree, True), args, f"draft + {n_tree}-node `{DFLASH_TREE}` tree"),
+    }
 
 
 # ---------------------------------------------------------------------------

@@ -51,7 +51,9 @@ the block's top-1 at every position).
 `--dump FILE` writes one JSON line per prompt (at T = 0): `tokens` (prompt + the target's greedy continuation),
 `roots` (the root positions), and at each root the draft's first-level `top_ids` (target token ids, best first) and
 `top_logits` (the draft's raw logits), five each, teacher-forced as described above: what another implementation
-of the same draft, fed the same target states and tokens, should propose.
+of the same draft, fed the same target states and tokens, should propose. A DFlash line also has, at each root,
+`block_top_ids` and `block_top_logits` [block position 1 .. s - 1][5]: the same at every position of the block
+(its first row is `top_ids`/`top_logits`).
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ import numpy as np
 
 T0_KEYS = ("first", "top2", "chain2", "chain4")
 DUMP_TOP = 5  # proposals per root in a --dump
+# What an estimator returns for the dump beside its per-root means: per root [new, DUMP_TOP]; `block_` per root
+# and block position [new, s - 1, DUMP_TOP] (DFlash only).
+DUMP_KEYS = ("top_ids", "top_logits", "block_top_ids", "block_top_logits")
 T1_KEYS = ("sampled", "sampled2", "match")
 PAD = 1024  # sequences are padded to a multiple of this: one compiled program per padded length
 
@@ -217,6 +222,7 @@ def eagle3_first_level(target_params, config, draft_params, draft, tokens, new: 
 
 def dflash_first_level(target_params, config, draft_params, draft, tokens, new: int, temperature: float, length=None):
     """`first_level` for a DFlash draft (`draft`: its DFlashConfig): per-root estimates [new] (module doc)."""
+    import jax
     import jax.numpy as jnp
 
     from lsjax.methods.dflash.drafter import teacher_forced_blocks
@@ -226,6 +232,8 @@ def dflash_first_level(target_params, config, draft_params, draft, tokens, new: 
     first = length - new - 1
     logits, x = teacher_forced_blocks(target_params, config, draft_params, draft, tokens, first, new)  # [new, D, V]
     out = _one_level(target_params, config, tokens, x, first, new, logits[:, 0], None, temperature)
+    block_logits, block_ids = jax.lax.top_k(logits, DUMP_TOP)
+    out |= {"block_top_ids": block_ids.astype(jnp.int32), "block_top_logits": block_logits}
     if temperature == 0:
         D = logits.shape[1]
         at = first + 1 + jnp.arange(new)[:, None] + jnp.arange(D)[None]  # [new, D]: the token each position guesses
@@ -303,7 +311,11 @@ def main(argv=None) -> int:
         "shipped)",
     )
     p.add_argument("--prompts", metavar="FILE", help='a JSONL file of {"id", "prompt"[, "chat"]} instead of a suite')
-    p.add_argument("--dump", metavar="FILE", help="write each prompt's tokens and per-root top-5 proposals here")
+    p.add_argument(
+        "--dump",
+        metavar="FILE",
+        help="write each prompt's tokens and per-root top-5 proposals here (dflash: at every block position)",
+    )
     p.add_argument("--suite", choices=("dev", "heldout"), default="dev")
     p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
     p.add_argument("--buckets", nargs="+", choices=list(BUCKETS), default=["1K-2K", "2K-4K"])
@@ -392,12 +404,13 @@ def main(argv=None) -> int:
             toks[0, : len(seq)] = seq
             for name, (dcfg, dp) in drafts.items():
                 got = measure(dp, jnp.asarray(toks), jnp.int32(len(seq)), float(temp), dcfg)
-                top = {k: np.asarray(got.pop(k)) for k in ("top_ids", "top_logits")}
+                top = {k: np.asarray(got.pop(k)) for k in DUMP_KEYS if k in got}
                 if dump is not None and temp == 0:
                     first = len(seq) - args.new_tokens - 1
                     entry = {"id": prompt.id, "method": args.method, "draft": name, "tokens": [int(t) for t in seq]}
-                    entry |= {"roots": list(range(first, first + args.new_tokens)), "top_ids": top["top_ids"].tolist()}
-                    entry["top_logits"] = np.round(top["top_logits"], 5).tolist()
+                    entry["roots"] = list(range(first, first + args.new_tokens))
+                    for k, v in top.items():
+                        entry[k] = np.round(v, 5).tolist() if k.endswith("logits") else v.tolist()
                     dump.write(json.dumps(entry) + "\n")
                     dump.flush()
                 row = {"prompt": prompt.id, "draft": name, "T": temp}
