@@ -224,6 +224,7 @@ def test_a_block_size_option_overrides_the_drafts(written):
         load_dflash(types.SimpleNamespace(config=config), str(path), "4,2,3", block_size=3)
 
 
+@pytest.mark.slow  # the bench's view of the drafter; the drafter itself is tested against AR in the default run
 def test_draft_accept_blocks_are_what_propose_drafts_there():
     """`lsjax.bench.draft_accept --method dflash` reads, at every root of a known continuation, the block the
     drafter proposes there: its teacher-forced blocks (`teacher_forced_blocks`) equal `propose` after a prefill of
