@@ -85,23 +85,9 @@ def kv_bytes(config: ModelConfig, tokens: int) -> int:
 def dflash_config(config: ModelConfig, layers: int = DFLASH_LAYERS, block_size: int = DFLASH_BLOCK):
     """The DFlash row's draft for `config` (a DFlashConfig): `checkpoint.random_draft`'s shape, whose weights are
     drawn on the device instead (numpy would take seconds of the lease at 8B shapes)."""
-    from lsjax.methods.dflash import model as dm
+    from lsjax.methods.dflash.checkpoint import random_config
 
-    layer = dataclasses.replace(
-        config,
-        arch="qwen3",
-        qk_norm=True,
-        num_layers=layers,
-        name="dflash",
-        invariant_rows=0,
-        qkv_bias=False,
-        tie_embeddings=False,
-        bos_token_id=None,
-        eos_token_ids=(),
-        pad_token_id=0,
-    )
-    ids = dm.default_layer_ids(config.num_layers, layers)
-    return dm.DFlashConfig(layer, config.hidden_size, ids, block_size, config.vocab_size - 1)
+    return random_config(config, layers, block_size)
 
 
 def dflash_bytes(capacity: int) -> int:

@@ -168,11 +168,9 @@ def read_draft(path: str | Path, target: ModelConfig) -> tuple[dm.DFlashConfig, 
     return cfg, params, DraftInfo(str(path), fmt)
 
 
-def random_draft(
-    target: ModelConfig, layers: int = RANDOM_LAYERS, block_size: int = RANDOM_BLOCK, seed: int = 0
-) -> tuple[dm.DFlashConfig, dict, DraftInfo]:
-    """An untrained draft shaped like the target's layers (tests, `--draft random`): lossless, accepts little. Its
-    mask token is the target's last id (any id works for a draft nothing trained)."""
+def random_config(target: ModelConfig, layers: int, block_size: int) -> dm.DFlashConfig:
+    """The shape of an untrained draft for `target`: its layers as Qwen3's, the published rule's target layers,
+    the target's last id as the mask token."""
     layer = dataclasses.replace(
         target,
         arch="qwen3",
@@ -187,7 +185,15 @@ def random_draft(
         pad_token_id=0,
     )
     ids = dm.default_layer_ids(target.num_layers, layers)
-    cfg = dm.DFlashConfig(layer, target.hidden_size, ids, block_size, target.vocab_size - 1)
+    return dm.DFlashConfig(layer, target.hidden_size, ids, block_size, target.vocab_size - 1)
+
+
+def random_draft(
+    target: ModelConfig, layers: int = RANDOM_LAYERS, block_size: int = RANDOM_BLOCK, seed: int = 0
+) -> tuple[dm.DFlashConfig, dict, DraftInfo]:
+    """An untrained draft shaped like the target's layers (tests, `--draft random`): lossless, accepts little. Its
+    mask token is the target's last id (any id works for a draft nothing trained)."""
+    cfg = random_config(target, layers, block_size)
     # numpy, not jax.random: no device work (and no op-by-op compiles) for a draft nothing trains.
     rng = np.random.default_rng(seed)
     dt = numpy_dtype(target.dtype)
