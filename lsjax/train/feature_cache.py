@@ -15,6 +15,9 @@ A set holds S packed sequences of T tokens (documents joined by EOS), run by the
                                                     positions it trains at, e.g. anchor offsets) and V
     hidden [S, T, D]                                final hidden state before the final norm
     mid_hidden [S, T, D]                            residual stream entering layer `mid_layer`
+    aux_hidden [S, T, A D]                          only with `aux_layers` (--aux-layers): the residual streams
+                                                    entering those layers, concatenated in their order (the
+                                                    embeddings for layer 0; EAGLE-3's draft input)
     topk_ids [S, T, k] int32, topk_logprobs [S, T, k] top-k of log_softmax(target logits); [..., 0] = argmax
 
 Layout: `manifest.json` (what was run on what), `tokens.npy`/`loss_mask.npy` for the whole set (in a seeded
@@ -63,10 +66,12 @@ from lsjax.train.feature_sets import (  # noqa: F401
 
 @dataclasses.dataclass(frozen=True)
 class FeatureSpec:
-    """What one pass stores: the middle layer whose input is kept, how many logits per token."""
+    """What one pass stores: the middle layer whose input is kept, how many logits per token, and the layers
+    whose input streams are kept side by side (`aux_hidden`; () = none)."""
 
     mid_layer: int
     topk: int = 8
+    aux_layers: tuple[int, ...] = ()
 
     def check(self, config: ModelConfig) -> None:
         if not 0 < self.mid_layer < config.num_layers:
@@ -75,6 +80,12 @@ class FeatureSpec:
             )
         if not 1 <= self.topk <= min(64, config.vocab_size):
             raise FeatureCacheError(f"feature cache: topk must be in [1, 64], got {self.topk}")
+        for i in self.aux_layers:
+            if not (isinstance(i, int) and 0 <= i < config.num_layers):
+                raise FeatureCacheError(
+                    f"feature cache: aux_layers must be layer indices in [0, {config.num_layers - 1}], "
+                    f"got {self.aux_layers}"
+                )
 
 
 def default_spec(config: ModelConfig) -> FeatureSpec:
@@ -109,9 +120,11 @@ def feature_pass(params: dict, config: ModelConfig, tokens: jax.Array, spec: Fea
         return jax.lax.scan(lambda c, lay: (decoder_layer(c, lay), None), x, layers)[0]
 
     L = config.num_layers
-    x = run(x, 0, spec.mid_layer)
-    mid = x
-    x = run(x, spec.mid_layer, L - 1)
+    entering, lo = {}, 0
+    for cut in sorted({spec.mid_layer, *spec.aux_layers, L - 1}):
+        x = run(x, lo, cut) if cut > lo else x
+        entering[cut], lo = x, cut
+    mid = entering[spec.mid_layer]
     last = jax.tree.map(lambda a: a[L - 1], params["layers"])
     h = rms_norm(x, last["attn_norm"], eps)
     k_pre = jnp.einsum("btd,dkh->btkh", h, last["wk"])
@@ -122,7 +135,7 @@ def feature_pass(params: dict, config: ModelConfig, tokens: jax.Array, spec: Fea
     logp = jax.nn.log_softmax(lm_head(params, config, hidden), axis=-1)
     top_lp, top_ids = jax.lax.top_k(logp, spec.topk)
     half = jnp.float16
-    return {
+    out = {
         "k": k_pre.swapaxes(1, 2).astype(half),  # [B, Kh, T, H]
         "v": v.swapaxes(1, 2).astype(half),
         "hidden": hidden.astype(half),
@@ -130,6 +143,14 @@ def feature_pass(params: dict, config: ModelConfig, tokens: jax.Array, spec: Fea
         "topk_ids": top_ids.astype(jnp.int32),
         "topk_logprobs": top_lp.astype(half),
     }
+    if spec.aux_layers:
+        out["aux_hidden"] = jnp.concatenate([entering[i] for i in spec.aux_layers], axis=-1).astype(half)
+    return out
+
+
+def spec_fields(spec: FeatureSpec) -> tuple[str, ...]:
+    """The shard fields a pass of `spec` writes."""
+    return SHARD_FIELDS + (("aux_hidden",) if spec.aux_layers else ())
 
 
 def rope_keys(k: jax.Array, positions: jax.Array, config: ModelConfig) -> jax.Array:
@@ -184,6 +205,8 @@ def build(
         "shard_size": int(shard_size),
         "mid_layer": spec.mid_layer,
         "topk": spec.topk,
+        # Written only when set: a manifest from before aux layers existed stays equal (its build resumes).
+        **({"aux_layers": list(spec.aux_layers)} if spec.aux_layers else {}),
         "model": _model_fingerprint(config, params),
         "tokens_sha": _sha(tokens, loss_mask),
         "source": source or {},
@@ -215,20 +238,21 @@ def build(
     t0, done_tokens = time.perf_counter(), 0
     for i in todo:
         lo, hi = i * shard_size, min(S, (i + 1) * shard_size)
-        parts: dict[str, list[np.ndarray]] = {f: [] for f in SHARD_FIELDS}
+        fields = spec_fields(spec)
+        parts: dict[str, list[np.ndarray]] = {f: [] for f in fields}
         for b in range(lo, hi, batch_size):
             batch = np.zeros((batch_size, T), np.int32)
             n = min(batch_size, hi - b)
             batch[:n] = tokens[b : b + n]
             out = jax.device_get(run(params, batch))
-            for f in SHARD_FIELDS:
+            for f in fields:
                 parts[f].append(out[f][:n])
             if bar is not None:
                 bar.update(n * T)
         tmp = directory / (_shard_name(i) + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        for f in SHARD_FIELDS:
+        for f in fields:
             np.save(tmp / f"{f}.npy", np.concatenate(parts[f]))
         tmp.rename(directory / _shard_name(i))
         done_tokens += (hi - lo) * T
@@ -274,6 +298,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--from-distilled", default="", help="a lsjax.cli.distill directory instead of corpora")
     p.add_argument("--model", default="", help="target .gguf or HF dir (default: the bundled SmolLM2)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--aux-layers",
+        type=int,
+        nargs="+",
+        default=(),
+        metavar="L",
+        help="also store the residual streams entering these target layers (aux_hidden; EAGLE-3 reads 2, L//2, L-3)",
+    )
     args = p.parse_args(argv)
     try:
         return _run(args)
@@ -316,6 +348,7 @@ def _run(args) -> int:
         mask,
         params,
         config,
+        spec=dataclasses.replace(default_spec(config), aux_layers=tuple(args.aux_layers)),
         shard_size=args.shard_size,
         batch_size=args.batch_size,
         seed=args.seed,

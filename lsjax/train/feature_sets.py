@@ -17,8 +17,10 @@ import numpy as np
 from lsjax.errors import LsjaxError
 
 VERSION = 1
-FIELDS = ("tokens", "loss_mask", "k", "v", "hidden", "mid_hidden", "topk_ids", "topk_logprobs")
-SHARD_FIELDS = FIELDS[2:]
+FIELDS = ("tokens", "loss_mask", "k", "v", "hidden", "mid_hidden", "topk_ids", "topk_logprobs", "aux_hidden")
+# Every set's shard fields; `aux_hidden` is stored only by a set built with aux layers (its manifest's
+# "aux_layers"), so sets built before it existed stay readable as they are.
+SHARD_FIELDS = FIELDS[2:-1]
 
 
 class FeatureCacheError(LsjaxError, ValueError):
@@ -43,6 +45,7 @@ class FeatureCache:
         self.seq_len = manifest["seq_len"]
         self.mid_layer = manifest["mid_layer"]
         self.topk = manifest["topk"]
+        self.aux_layers = tuple(manifest.get("aux_layers", ()))
         self.shard_size = manifest["shard_size"]
         self.total_sequences = manifest["sequences"]
         built = min(self.total_sequences, complete_shards * self.shard_size)
@@ -97,15 +100,26 @@ class FeatureCache:
         self._open.move_to_end(key)
         return self._open[key]
 
-    def read(self, indices, fields: tuple[str, ...] = FIELDS) -> dict[str, np.ndarray]:
-        """Rows `indices` (any order, repeats allowed) of each field, as in-memory arrays."""
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The fields this set holds."""
+        return FIELDS[:-1] + (("aux_hidden",) if self.aux_layers else ())
+
+    def read(self, indices, fields: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+        """Rows `indices` (any order, repeats allowed) of each field (default: every field the set holds), as
+        in-memory arrays."""
         idx = np.asarray(indices, np.int64).reshape(-1)
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_sequences):
             raise FeatureCacheError(f"feature cache: index out of range [0, {self.num_sequences})")
         out = {}
-        for f in fields:
+        for f in self.fields if fields is None else fields:
             if f not in FIELDS:
                 raise FeatureCacheError(f"feature cache: unknown field {f!r}; fields are {', '.join(FIELDS)}")
+            if f not in self.fields:
+                raise FeatureCacheError(
+                    f"feature cache: {self.directory.name} has no {f} (build it with --aux-layers to store the "
+                    "residual streams entering those layers)"
+                )
             if f == "tokens":
                 out[f] = np.asarray(self.tokens[idx])
             elif f == "loss_mask":
@@ -124,6 +138,9 @@ class FeatureSets:
             raise FeatureCacheError(f"feature cache: sets of different sequence lengths {sorted(lengths)} in one run")
         self.caches = caches
         self.seq_len = lengths.pop()
+        # The aux streams only where every set holds the same layers' (None: the sets differ).
+        aux = {c.aux_layers for c in caches}
+        self.aux_layers = aux.pop() if len(aux) == 1 else None
         self.starts = np.cumsum([0] + [c.num_sequences for c in caches])
         self.num_sequences = int(self.starts[-1]) if not limit else min(int(self.starts[-1]), limit)
         self.tokens = np.concatenate([np.asarray(c.tokens) for c in caches])[: self.num_sequences]
@@ -145,7 +162,8 @@ class FeatureSets:
     def describe(self) -> str:
         return ", ".join(f"{c.directory.name} {c.num_sequences}/{c.total_sequences}" for c in self.caches)
 
-    def read(self, indices, fields: tuple[str, ...] = FIELDS) -> dict[str, np.ndarray]:
+    def read(self, indices, fields: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+        fields = self.caches[0].fields if fields is None else fields
         idx = np.asarray(indices, np.int64).reshape(-1)
         which = np.searchsorted(self.starts, idx, side="right") - 1
         rows = [self.caches[w].read(np.array([i - self.starts[w]]), fields) for w, i in zip(which, idx, strict=True)]
