@@ -28,6 +28,7 @@ The draft is the linen module `DFlashDraft`; the drafter, the loaders and the te
     variables = draft.init(key, method="weights")                           # random, with logical axes
     k, v = draft.apply(variables, aux, positions, method="context_kv")      # [N, B, T, K, H] to commit
     hidden = draft.apply(variables, noise, positions, cache)                # [B, s, D], final norm applied
+    hidden = draft.apply(variables, noise, pos, anchors, k, v, method="blocks")  # training: [B, M, s, D]
     logits = draft.apply(variables, hidden[:, 1:], lm_head, embed, method="logits")
 
 The target's embedding table and LM head are arguments (the draft has neither). Shapes follow the published
@@ -208,6 +209,42 @@ def block(params: dict, cfg: DFlashConfig, noise: jax.Array, positions: jax.Arra
     return rms_norm(x, params["final_norm"], eps)
 
 
+def parallel_blocks(
+    params: dict, cfg: DFlashConfig, noise: jax.Array, positions: jax.Array, anchors: jax.Array, ctx_k, ctx_v
+) -> jax.Array:
+    """Many blocks in one forward, as training runs them: the noise embeddings [B, M, s, D] of M blocks at
+    positions [B, M, s]; block m of row b reads the context positions t < anchors[b, m] (ctx_k, ctx_v
+    [N, B, T, K, H]: `context_kv` at every position of the row) and its own s positions, never another block's
+    -> the final-normed states [B, M, s, D] (fp32). Each block is exactly what `block` computes over a cache of
+    the context before its anchor (attention as one softmax over both parts, fp32)."""
+    c = cfg.layer
+    eps = c.rms_norm_eps
+    B, M, s, D = noise.shape
+    T = ctx_k.shape[2]
+    K, G, H = c.num_kv_heads, c.group_size, c.head_dim
+    cos, sin = rope_angles(positions.reshape(B, M * s), inverse_frequencies(c))
+    visible = (jnp.arange(T)[None, None] < anchors[:, :, None])[:, :, None, None, None, :]  # [B, M, 1, 1, 1, T]
+    f32 = jnp.float32
+    x = noise.reshape(B, M * s, D).astype(ACT_DTYPE)
+    for i in range(c.num_layers):
+        layer = _layer(params, i)
+        h = rms_norm(x, layer["attn_norm"], eps)
+        q = rms_norm(dense(h, layer["wq"], "btd,dnh->btnh"), layer["q_norm"], eps)
+        q = apply_rope(q, cos, sin).astype(f32).reshape(B, M, s, K, G, H) * H**-0.5
+        k, v = _keys_values(layer, cfg, h, cos, sin)
+        k, v = k.astype(f32).reshape(B, M, s, K, H), v.astype(f32).reshape(B, M, s, K, H)
+        on_ctx = jnp.einsum("bmskgh,btkh->bmkgst", q, ctx_k[i].astype(f32), preferred_element_type=f32)
+        # A large finite floor, not -inf: a block anchored at 0 sees no context, and its row stays finite.
+        on_ctx = jnp.where(visible, on_ctx, -1e30)
+        on_blk = jnp.einsum("bmskgh,bmrkh->bmkgsr", q, k, preferred_element_type=f32)
+        p = jax.nn.softmax(jnp.concatenate([on_ctx, on_blk], axis=-1), axis=-1)
+        out = jnp.einsum("bmkgst,btkh->bmskgh", p[..., :T], ctx_v[i].astype(f32), preferred_element_type=f32)
+        out = out + jnp.einsum("bmkgsr,bmrkh->bmskgh", p[..., T:], v, preferred_element_type=f32)
+        x = x + dense(out.reshape(B, M * s, K * G, H), layer["wo"], "btnh,nhd->btd")
+        x = x + dense_mlp(layer, rms_norm(x, layer["mlp_norm"], eps))
+    return rms_norm(x, params["final_norm"], eps).reshape(B, M, s, D)
+
+
 def logits(hidden: jax.Array, lm_head: jax.Array | None = None, embed: jax.Array | None = None) -> jax.Array:
     """The target's output projection (no norm: the draft's final norm is applied): `lm_head` [D, V] when the
     target has one, else its tied embedding rows `embed` [V, D] -> fp32 logits [..., V]."""
@@ -239,6 +276,10 @@ class DFlashDraft(Model):
     def context_kv(self, aux, positions):
         """The context's K/V at every layer: (k, v) [N, B, T, K, H] for the streams aux [B, T, A Dt]."""
         return context_kv(self.weights(), self.config, aux, positions)
+
+    def blocks(self, noise, positions, anchors, ctx_k, ctx_v) -> jax.Array:
+        """`parallel_blocks`: M blocks per row [B, M, s, D], each over the context before its anchor."""
+        return parallel_blocks(self.weights(), self.config, noise, positions, anchors, ctx_k, ctx_v)
 
     def noise(self, tokens, embed) -> jax.Array:
         """The block's noise embeddings [B, s, D]: the target's table `embed` [V, D] at [root, MASK, ...]."""
