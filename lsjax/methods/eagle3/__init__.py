@@ -1,7 +1,7 @@
 """eagle3: published EAGLE-3 drafts (EAGLE / SpecForge and speculators layouts) and EAGLE-2's dynamic tree."""
 
 from lsjax.methods.eagle3.config import Eagle3Options
-from lsjax.methods.registry import cached, register
+from lsjax.methods.registry import cached, register, register_kind
 
 
 @register(
@@ -16,3 +16,16 @@ def build(model, opts: Eagle3Options, cache):
 
     key = ("eagle3", opts.draft, opts.eagle_tree)
     return cached(cache, key, lambda: load_eagle3(model, opts.draft, opts.eagle_tree))
+
+
+@register_kind(
+    "eagle3",
+    "an EAGLE-3 draft (one layer on three target layers' streams, training-time test), exported in the EAGLE or "
+    "speculators layout",
+    config="lsjax.methods.eagle3.train_config:Eagle3TrainConfig",
+    export="lsjax.methods.eagle3.export:export_kind",
+)
+def fit(cfg, **run):
+    from lsjax.methods.eagle3.train import fit
+
+    return fit(cfg, **run)

@@ -218,9 +218,12 @@ def random_draft(target: ModelConfig, seed: int = 0) -> tuple[em.Eagle3Config, d
     return cfg, params, DraftInfo("random", "random")
 
 
-def write_draft(path: str | Path, cfg: em.Eagle3Config, params: dict, fmt: str = "eagle", shards: int = 1) -> Path:
-    """A draft in a published layout (`fmt`), from lsjax params: the inverse of `read_draft` (tests, and a
-    round trip for drafts trained elsewhere). `shards` > 1 writes sharded safetensors with an index."""
+def write_draft(
+    path: str | Path, cfg: em.Eagle3Config, params: dict, fmt: str = "eagle", shards: int = 1, dtype: str = "float32"
+) -> Path:
+    """A draft in a published layout (`fmt`), from lsjax params: the inverse of `read_draft` (tests, a round trip
+    for drafts trained elsewhere, and the export of drafts lsjax trains). Float tensors are written in `dtype`;
+    `shards` > 1 writes sharded safetensors with an index."""
     from safetensors.numpy import save_file
 
     if fmt not in FORMATS:
@@ -237,7 +240,7 @@ def write_draft(path: str | Path, cfg: em.Eagle3Config, params: dict, fmt: str =
             w = w.reshape(-1, w.shape[-1]).T
         elif name in ("fc", "w_gate", "w_up", "w_down", "lm_head"):
             w = w.T
-        tensors[dst] = np.ascontiguousarray(w)
+        tensors[dst] = np.ascontiguousarray(w).astype(numpy_dtype(dtype))
     ids = np.asarray(params["draft_to_target"], np.int64)
     tensors["d2t"] = ids - np.arange(len(ids))
     t2d = np.zeros(c.vocab_size, bool)
@@ -258,7 +261,9 @@ def write_draft(path: str | Path, cfg: em.Eagle3Config, params: dict, fmt: str =
     }
     if fmt == "eagle":
         hf = {"architectures": ["LlamaForCausalLMEagle3"], **layer_hf, "draft_vocab_size": cfg.draft_vocab_size}
-        hf["target_hidden_size"] = cfg.target_hidden_size
+        # Only where it differs: with the key present EAGLE's loader no longer reads the target's embedding table.
+        if cfg.target_hidden_size != c.hidden_size:
+            hf["target_hidden_size"] = cfg.target_hidden_size
     else:
         hf = {
             "speculators_model_type": "eagle3",
