@@ -32,7 +32,15 @@ def _run(capsys, *args) -> tuple[int, str, str]:
 
 
 def test_registry_names_every_trainer():
-    assert registry.kind_names() == ("longspec", "block", "local_head", "streams", "tokenswift-heads")
+    assert registry.kind_names() == (
+        "longspec",
+        "block",
+        "local_head",
+        "streams",
+        "tokenswift-heads",
+        "eagle3",
+        "dflash",
+    )
     assert registry.kind_of({}) == registry.kind_of({"kind": None}) == registry.default_kind() == "longspec"
     assert registry.kind_of({"kind": "block"}) == "block"
     with pytest.raises(ConfigError, match="^kind: unknown kind 'nope'; known kinds: longspec, block"):
