@@ -56,7 +56,7 @@ def _setup(target, steps, vocab_size=64, seed=3):
     vocab = np.sort(rng.permutation(TINY.vocab_size)[:vocab_size]).astype(np.int32)
     dcfg = et.draft_config(TINY, cfg, vocab_size)
     params = et.init_draft(dcfg, dataclasses.replace(cfg, draft=dataclasses.replace(cfg.draft, init_std=0.2)),
-                           target, vocab, jax.random.PRNGKey(seed))  # fmt: skip
+                           jax.random.PRNGKey(seed))  # fmt: skip
     consts = {"target": target, "vocab_ids": jnp.asarray(vocab), "t2d": jnp.asarray(et.vocab_masks(vocab, 97))}
     tokens = jnp.asarray(rng.integers(0, TINY.vocab_size, (2, 24)), jnp.int32)
     mask = jnp.asarray(rng.random((2, 24)) < 0.7, jnp.float32)
@@ -247,9 +247,9 @@ def test_a_tiny_run_lowers_its_loss(trained, target):
         sums = et.ttt_losses(p, consts, TINY, dcfg, cfg, micro)
         return et.objective(sums, cfg, 16 * 32), sums["correct"] / sums["mask"]
 
-    loss0, acc0 = measure(et.init_draft(dcfg, cfg, target, vocab, jax.random.PRNGKey(0)))
+    loss0, acc0 = measure(et.init_draft(dcfg, cfg, jax.random.PRNGKey(0)))
     loss1, acc1 = measure(jax.tree.map(jnp.asarray, load_draft_params(run_dir)))
-    assert float(loss1) < 0.9 * float(loss0), (loss0, loss1)
+    assert float(loss1) < float(loss0) - 0.15, (loss0, loss1)  # its floor is the target's entropy, not 0
     assert np.all(np.asarray(acc1) > np.asarray(acc0) + 0.1), (acc0, acc1)  # at every step of the test
 
 

@@ -50,6 +50,7 @@ from lsjax.train.step import TrainState, accumulate_grads, apply_grads, init_sta
 
 DRAFT_FILE = "eagle3.json"  # the run's draft shape (the export reads it without loading the target)
 HEAD_KEYS = ("embed", "final_norm", "lm_head")  # the target params the step reads when the features are cached
+SUMS = ("ploss", "weight", "correct", "mask")  # what `ttt_losses` sums per step
 
 
 # ----------------------------------------------------------------------------------------- the draft
@@ -105,21 +106,15 @@ def trainable_specs(dcfg: em.Eagle3Config) -> dict[str, ParamSpec]:
     return {k: v for k, v in em.param_specs(dcfg).items() if k != "draft_to_target"}
 
 
-def init_draft(dcfg: em.Eagle3Config, cfg: Eagle3TrainConfig, target_params: dict, vocab_ids, key) -> dict:
-    """Fresh trainable params (fp32): N(0, init_std) weights, unit norm gains; with `draft.head_from_target`
-    the LM head (the target's rows of the draft vocabulary) and final norm are the target's."""
+def init_draft(dcfg: em.Eagle3Config, cfg: Eagle3TrainConfig, key) -> dict:
+    """Fresh trainable params (fp32): weights ~ N(0, draft.init_std), norm gains 1."""
     specs = trainable_specs(dcfg)
     keys = dict(zip(specs, jax.random.split(key, len(specs)), strict=True))
     std = cfg.draft.init_std
-    params = {
+    return {
         n: jnp.ones(s.shape, jnp.float32) if s.init == "ones" else std * jax.random.normal(keys[n], s.shape)
         for n, s in specs.items()
     }
-    if cfg.draft.head_from_target:
-        params["lm_head"] = target_head(target_params, jnp.asarray(vocab_ids)).astype(jnp.float32)
-        # A copy: the state is donated to the step, the target's params are not.
-        params["final_norm"] = jnp.array(target_params["final_norm"], jnp.float32, copy=True)
-    return params
 
 
 def target_head(target_params: dict, vocab_ids) -> jax.Array:
@@ -219,8 +214,9 @@ def _chunks(x: jax.Array, C: int) -> jax.Array:
 def ttt_losses(
     params: dict, consts: dict, config: ModelConfig, dcfg: em.Eagle3Config, cfg: Eagle3TrainConfig, micro: dict
 ) -> dict:
-    """One micro-batch's per-step sums [S]: "ploss" (the weighted soft cross-entropy), "correct" (draft argmax =
-    target argmax where weighted), "mask" (the step's loss-mask positions that have a target)."""
+    """One micro-batch's per-step sums [S]: "ploss" (the weighted soft cross-entropy), "weight" (its weights),
+    "correct" (draft argmax = target argmax where weighted), "mask" (the step's loss-mask positions that have a
+    target)."""
     S, C = cfg.loss.ttt_steps, cfg.loss.chunk_size
     tp = consts["target"]
     tokens, loss_mask = micro["tokens"], micro["loss_mask"].astype(jnp.float32)
@@ -246,7 +242,7 @@ def ttt_losses(
         hit = jnp.argmax(logq, axis=-1) == jnp.argmax(t_logits, axis=-1)
         return jnp.sum(w * ce), jnp.sum(w * hit)
 
-    sums = {"ploss": [], "correct": [], "mask": []}
+    sums = {"ploss": [], "weight": [], "correct": [], "mask": []}
     valid_all = jnp.arange(T)[None, :]
     for j in range(S):
         valid = (valid_all + 1 + j < T).astype(jnp.float32)  # position t + 1 + j is inside the row
@@ -257,6 +253,7 @@ def ttt_losses(
         sums["ploss"].append(jnp.sum(ce))
         sums["correct"].append(jnp.sum(hit))
         sums["mask"].append(jnp.sum(lm))
+        sums["weight"].append(jnp.sum(weight))
     return {k: jnp.stack(v) for k, v in sums.items()}
 
 
@@ -280,11 +277,14 @@ def make_train_step(config: ModelConfig, dcfg: em.Eagle3Config, cfg: Eagle3Train
             sums = ttt_losses(p, consts, config, dcfg, cfg, micro)
             return objective(sums, cfg, positions), sums
 
-        zeros = {k: jnp.zeros((S,), jnp.float32) for k in ("ploss", "correct", "mask")}
+        zeros = {k: jnp.zeros((S,), jnp.float32) for k in SUMS}
         grads, sums = accumulate_grads(loss_fn, state.params, batch, zeros)
         metrics = {"loss": objective(sums, cfg, positions), "grad_norm": optax.tree.norm(grads)}
         metrics["lr"] = schedule(state.step)
         acc = sums["correct"] / jnp.maximum(sums["mask"], 1.0)
+        # The soft cross-entropy per weighted position at step 0 (the loss's terms are per position of the batch,
+        # so they move with how much of it the loss mask covers).
+        metrics["ce"] = sums["ploss"][0] / jnp.maximum(sums["weight"][0], 1.0)
         metrics["acc"] = acc[0]
         for j in range(S):
             metrics[f"ploss_{j}"] = sums["ploss"][j] / positions
@@ -344,7 +344,7 @@ def _setup(cfg: Eagle3TrainConfig, open_run_dir, log):
     dcfg = draft_config(config, cfg, len(vocab_ids))
     dcfg = dataclasses.replace(dcfg, aux_layers=tuple(aux_layers))
     if params is None:
-        params = init_draft(dcfg, cfg, target_params, vocab_ids, jax.random.PRNGKey(cfg.seed))
+        params = init_draft(dcfg, cfg, jax.random.PRNGKey(cfg.seed))
 
     run_dir = open_run_dir()
     from lsjax import sharding
@@ -473,14 +473,17 @@ def _dev_eval(cfg: Eagle3TrainConfig, config, dcfg, target_params, consts, token
             s = ttt_losses(params, live, config, dcfg, cfg, micro)
             return jax.tree.map(jnp.add, carry, s), None
 
-        zeros = {k: jnp.zeros((cfg.loss.ttt_steps,), jnp.float32) for k in ("ploss", "correct", "mask")}
+        zeros = {k: jnp.zeros((cfg.loss.ttt_steps,), jnp.float32) for k in SUMS}
         return jax.lax.scan(one, zeros, batch)[0]
 
     def evaluate(params) -> dict:
         got = [jax.device_get(sums(params, b)) for b in batches]
         total = {k: sum(g[k] for g in got) for k in got[0]}
         w = np.maximum(total["mask"], 1.0)
-        out = {"dev_ce": float(total["ploss"][0] / w[0]), "dev_acc": float(total["correct"][0] / w[0])}
+        out = {
+            "dev_ce": float(total["ploss"][0] / max(total["weight"][0], 1.0)),
+            "dev_acc": float(total["correct"][0] / w[0]),
+        }
         return out | {f"dev_acc_{j}": float(total["correct"][j] / w[j]) for j in range(cfg.loss.ttt_steps)}
 
     return evaluate

@@ -38,10 +38,9 @@ class Eagle3DraftConfig:
     num_heads: int = 0  # 0 = the target's (head_dim then hidden_size // num_heads unless the target's heads)
     num_kv_heads: int = 0  # 0 = the target's (or num_heads when num_heads is set)
     norm_before_residual: bool = False  # speculators' option; the EAGLE layout cannot express True
-    # Start the LM head and final norm from the target's (its rows of the draft vocabulary): the draft's first
-    # guess is then the target's head read on the fused features, not noise. The reference starts them at random.
-    head_from_target: bool = True
-    init_std: float = 0.02  # the other weights ~ N(0, init_std) (norm gains start at 1)
+    # Every weight starts random, as the reference's (norm gains at 1). Starting the LM head from the target's is
+    # no help: the draft at t guesses x_{t+2}, the target's head read on its streams at t guesses x_{t+1}.
+    init_std: float = 0.02
 
     def __post_init__(self):
         ok = isinstance(self.aux_layers, tuple) and all(
