@@ -36,6 +36,25 @@ def test_the_tiny_job_generates_trains_and_exports_within_its_budget(tmp_path):
     assert len(raw) < 16 << 20 and set(arrays) >= {"self_wq", "cross_wq", "w_down"}
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
+def test_the_job_trains_and_exports_another_kind(tmp_path, kind):
+    """Any registered kind goes through the same three phases, exported in its published layout."""
+    job = dj.JobConfig(budget_minutes=1.5, gen_share=0.2, gen_batch=4, max_new_tokens=8)
+    report = dj.run(dj.tiny_train_config(tmp_path, kind), job, None, tmp_path, tiny=True, log=lambda _: None)
+    assert report["kind"] == kind and report["train_steps"] > 0
+    config = json.loads((tmp_path / "draft" / "config.json").read_text())
+    if kind == "dflash":
+        assert config["block_size"] == 4  # z-lab's config.json
+    else:
+        assert config["draft_vocab_size"] == 64  # EAGLE's config.json
+
+
+def test_a_tiny_stage_of_an_unknown_kind_is_one_line(tmp_path, capsys):
+    line = main_line(capsys, "--tiny", "--kind", "nope", "--out", str(tmp_path))
+    assert line.startswith("device job: error: --kind: no tiny stage for kind 'nope'; choose from longspec")
+
+
 def test_the_prompt_file_round_trips(tmp_path):
     ps = dj.tiny_prompts(vocab=300, n=5, length=17)
     dj.write_prompts(tmp_path / "p.npz", ps)

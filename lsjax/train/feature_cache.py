@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         default=(),
         metavar="L",
-        help="also store the residual streams entering these target layers (aux_hidden; EAGLE-3 reads 2, L//2, L-3)",
+        help="also store the hidden states entering these target layers (aux_hidden; EAGLE-3 reads 2, L//2, L-3)",
     )
     args = p.parse_args(argv)
     try:

@@ -118,7 +118,7 @@ class FeatureCache:
             if f not in self.fields:
                 raise FeatureCacheError(
                     f"feature cache: {self.directory.name} has no {f} (build it with --aux-layers to store the "
-                    "residual streams entering those layers)"
+                    "hidden states entering those layers)"
                 )
             if f == "tokens":
                 out[f] = np.asarray(self.tokens[idx])

@@ -1,16 +1,20 @@
 """The draft-at-scale job for one accelerator lease: the target writes its own answers to train-split prompts,
-and the LongSpec draft trains on them, within one time budget.
+and a draft of any registered training kind (the config's `kind:`; LongSpec by default) trains on them, within
+one time budget.
 
     python -m tools.device.device_job --make-prompts .device/prompts.npz         # here: corpora + tokenizer
     python -m tools.device.device_job --prompts .device/prompts.npz --budget-minutes 9 --out OUT   # on the GPU
+    python -m tools.device.device_job --prompts P --config configs/train/eagle3-smollm2.yaml --out OUT
     python -m tools.device.device_job --tiny --out DIR --budget-minutes 0.5      # a CPU: a tiny random target
+    python -m tools.device.device_job --tiny --kind eagle3 --out DIR             # the same path for another kind
 
 Phases, each against the one clock: (1) self-distillation (`lsjax.cli.distill.write_answers`, batched and
 jitted, half greedy and half sampled at T=1 with min-p 0.1) until `--gen-share` of the budget is used; (2) the
-LongSpec stage of `--config` on those rows with the target's features computed in the step (an accelerator needs
-no feature cache), checkpointing as it goes and stopping at the budget less the export margin; (3) the draft
-exported in bf16 (one safetensors file, well under the 16 MiB a lease returns per file) with a `job.json` of
-what was done. A run cut short keeps its last checkpoint, and the export says how far it got.
+stage of `--config` on those rows, through its kind's trainer (`lsjax.methods.registry`), with the target's
+features computed in the step (an accelerator needs no feature cache), checkpointing as it goes and stopping at
+the budget less the export margin; (3) the draft exported by its kind's exporter (LongSpec: bf16 safetensors,
+well under the 16 MiB a lease returns per file; EAGLE-3 and DFlash: their published layouts) with a `job.json`
+of what was done. A run cut short keeps its last checkpoint, and the export says how far it got.
 
 The prompts travel as token ids (`--make-prompts`: uint16, compressed), made from the train split only, so the
 GPU machine needs neither the corpora nor a network.
@@ -29,8 +33,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from lsjax.config import ConfigError, ModelConfig
+from lsjax.config import ConfigError
 from lsjax.errors import LsjaxError
+from lsjax.methods import registry
 
 DEFAULT_CONFIG = "configs/train/smollm2-device.yaml"
 EXPORT_MARGIN_S = 45.0  # the export and the report after training stops (the draft is small)
@@ -155,36 +160,53 @@ def tiny_prompts(vocab: int, n: int, length: int, seed: int = 0) -> PromptSet:
 # ------------------------------------------------------------------------------------------------- the job
 
 
-def tiny_train_config(out: Path):
-    """The tiny target and a LongSpec stage sized for seconds on a CPU."""
-    from lsjax.config import DraftConfig
-    from lsjax.methods.longspec.train_config import LongSpecTrainConfig, LossConfig
-    from lsjax.train.config import (
-        CheckpointConfig,
-        DataConfig,
-        LogConfig,
-        OptimConfig,
-        PositionConfig,
-        TargetConfig,
-    )
+TINY_MODEL = {
+    "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "num_heads": 4,
+    "num_kv_heads": 2, "head_dim": 8, "max_position": 512, "name": "tiny", "eos_token_ids": [2], "pad_token_id": 0,
+}  # fmt: skip
+# Each kind's own sections at the tiny target's size. LongSpec's keeps the device stage's loss
+# (configs/train/smollm2-device.yaml), so the dry run takes the path the GPU will.
+TINY_SECTIONS = {
+    "longspec": {
+        "draft": {"window": 16},
+        "positions": {"anchor_offset": False},
+        "loss": {"distill": "argmax", "distill_weight": 1.0, "distill_on": "text", "chunk_size": 32},
+    },
+    "dflash": {"draft": {"num_layers": 1, "block_size": 4}, "loss": {"num_anchors": 8, "chunk_blocks": 8}},
+    "eagle3": {"draft": {"aux_layers": [0, 1, 1], "draft_vocab_size": 64}, "loss": {"ttt_steps": 3, "chunk_size": 32}},
+}
 
-    model = ModelConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-        head_dim=8, max_position=512, name="tiny", eos_token_ids=(2,), pad_token_id=0,
-    )  # fmt: skip
-    return LongSpecTrainConfig(
-        name="device-job-tiny",
-        run_dir=str(out / "run"),
-        target=TargetConfig(model=model, random_init=True),
-        draft=DraftConfig(window=16),
-        data=DataConfig(sources=("synthetic",), seq_len=64, batch_size=4),
-        positions=PositionConfig(anchor_offset=False),
-        # The device stage's loss (configs/train/smollm2-device.yaml), so the dry run takes the path the GPU will.
-        loss=LossConfig(distill="argmax", distill_weight=1.0, distill_on="text", chunk_size=32),
-        optim=OptimConfig(lr=1e-3, warmup_steps=2, total_steps=100000),
-        checkpoint=CheckpointConfig(every=20, keep=2),
-        log=LogConfig(every=10, eval_every=0, progress=False),
-    )
+
+def tiny_train_config(out: Path, kind: str = "longspec"):
+    """The tiny target and a stage of `kind` sized for seconds on a CPU."""
+    from lsjax.config import from_dict
+
+    if kind not in TINY_SECTIONS:
+        raise ConfigError(f"--kind: no tiny stage for kind {kind!r}; choose from {', '.join(TINY_SECTIONS)}")
+    raw = {
+        "kind": kind,
+        "name": "device-job-tiny",
+        "run_dir": str(out / "run"),
+        "target": {"model": TINY_MODEL, "random_init": True},
+        "data": {"sources": ["synthetic"], "seq_len": 64, "batch_size": 4},
+        "optim": {"lr": 1e-3, "warmup_steps": 2, "total_steps": 100000},
+        "checkpoint": {"every": 20, "keep": 2},
+        "log": {"every": 10, "eval_every": 0, "progress": False},
+    } | TINY_SECTIONS[kind]
+    return from_dict(registry.get_kind(kind).config_class, raw)
+
+
+def load_config(path: str, overrides: list[str]):
+    """The stage's config from its YAML, as the class of the kind it names (LongSpec's when it names none)."""
+    import yaml
+
+    from lsjax.config import apply_overrides, from_dict
+
+    if not Path(path).is_file():
+        raise ConfigError(f"--config: {path}: no such file")
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    apply_overrides(raw, overrides)
+    return from_dict(registry.get_kind(registry.kind_of(raw)).config_class, raw)
 
 
 def sized_schedule(optim, seconds: float, steps_per_s: float):
@@ -281,12 +303,14 @@ def run(
         run_dir=str(out / "run"),
         max_minutes=left_min,
         data=dataclasses.replace(cfg.data, distilled=str(distilled)),
-        features=dataclasses.replace(cfg.features, enabled=False, set=""),
     )
-    from lsjax.methods.longspec.train import fit
+    if hasattr(cfg, "features"):
+        cfg = dataclasses.replace(cfg, features=dataclasses.replace(cfg.features, enabled=False, set=""))
+    kind = registry.get_kind(getattr(cfg, "kind", None) or registry.default_kind())
+    report["kind"] = kind.name
 
     t1 = time.monotonic()
-    summary = fit(cfg, overwrite=True, progress=not tiny, log=log)
+    summary = kind.fit(cfg, overwrite=True, progress=not tiny, log=log)
     steps = int(summary["steps"])
     tokens_per_step = cfg.data.batch_size * cfg.data.grad_accum * seq_len
     report |= {
@@ -297,10 +321,13 @@ def run(
         "final": {k: v for k, v in summary["final"].items() if isinstance(v, int | float)},
     }
 
-    # 3. the draft, exported in bf16
-    from lsjax.methods.longspec.export import export_run
+    # 3. the draft, exported by its kind (LongSpec's records the job's report in its config.json)
+    if kind.name == "longspec":
+        from lsjax.methods.longspec.export import export_run
 
-    export_run(cfg, out / "draft", extra={"train_config": config_path, "device_job": dict(report)})
+        export_run(cfg, out / "draft", extra={"train_config": config_path, "device_job": dict(report)})
+    else:
+        kind.export(cfg, out / "draft", config_path=config_path)
     report["draft_bytes"] = sum(f.stat().st_size for f in (out / "draft").iterdir() if f.is_file())
     report["total_s"] = round(time.monotonic() - t0, 1)
     report["within_budget"] = report["total_s"] <= job.budget_minutes * 60
@@ -327,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-task", type=int, default=600, help="--make-prompts: prompts per task kind")
     p.add_argument("--bucket", default="2K-4K", help="--make-prompts: prompt length bucket (1K-2K, 2K-4K, 4K-7K)")
     p.add_argument("--prompts", metavar="FILE", help="the prompt file (from --make-prompts)")
-    p.add_argument("--config", default=DEFAULT_CONFIG, help="the LongSpec stage to train (a configs/train YAML)")
+    p.add_argument("--config", default=DEFAULT_CONFIG, help="the stage to train (a configs/train YAML, any kind)")
+    p.add_argument("--kind", default="longspec", help="with --tiny: the training kind of the tiny stage")
     p.add_argument("--set", action="append", default=[], metavar="a.b=value", help="override a field of --config")
     p.add_argument("--out", help="where the distilled rows, the run, the draft and job.json go")
     p.add_argument("--budget-minutes", type=float, default=9.0)
@@ -365,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             steps_per_s=args.steps_per_s,
         )
         if args.tiny:
-            cfg, prompts = tiny_train_config(Path(args.out)), None
+            cfg, prompts = tiny_train_config(Path(args.out), args.kind), None
         else:
             if not args.prompts:
                 return fail("--prompts is required (or --tiny)")
@@ -375,10 +403,7 @@ def main(argv: list[str] | None = None) -> int:
                     "no accelerator here (JAX sees only a CPU): the job is sized for a GPU or TPU; "
                     "--tiny runs it end to end on a tiny target, --allow-cpu runs it anyway"
                 )
-            from lsjax.config import load_yaml
-            from lsjax.methods.longspec.train_config import LongSpecTrainConfig
-
-            cfg = load_yaml(LongSpecTrainConfig, args.config, args.set)
+            cfg = load_config(args.config, args.set)
         run(cfg, job, prompts, args.out, tiny=args.tiny, config_path=None if args.tiny else args.config)
     except (LsjaxError, ValueError, OSError) as e:
         return fail(str(e).splitlines()[0])
