@@ -173,7 +173,7 @@ TINY_SECTIONS = {
         "loss": {"distill": "argmax", "distill_weight": 1.0, "distill_on": "text", "chunk_size": 32},
     },
     "dflash": {"draft": {"num_layers": 1, "block_size": 4}, "loss": {"num_anchors": 8, "chunk_blocks": 8}},
-    "eagle3": {"draft": {"aux_layers": [0, 1, 1], "draft_vocab_size": 64}, "loss": {"ttt_steps": 3, "chunk_size": 32}},
+    "eagle3": {"draft": {"aux_layers": [1, 1, 0], "draft_vocab_size": 64}, "loss": {"ttt_steps": 3, "chunk_size": 32}},
 }
 
 
