@@ -56,6 +56,7 @@ def test_candidates_and_layout():
     assert auto.check_params(auto_params(auto, dflash_params=_setup()[4]), _setup()[0]) is None
 
 
+@pytest.mark.slow  # the default suite's budget (make test-slow runs it)
 def test_the_policy_runs_the_draft_and_stays_lossless():
     """Priced to pay, the draft's candidates run beside AR and prompt lookup; the output is AR's, and the draft's
     context cache is what a prefill of everything committed gives (every committed token went in once, with the

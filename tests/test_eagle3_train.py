@@ -144,6 +144,7 @@ def test_draft_vocabulary_from_frequencies():
     np.testing.assert_array_equal(t2d, [1, 0, 1, 1, 0, 1, 0, 0])
 
 
+@pytest.mark.slow  # the default suite's budget (make test-slow runs it)
 def test_cached_features_equal_live_ones(target, tmp_path):
     """A feature set built with the draft's aux layers holds its streams (aux_hidden = the target's `streams`);
     the losses read from it equal the live ones within float16; a set of other aux layers is refused by name."""

@@ -4,9 +4,12 @@ loaded, trained a few optax steps on a real prompt, then decoding through `lsjax
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # the default suite's budget (make test-slow runs it)
 def test_the_flax_page_runs_as_written(monkeypatch):
     page = (ROOT / "docs" / "flax.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", page, re.S)

@@ -325,6 +325,7 @@ def test_real_gguf_params_match_transformers(ours, hf_gguf):
     assert np.abs(ours.params["layers"]["wq"][7] - wq).max() <= 1e-6
 
 
+@pytest.mark.slow  # the default suite's budget (make test-slow runs it)
 def test_gguf_reader_agrees_with_gguf_package():
     path = default_model_path()
     ref = gguf.GGUFReader(path)
@@ -524,6 +525,7 @@ def test_shape_mismatch_hf(tmp_path):
     assert name in str(e.value)
 
 
+@pytest.mark.slow  # the default suite's budget (make test-slow runs it)
 def test_shape_mismatch_and_missing_tensor_gguf(tmp_path):
     model = _tiny_hf_model("qwen2", False)
     sd = _state_dict_np(model)

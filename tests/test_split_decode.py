@@ -74,7 +74,11 @@ def _positional(program):
 
 @pytest.mark.parametrize(
     ("gen", "costs"),
-    [(GREEDY, CHEAP), (GREEDY, PRICED_OUT), pytest.param(SAMPLED, CHEAP, marks=pytest.mark.slow)],  # T=1: ~1.5 min
+    [
+        pytest.param(GREEDY, CHEAP, marks=pytest.mark.slow),
+        (GREEDY, PRICED_OUT),
+        pytest.param(SAMPLED, CHEAP, marks=pytest.mark.slow),
+    ],  # ~1 min each
     ids=["switching", "stretches", "T=1"],
 )
 def test_split_programs_run_the_steps_of_the_single_program(gen, costs):

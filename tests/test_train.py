@@ -487,6 +487,7 @@ def test_cli_bad_config_exits_2(tmp_path):
     assert out.returncode == 2 and "optim.nope" in out.stderr
 
 
+@pytest.mark.slow  # the default suite's budget (make test-slow runs it)
 def test_cli_end_to_end_tiny(tmp_path):
     cfg = tmp_path / "tiny.yaml"
     d = tiny_dict(tmp_path / "run", log={"plot": True, "progress": True, "tensorboard": False}, checkpoint={"every": 4})
