@@ -118,3 +118,29 @@ def shared_feature_inputs(features: FeatureCacheConfig, data: DataConfig, *, hid
         extra["target_hidden"] = fcm.FieldView(fc, "hidden", n)
     log(f"data: {describe(seqs, mask)} from feature sets {fc.describe()} (complete/total sequences)")
     return seqs, mask, extra
+
+
+def training_rows(data: DataConfig, config: ModelConfig, tokenizer, *, log=print) -> tuple[np.ndarray, np.ndarray]:
+    """The packed rows (tokens, loss_mask) [S, T] a kind trains on: the self-distilled set `data.distilled` when
+    set (its rows must be `data.seq_len` long and in the target's vocabulary), else `data.sources` packed."""
+    from lsjax.train import data as data_lib
+
+    V, T = config.vocab_size, data.seq_len
+    if data.distilled:
+        seqs, mask = data_lib.load_distilled(data.distilled)
+        if seqs.shape[1] != T:
+            raise ConfigError(
+                f"data.seq_len: {T} differs from the self-distilled rows' {seqs.shape[1]} ({data.distilled})"
+            )
+        if seqs.size and int(seqs.max()) >= V:
+            raise ConfigError(
+                f"data.distilled: token id {int(seqs.max())} is outside the target's vocabulary of {V} (rows "
+                "written for another target?)"
+            )
+        log(f"data: {data_lib.describe(seqs, mask)} (self-distilled: {data.distilled})")
+        return seqs, mask
+    if tokenizer is None and any(s != "synthetic" for s in data.sources):
+        raise ConfigError("data.sources: a random-init target has no tokenizer; use the synthetic source")
+    seqs, mask = data_lib.load_sequences(data, tokenizer, eos_id(config), V, log=log)
+    log(f"data: {data_lib.describe(seqs, mask)} ({', '.join(data.sources)}, {data.split})")
+    return seqs, mask

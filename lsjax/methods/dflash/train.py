@@ -240,29 +240,13 @@ def fit(cfg: DFlashTrainConfig, **run) -> dict:
 def _setup(cfg: DFlashTrainConfig, open_run_dir, log):
     from lsjax import sharding
     from lsjax.train import data as data_lib
-    from lsjax.train.inputs import GrainBatches, eos_id, load_target
+    from lsjax.train.inputs import GrainBatches, load_target, training_rows
     from lsjax.train.runner import Job
 
     config, target_params, tokenizer = load_target(cfg)
     dcfg, params = _draft(cfg, config, target_params, log)
-    V, T = config.vocab_size, cfg.data.seq_len
-    if cfg.data.distilled:
-        seqs, mask = data_lib.load_distilled(cfg.data.distilled)
-        if seqs.shape[1] != T:
-            raise ConfigError(
-                f"data.seq_len: {T} differs from the self-distilled rows' {seqs.shape[1]} ({cfg.data.distilled})"
-            )
-        if seqs.size and int(seqs.max()) >= V:
-            raise ConfigError(
-                f"data.distilled: token id {int(seqs.max())} is outside the target's vocabulary of {V} (rows "
-                "written for another target?)"
-            )
-        log(f"data: {data_lib.describe(seqs, mask)} (self-distilled: {cfg.data.distilled})")
-    else:
-        if tokenizer is None and any(s != "synthetic" for s in cfg.data.sources):
-            raise ConfigError("data.sources: a random-init target has no tokenizer; use the synthetic source")
-        seqs, mask = data_lib.load_sequences(cfg.data, tokenizer, eos_id(config), V, log=log)
-        log(f"data: {data_lib.describe(seqs, mask)} ({', '.join(cfg.data.sources)}, {cfg.data.split})")
+    T = cfg.data.seq_len
+    seqs, mask = training_rows(cfg.data, config, tokenizer, log=log)
     run_dir = open_run_dir()
     if sharding.is_primary():
         shape = hf_config(dcfg, config.num_layers, config.dtype)

@@ -307,7 +307,7 @@ def fit(cfg: Eagle3TrainConfig, **run) -> dict:
 
 def _setup(cfg: Eagle3TrainConfig, open_run_dir, log):
     from lsjax.train import data as data_lib
-    from lsjax.train.inputs import GrainBatches, eos_id, load_target
+    from lsjax.train.inputs import GrainBatches, load_target, training_rows
     from lsjax.train.runner import Job
 
     config, target_params, tokenizer = load_target(cfg)
@@ -317,18 +317,8 @@ def _setup(cfg: Eagle3TrainConfig, open_run_dir, log):
     extra = None
     if cfg.features.set:
         seqs, mask, extra = _feature_set_inputs(cfg, aux_layers, log)
-    elif cfg.data.distilled:
-        seqs, mask = data_lib.load_distilled(cfg.data.distilled)
-        if seqs.shape[1] != T:
-            raise ConfigError(
-                f"data.seq_len: {T} differs from the self-distilled rows' {seqs.shape[1]} ({cfg.data.distilled})"
-            )
-        log(f"data: {data_lib.describe(seqs, mask)} (self-distilled: {cfg.data.distilled})")
     else:
-        if tokenizer is None and any(s != "synthetic" for s in cfg.data.sources):
-            raise ConfigError("data.sources: a random-init target has no tokenizer; use the synthetic source")
-        seqs, mask = data_lib.load_sequences(cfg.data, tokenizer, eos_id(config), config.vocab_size, log=log)
-        log(f"data: {data_lib.describe(seqs, mask)} ({', '.join(cfg.data.sources)}, {cfg.data.split})")
+        seqs, mask = training_rows(cfg.data, config, tokenizer, log=log)
     if int(np.max(seqs)) >= config.vocab_size:
         raise ConfigError(f"data: token id {int(np.max(seqs))} >= the target's vocabulary {config.vocab_size}")
 

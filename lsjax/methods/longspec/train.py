@@ -22,7 +22,14 @@ from lsjax.methods.longspec.step import make_eval_step, make_train_step
 from lsjax.methods.longspec.train_config import LongSpecTrainConfig
 from lsjax.models.target import Transformer
 from lsjax.train.features import build_feature_cache
-from lsjax.train.inputs import GrainBatches, ProcessBatches, eos_id, load_target, shared_feature_inputs
+from lsjax.train.inputs import (
+    GrainBatches,
+    ProcessBatches,
+    eos_id,
+    load_target,
+    shared_feature_inputs,
+    training_rows,
+)
 from lsjax.train.step import init_state, make_optimizer
 from lsjax.vocab import pruned_vocab
 
@@ -69,16 +76,8 @@ def _setup(cfg: LongSpecTrainConfig, open_run_dir, log):
     fixed = cfg.features.enabled and not cfg.features.set
     if cfg.features.set:
         seqs, mask, extra = shared_feature_inputs(cfg.features, cfg.data, hidden=cfg.loss.distill == "kl", log=log)
-    elif cfg.data.distilled:
-        seqs, mask = data_lib.load_distilled(cfg.data.distilled)
-        if seqs.shape[1] != T:
-            raise ConfigError(
-                f"data.seq_len: {T} differs from the self-distilled rows' {seqs.shape[1]} ({cfg.data.distilled})"
-            )
-        log(f"data: {data_lib.describe(seqs, mask)} (self-distilled: {cfg.data.distilled})")
     else:
-        seqs, mask = data_lib.load_sequences(cfg.data, tokenizer, eos, V, log=log)
-        log(f"data: {data_lib.describe(seqs, mask)} ({', '.join(cfg.data.sources)}, {cfg.data.split})")
+        seqs, mask = training_rows(cfg.data, config, tokenizer, log=log)
     if fixed:
         high = data_lib.max_offset(cfg.positions, T, config.max_position)
         offsets = data_lib.offsets_for(cfg.data.seed, np.arange(len(seqs)), high)
