@@ -63,12 +63,12 @@ def grow(params: dict, arm: str, config, key) -> dict:
     if arm == "feature":
         p["feat_norm"] = jnp.ones((D,), jnp.float32)
         p["feat_w"] = jnp.zeros((D, D), jnp.float32)
-    elif arm == "depth2":
+    elif arm == "depth2":  # copies (jnp.array), not aliases: the train step donates every leaf
         for name in ("cross_norm", "cross_wq", "cross_bq"):
             if name in params:
-                p["c2_" + name.split("_", 1)[1]] = params[name]
+                p["c2_" + name.split("_", 1)[1]] = jnp.array(params[name])
         p["c2_wo"] = jnp.zeros_like(params["cross_wo"])
-        p["m2_norm"], p["m2_gate"], p["m2_up"] = params["mlp_norm"], params["w_gate"], params["w_up"]
+        p["m2_norm"], p["m2_gate"], p["m2_up"] = (jnp.array(params[n]) for n in ("mlp_norm", "w_gate", "w_up"))
         p["m2_down"] = jnp.zeros_like(params["w_down"])
     elif arm == "wide2x":
         k1, k2 = jax.random.split(key)
@@ -292,20 +292,21 @@ def continuations(model, tp, suite: str, out: Path) -> list[dict]:
     return rows
 
 
-def measure_fns(tp, config):
-    """(features, measure), both jitted: features(tokens [1, T]) -> the target's k, v, hidden (once per sequence,
-    shared by every variant); measure(params, tokens, length, features, vocab_ids, temperature, dcfg) -> per-root
-    keys (draft_accept's: T = 0 `first`, `chain4`; T > 0 `sampled`)."""
+def measure_fns(config):
+    """(features, measure), both jitted, the target's params an argument (a closure would make XLA fold them as
+    constants at every compile): features(tp, tokens [1, T]) -> the target's k, v, hidden (once per sequence,
+    shared by every variant); measure(tp, params, tokens, length, features, vocab_ids, temperature, dcfg) ->
+    per-root keys (draft_accept's: T = 0 `first`, `chain4`; T > 0 `sampled`)."""
     import jax
     import jax.numpy as jnp
 
     from lsjax.bench.draft_accept import _sampled_keys
     from lsjax.train.features import target_features, target_logits
 
-    def features(tokens):
+    def features(tp, tokens):
         return target_features(tp, config, tokens, jnp.arange(tokens.shape[1])[None])
 
-    def measure(p, tokens, length, f, vocab_ids, temperature, dcfg):
+    def measure(tp, p, tokens, length, f, vocab_ids, temperature, dcfg):
         T = tokens.shape[1]
         pos = jnp.arange(T)[None]
         first = length - NEW - 1
@@ -332,7 +333,7 @@ def measure_fns(tp, config):
         p_logits = target_logits(tp, config, roots(f["hidden"]), None)[0]
         return {"sampled": _sampled_keys(p_logits, q, vocab_ids, temperature)["sampled"]}
 
-    return jax.jit(features), jax.jit(measure, static_argnums=(5, 6))
+    return jax.jit(features), jax.jit(measure, static_argnums=(6, 7))
 
 
 def stage_eval(args, out: Path) -> None:
@@ -357,24 +358,25 @@ def stage_eval(args, out: Path) -> None:
             variants[arm] = (jax.tree.map(jnp.asarray, pickle.loads(f.read_bytes())), dcfg, pruned)
             if arm == "base" and not args.skip_untrained:
                 variants["base, full vocab"] = (variants[arm][0], dcfg, None)
-    features, measure = measure_fns(tp, config)
+    features, measure = measure_fns(config)
     result_file = out / "eval.json"
     results = json.loads(result_file.read_text()) if result_file.exists() else {}
     for suite in args.suites.split(","):
         rows = continuations(model, tp, suite, out)
         padded, feats = [], []
+        width = -(-max(len(r["tokens"]) for r in rows) // PAD) * PAD  # one width: one program per variant and T
         for r in rows:
-            toks = np.zeros((1, -(-len(r["tokens"]) // PAD) * PAD), np.int32)
+            toks = np.zeros((1, width), np.int32)
             toks[0, : len(r["tokens"])] = r["tokens"]
             padded.append(jnp.asarray(toks))
-            feats.append(features(padded[-1]))
+            feats.append(features(tp, padded[-1]))
         for name, (p, dc, vids) in variants.items():
             key = f"{suite}|{name}"
             if key in results and not args.redo:
                 continue
             acc: dict[str, list] = {}
             for r, toks, f in zip(rows, padded, feats, strict=True):
-                got = measure(p, toks, jnp.int32(len(r["tokens"])), f, vids, float(r["T"]), dc)
+                got = measure(tp, p, toks, jnp.int32(len(r["tokens"])), f, vids, float(r["T"]), dc)
                 for k, v in got.items():
                     acc.setdefault(k, []).append(float(np.mean(np.asarray(v))))
             results[key] = {k: round(float(np.mean(v)), 4) for k, v in acc.items()} | {"prompts": len(rows) // 2}
