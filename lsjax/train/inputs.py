@@ -144,3 +144,13 @@ def training_rows(data: DataConfig, config: ModelConfig, tokenizer, *, log=print
     seqs, mask = data_lib.load_sequences(data, tokenizer, eos_id(config), V, log=log)
     log(f"data: {data_lib.describe(seqs, mask)} ({', '.join(data.sources)}, {data.split})")
     return seqs, mask
+
+
+def dev_batches(cfg, config: ModelConfig, tokenizer, *, keys=("tokens", "loss_mask"), log=print) -> list[dict]:
+    """The first `log.eval_batches` step batches of `data.sources`' dev split, in order (the same every evaluation),
+    each holding only `keys`; `cfg` is any kind's config with data and positions sections."""
+    from lsjax.train import data as data_lib
+
+    seqs, mask = data_lib.load_sequences(cfg.data, tokenizer, eos_id(config), config.vocab_size, split="dev", log=log)
+    ds = data_lib.batches(seqs, mask, cfg, config.max_position, shuffle=False)
+    return [{k: v for k, v in ds[i].items() if k in keys} for i in range(min(cfg.log.eval_batches, len(ds)))]

@@ -342,16 +342,9 @@ def _exported(cfg: DFlashTrainConfig, config: ModelConfig, src: str):
 
 def _dev_eval(cfg: DFlashTrainConfig, config, dcfg, target_params, tokenizer, log):
     """Dev-split loss and acceptance on fixed batches with fixed anchors (`data.sources`' dev split)."""
-    from lsjax.train import data as data_lib
-    from lsjax.train.inputs import eos_id
+    from lsjax.train.inputs import dev_batches
 
-    dev = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, split="dev", distilled=""))
-    seqs, mask = data_lib.load_sequences(dev.data, tokenizer, eos_id(config), config.vocab_size, log=log)
-    ds = data_lib.batches(seqs, mask, dev, config.max_position, shuffle=False)
-    batches = [
-        {k: v for k, v in ds[i].items() if k in ("tokens", "loss_mask")}
-        for i in range(min(cfg.log.eval_batches, len(ds)))
-    ]
+    batches = dev_batches(cfg, config, tokenizer, log=log)
 
     @jax.jit
     def sums_of(params, batch, key):

@@ -448,13 +448,9 @@ def read_draft_shape(run_dir: str | Path) -> tuple[em.Eagle3Config, dict]:
 
 def _dev_eval(cfg: Eagle3TrainConfig, config, dcfg, target_params, consts, tokenizer, log):
     """Per-step loss and accuracy on fixed dev batches (the data sources' dev split, the target run live)."""
-    from lsjax.train import data as data_lib
-    from lsjax.train.inputs import eos_id
+    from lsjax.train.inputs import dev_batches
 
-    seqs, mask = data_lib.load_sequences(cfg.data, tokenizer, eos_id(config), config.vocab_size, split="dev", log=log)
-    ds = data_lib.batches(seqs, mask, cfg, config.max_position, shuffle=False)
-    n = min(cfg.log.eval_batches, len(ds))
-    batches = [{k: v for k, v in ds[i].items() if k in ("tokens", "loss_mask")} for i in range(n)]
+    batches = dev_batches(cfg, config, tokenizer, log=log)
     live = {**consts, "target": target_params}
 
     @jax.jit

@@ -25,6 +25,7 @@ from lsjax.train.features import build_feature_cache
 from lsjax.train.inputs import (
     GrainBatches,
     ProcessBatches,
+    dev_batches,
     eos_id,
     load_target,
     shared_feature_inputs,
@@ -71,7 +72,7 @@ def _setup(cfg: LongSpecTrainConfig, open_run_dir, log):
         raise ValueError("data.sources: a random-init target has no tokenizer; use the synthetic source")
 
     # --- data
-    eos, V, T = eos_id(config), config.vocab_size, cfg.data.seq_len
+    V, T = config.vocab_size, cfg.data.seq_len
     extra = None
     fixed = cfg.features.enabled and not cfg.features.set
     if cfg.features.set:
@@ -139,9 +140,7 @@ def _setup(cfg: LongSpecTrainConfig, open_run_dir, log):
             jitted, state_sh, target_sh, _ = sharding.shard_train_step(step, mesh, state, target_params, example, axes)
             return jitted, sharding.place(state, state_sh), sharding.place(target_params, target_sh)
 
-    evaluate = (
-        _make_dev_eval(cfg, config, target_params, tokenizer, eos, vocab_ids, log) if cfg.log.eval_every else None
-    )
+    evaluate = _make_dev_eval(cfg, config, target_params, tokenizer, vocab_ids, log) if cfg.log.eval_every else None
     return Job(
         state,
         step_fn,
@@ -174,18 +173,14 @@ def _exported_draft(cfg: LongSpecTrainConfig):
     return DraftParams.from_arrays(arrays)
 
 
-def _make_dev_eval(cfg: LongSpecTrainConfig, config, target_params, tokenizer, eos, vocab_ids, log):
+def _make_dev_eval(cfg: LongSpecTrainConfig, config, target_params, tokenizer, vocab_ids, log):
     """Dev-split loss at plain positions and the smallest lag (what inference sees), fixed batches."""
-    from lsjax.train import data as data_lib
-
     dev_cfg = dataclasses.replace(
         cfg,
         positions=dataclasses.replace(cfg.positions, anchor_offset=False),
         data=dataclasses.replace(cfg.data, split="dev"),
     )
-    seqs, mask = data_lib.load_sequences(dev_cfg.data, tokenizer, eos, config.vocab_size, log=log)
-    ds = data_lib.batches(seqs, mask, dev_cfg, config.max_position, shuffle=False)
-    batches = [{k: v for k, v in ds[i].items() if k != "index"} for i in range(min(cfg.log.eval_batches, len(ds)))]
+    batches = dev_batches(dev_cfg, config, tokenizer, keys=("tokens", "loss_mask", "offset"), log=log)
     ev = jax.jit(make_eval_step(config, dev_cfg, vocab_ids))
     shift = jnp.asarray(1 if cfg.loss.flash_noisy else 0, jnp.int32)
 
