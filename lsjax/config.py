@@ -257,8 +257,8 @@ class GenerateConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DraftConfig:
-    """The LongSpec draft: one decoder layer (window self-attention, cross-attention on the target's
-    last-layer KV cache, MLP) sharing the target's embedding and LM head."""
+    """The LongSpec draft: window self-attention, then `depth` blocks of cross-attention on the target's
+    last-layer KV cache + MLP (one decoder layer at depth 1), sharing the target's embedding and LM head."""
 
     window: int = 512  # self-attention sliding window = the ring cache size (tokens)
     draft_vocab_size: int = 0  # 0 = the full vocabulary; else the LM head covers the top-K frequent tokens
@@ -283,9 +283,18 @@ class DraftConfig:
     # frontier of w nodes sees w - i of the oldest keys more; the root step sees `window`, as before. The ring
     # then holds `window` + the widest frontier.
     frontier_window: bool = False
+    # (cross-attention + MLP) blocks after the self-attention. Blocks 2.. are stacked `deep_*` weights and start
+    # with zero output projections, so a deeper draft starts as the one-block draft it grows from. The
+    # self-attention stays one (its K/V depend on tokens only, which the ring of committed tokens needs).
+    depth: int = 1
 
     def __post_init__(self):
         _positive_int(self.window, "window")
+        _check(
+            isinstance(self.depth, int) and not isinstance(self.depth, bool) and 1 <= self.depth <= 8,
+            "depth",
+            f"must be an integer in [1, 8], got {self.depth!r}",
+        )
         _check(self.qkv_bias in (None, True, False), "qkv_bias", f"must be None, True or False, got {self.qkv_bias!r}")
         for name in ("final_norm", "frontier_window"):
             _check(isinstance(getattr(self, name), bool), name, f"must be a bool, got {getattr(self, name)!r}")

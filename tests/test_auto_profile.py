@@ -33,6 +33,22 @@ def test_profile_is_keyed_by_device_model_backend_and_candidates(tmp_path, monke
     )
 
 
+def test_a_draft_of_another_shape_has_its_own_profile():
+    """The profile key holds the draft's tensor shapes: a deeper draft (or another vocabulary) is measured on its
+    own; new values of the same shapes (a retrained draft, the measured costs) are not."""
+    from lsjax.config import DraftConfig
+    from lsjax.methods.longspec.model import random_draft_params
+
+    config, _ = tiny_model()
+    one = random_draft_params(config, np.uint32([0, 1]), draft=DraftConfig())
+    again = random_draft_params(config, np.uint32([0, 2]), draft=DraftConfig())
+    two = random_draft_params(config, np.uint32([0, 1]), draft=DraftConfig(depth=2))
+    sig = auto_profile.draft_signature
+    assert sig(one) == sig(again) == sig({**one, "costs": np.ones(3)}) != sig(two)
+    assert sig(()) == sig({}) == ""
+    assert sig({**one, "vocab_ids": np.arange(8)}) != sig(one)
+
+
 def test_profiles_live_beside_the_program_cache_unless_placed(tmp_path, monkeypatch):
     from lsjax.runtime import cache as compile_cache
 

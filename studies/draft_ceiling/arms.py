@@ -3,6 +3,7 @@
     python -m studies.draft_ceiling.arms --stage data      # train-split rows + the target's features, once
     python -m studies.draft_ceiling.arms --stage train     # every arm, the same steps on the same rows (resumable)
     python -m studies.draft_ceiling.arms --stage eval      # dev (and held-out, reported beside) acceptance
+    python -m studies.draft_ceiling.arms --stage export    # base, lag1, depth2 as lsjax draft directories
 
 Every arm starts from the shipped draft (SmolLM2-135M-Instruct) and grows it *function-preserving*: each new
 weight that writes into the residual stream starts at zero, so at step 0 every arm drafts exactly what the
@@ -384,9 +385,51 @@ def stage_eval(args, out: Path) -> None:
             result_file.write_text(json.dumps(results, indent=1) + "\n")
 
 
+# The depth2 arm's second block in lsjax's layout (`DraftConfig.depth` 2: `deep_*` stacked on a leading axis).
+AS_DEEP = {"c2_norm": "cross_norm", "c2_wq": "cross_wq", "c2_bq": "cross_bq", "c2_wo": "cross_wo"} | {
+    "m2_norm": "mlp_norm",
+    "m2_gate": "w_gate",
+    "m2_up": "w_up",
+    "m2_down": "w_down",
+}
+
+
+def stage_export(args, out: Path) -> None:
+    """Each trained arm lsjax's drafts can express (base, lag1, depth2 as `depth: 2`) as a draft directory
+    `out/arms/ARM/draft`, for `python -m lsjax.bench.draft_accept --draft DIR` and `decode.py --draft DIR`."""
+    import dataclasses
+
+    from lsjax.methods.longspec.export import save_draft
+    from lsjax.methods.longspec.model import DEEP
+
+    model, _ = load_target()
+    dcfg, dp = shipped(model)
+    for arm in args.arms.split(","):
+        f = out / "arms" / arm / "params.pkl"
+        if not f.exists():
+            continue
+        p = {k: np.asarray(v) for k, v in pickle.loads(f.read_bytes()).items()}
+        extra = set(p) - set(dp.weights) - set(AS_DEEP)
+        if extra:
+            print(f"{arm}: not expressible as a LongSpec draft ({', '.join(sorted(extra))}); skipped")
+            continue
+        deep = {DEEP + AS_DEEP[k]: v[None] for k, v in p.items() if k in AS_DEEP}
+        weights = {k: v for k, v in p.items() if k not in AS_DEEP} | deep
+        depth = 2 if deep else 1
+        path = out / "arms" / arm / "draft"
+        save_draft(
+            path,
+            {**weights, "vocab_ids": np.asarray(dp.vocab_ids)},
+            dataclasses.replace(dcfg, depth=depth),
+            model.config.name,
+            extra={"study": f"studies/draft_ceiling arm {arm}"},
+        )
+        print(f"{arm}: {path} (depth {depth})")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--stage", choices=("data", "train", "eval"), required=True)
+    ap.add_argument("--stage", choices=("data", "train", "eval", "export"), required=True)
     ap.add_argument("--out", default="runs/draft_ceiling/arms")
     ap.add_argument("--sources", default="sharegpt,stdlib,sotu")
     ap.add_argument("--seq-len", type=int, default=1024)
@@ -401,7 +444,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    {"data": stage_data, "train": stage_train, "eval": stage_eval}[args.stage](args, out)
+    {"data": stage_data, "train": stage_train, "eval": stage_eval, "export": stage_export}[args.stage](args, out)
     return 0
 
 

@@ -99,6 +99,24 @@ def profile_path(device_kind: str, model: str, backend: str, candidates: tuple[s
     return profile_dir() / f"{safe}--{sig}.json"
 
 
+def draft_signature(draft_params) -> str:
+    """A short hash of the draft's tensors' names, shapes and dtypes (not their values; `costs` left out): a draft
+    of another shape (deeper, wider, another vocabulary) steps at other costs, so its profile is its own. "" for
+    no draft."""
+    import jax
+
+    if isinstance(draft_params, dict):
+        draft_params = {k: v for k, v in draft_params.items() if k != "costs"}
+    leaves = jax.tree_util.tree_leaves_with_path(draft_params)
+    if not leaves:
+        return ""
+    spec = ";".join(
+        f"{jax.tree_util.keystr(path)}:{tuple(getattr(x, 'shape', ()))}:{getattr(x, 'dtype', type(x).__name__)}"
+        for path, x in leaves
+    )
+    return "draft " + hashlib.sha1(spec.encode()).hexdigest()[:12]
+
+
 def measured_elsewhere(path: Path) -> list[str]:
     """The devices (as their file names spell them) that have a profile for the same model, backend and
     candidates as `path` in its directory, `path`'s own device excepted: a profile that is missing here
@@ -324,7 +342,9 @@ def profile_costs(
         return prior
     names = drafter.cost_names
     device = device_name(jax.devices()[0]) + (f" mesh {mesh}" if mesh else "")
-    path = profile_path(device, model_name, backend, names, model_sig)
+    path = profile_path(
+        device, model_name, backend, names, "|".join(filter(None, (model_sig, draft_signature(draft_params))))
+    )
     key = entry_key(bucket, gen.sampling.greedy or not gen.sampling.sample_drafts)
     if mode == "cached" and not path.exists() and (others := measured_elsewhere(path)):
         print(

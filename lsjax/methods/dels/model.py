@@ -36,7 +36,7 @@ import numpy as np
 
 from lsjax import attention
 from lsjax.cache import RingCache
-from lsjax.config import DraftConfig, ModelConfig
+from lsjax.config import ConfigError, DraftConfig, ModelConfig
 from lsjax.methods.longspec import model as draft_lib
 from lsjax.methods.longspec.model import LongSpecDraft, _query, _rope, _self_qkv, init_draft_params
 from lsjax.models.draft_params import DraftParams
@@ -50,6 +50,8 @@ def param_specs(config: ModelConfig, draft: DraftConfig | None = None) -> dict[s
     """The block draft's parameter schema: the LongSpec draft's (`lsjax.methods.longspec.model.param_specs`, whose
     optional weights `draft` chooses) plus the mask embedding [D]. Init, the loader's shape checks and the
     sharding rules derive from it."""
+    if draft is not None and draft.depth != 1:  # its forward runs one block: deeper weights would be ignored
+        raise ConfigError(f"draft.depth: the block draft (dels, block) has one block, got depth {draft.depth}")
     return draft_lib.param_specs(config, draft) | {
         "mask_embed": ParamSpec((config.hidden_size,), config.dtype, AXES["mask_embed"])
     }

@@ -1,4 +1,5 @@
-"""The LongSpec draft model: one decoder layer that reads the target's last-layer KV cache.
+"""The LongSpec draft model: one decoder layer (or deeper: `DraftConfig.depth`) that reads the target's last-layer
+KV cache.
 
     h0 = embed(token)                                   the TARGET's embedding (shared, frozen, never copied)
     h1 = h0 + SelfAttn(rms_norm(h0))                    sliding-window causal attention over the draft's own K/V
@@ -13,6 +14,8 @@ Parameters (`param_specs`: a dict of weights in the target's dtype):
     (+ self_bq [N, H], self_bk, self_bv [K, H] with q/k/v biases: the target's `qkv_bias`, or the draft's own)
     cross_norm [D]; cross_wq [D, N, H]; cross_wo [N, H, D] (+ cross_bq [N, H] with biases)
     mlp_norm [D]; w_gate, w_up [D, F]; w_down [F, D]; final_norm [D] (unless `DraftConfig.final_norm` is off)
+    deep_<name> [depth - 1, ...] for each cross-attention + MLP weight <name>, when `DraftConfig.depth` > 1:
+    the (h2, h3) block repeated, each further block reading the same target cache (`blocks`)
 
 Which optional weights a draft has is its config's (`param_specs(config, draft)`); the functions below read them
 from the weights themselves (a bias or final norm present is applied), so one code path serves both.
@@ -121,6 +124,12 @@ FROM_TARGET = {
 }
 
 
+# The weights of one (cross-attention + MLP) block; blocks 2.. stack theirs as DEEP + name (`DraftConfig.depth`).
+BLOCK = ("cross_norm", "cross_wq", "cross_bq", "cross_wo", "mlp_norm", "w_gate", "w_up", "w_down")
+BLOCK_OUTPUTS = ("cross_wo", "w_down")
+DEEP = "deep_"
+
+
 def has_bias(config: ModelConfig, draft: DraftConfig | None) -> bool:
     return config.qkv_bias if draft is None or draft.qkv_bias is None else draft.qkv_bias
 
@@ -155,7 +164,24 @@ def param_specs(config: ModelConfig, draft: DraftConfig | None = None) -> dict[s
     if has_bias(config, draft):
         biases = {"self_bq": (N, H), "self_bk": (K, H), "self_bv": (K, H), "cross_bq": (N, H)}
         specs |= {name: ParamSpec(shape, dt, AXES[name], "zeros") for name, shape in biases.items()}
+    depth = 1 if draft is None else draft.depth
+    if depth > 1:  # blocks 2..depth, stacked on a leading "layers" axis after every one-block weight
+        specs |= {
+            DEEP + name: ParamSpec((depth - 1, *s.shape), s.dtype, ("layers", *s.logical_axes), s.init)
+            for name, s in list(specs.items())
+            if name in BLOCK
+        }
     return specs
+
+
+def blocks(draft_params: dict) -> list[dict]:
+    """The draft's (cross-attention + MLP) blocks, each a dict with the one-block weight names: the first block's
+    weights as they are, then one slice of the stacked `deep_*` weights per further block."""
+    out = [draft_params]
+    deep = {name[len(DEEP) :]: w for name, w in draft_params.items() if name.startswith(DEEP)}
+    for i in range(next(iter(deep.values())).shape[0] if deep else 0):
+        out.append({name: w[i] for name, w in deep.items()})
+    return out
 
 
 def _layer_index(config: ModelConfig, index: int) -> int:
@@ -201,13 +227,34 @@ def init_draft_params(
             return jnp.zeros(specs[name].shape)
         return layer[FROM_TARGET[name]]
 
-    params = {name: jnp.array(source(name), dtype=dtype, copy=True) for name in specs}
+    params = {name: jnp.array(source(name), dtype=dtype, copy=True) for name in specs if not name.startswith(DEEP)}
     if "final_norm" in params:
         params["final_norm"] = params["final_norm"] * draft_config.init_head_scale
     if draft_config.zero_init_outputs:
         for name in ("self_wo", "cross_wo", "w_down"):
             params[name] = jnp.zeros_like(params[name])
-    return params
+    return grow_depth(params, draft_config.depth)
+
+
+def grow_depth(params: dict, depth: int) -> dict:
+    """One-block draft weights (a dict, no `deep_*`) grown to `depth` blocks, the same function: each new block
+    copies the first block's weights with its output projections (`cross_wo`, `w_down`) zero, so it adds
+    nothing until training moves them. A trainer continuing a one-block draft at a larger depth starts here."""
+    have = len(blocks(params))
+    if depth < have:
+        raise ValueError(f"grow_depth: the draft already has {have} blocks, more than depth {depth}")
+    if depth == have:
+        return params
+    if have != 1:
+        raise ValueError(f"grow_depth: grows a one-block draft, this one has {have} blocks")
+    n = depth - 1
+    out = dict(params)
+    for name in BLOCK:
+        if name in params:
+            w = jnp.asarray(params[name])
+            w = jnp.zeros_like(w) if name in BLOCK_OUTPUTS else w
+            out[DEEP + name] = jnp.broadcast_to(w, (n, *w.shape)).copy()  # a copy: trainers donate every leaf
+    return out
 
 
 def random_draft_params(
@@ -344,8 +391,10 @@ def draft_forward_train(
     """
     x = embed(target_params, tokens).astype(jnp.dtype(config.dtype))
     x = x + self_attention_train(draft_params, target_params, config, draft_config, tokens, positions, block_q=block_q)
-    x = x + cross_attention_train(draft_params, config, x, positions, target_k, target_v, shift, block_q=block_q)
-    return x + mlp(draft_params, rms_norm(x, draft_params["mlp_norm"], config.rms_norm_eps))
+    for b in blocks(draft_params):
+        x = x + cross_attention_train(b, config, x, positions, target_k, target_v, shift, block_q=block_q)
+        x = x + mlp(b, rms_norm(x, b["mlp_norm"], config.rms_norm_eps))
+    return x
 
 
 # ---------------------------------------------------------------------------
@@ -414,14 +463,16 @@ def draft_step(
     out_t, lse_t = attention.tree_attention(q, tree_k, tree_v, tree_mask, backend=backend)
     o, _ = attention.merge_attention(out_r, lse_r, out_t, lse_t)
     x = x + jnp.einsum("btnh,nhd->btd", o, draft_params["self_wo"])
-    qc = _query(draft_params, config, x, cos, sin, "cross")
-    oc, lse_c = attention.prefix_attention(qc, target_k, target_v, target_len, layer=layer, backend=backend)
-    if target_tail is not None:
-        tail_k, tail_v, tail_mask = target_tail
-        out_tail, lse_tail = attention.tree_attention(qc, tail_k, tail_v, tail_mask, backend=backend)
-        oc, _ = attention.merge_attention(oc, lse_c, out_tail, lse_tail)
-    x = x + jnp.einsum("btnh,nhd->btd", oc, draft_params["cross_wo"])
-    return x + mlp(draft_params, rms_norm(x, draft_params["mlp_norm"], config.rms_norm_eps))
+    for b in blocks(draft_params):
+        qc = _query(b, config, x, cos, sin, "cross")
+        oc, lse_c = attention.prefix_attention(qc, target_k, target_v, target_len, layer=layer, backend=backend)
+        if target_tail is not None:
+            tail_k, tail_v, tail_mask = target_tail
+            out_tail, lse_tail = attention.tree_attention(qc, tail_k, tail_v, tail_mask, backend=backend)
+            oc, _ = attention.merge_attention(oc, lse_c, out_tail, lse_tail)
+        x = x + jnp.einsum("btnh,nhd->btd", oc, b["cross_wo"])
+        x = x + mlp(b, rms_norm(x, b["mlp_norm"], config.rms_norm_eps))
+    return x
 
 
 # ---------------------------------------------------------------------------

@@ -26,12 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-from lsjax.config import DraftConfig, ModelConfig
+from lsjax.config import ConfigError, DraftConfig, ModelConfig
 from lsjax.errors import MissingTensorError, ModelNotFoundError, ShapeMismatchError, UnsupportedModelError
 from lsjax.loading.corrupt import reading
 from lsjax.loading.hf import checkpoint_tensors, config_json
 from lsjax.loading.layout import numpy_dtype
-from lsjax.methods.longspec.model import LongSpecDraft
+from lsjax.methods.longspec.model import DEEP, LongSpecDraft, blocks
 from lsjax.models.module import shapes, variables_problem
 
 WHAT = "released LongSpec draft (config.json or weights)"
@@ -138,6 +138,11 @@ def write_release(path: str | Path, target: ModelConfig, params: dict, prefix: s
     layer's tensors in torch's layout (the unused cross-attention k/v included, as the authors' files have)."""
     from safetensors.numpy import save_file
 
+    if any(name.startswith(DEEP) for name in params):
+        raise ConfigError(
+            f"draft.depth: {len(blocks(params))} blocks cannot be expressed in the released layout "
+            "(LlamaGlideDecoderLayer is one layer); keep lsjax's layout"
+        )
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     c = target

@@ -105,12 +105,11 @@ def _setup(cfg: LongSpecTrainConfig, open_run_dir, log):
         vocab_ids = pruned_vocab(config, cfg.draft.draft_vocab_size, token_counts=counts)
     if vocab_ids is not None and sharding.is_primary():  # every host computed the same one
         np.save(run_dir / "vocab_ids.npy", vocab_ids)
-    if exported is not None:
-        draft_params = jax.tree.map(jnp.asarray, exported.weights)
-        log(f"draft: initialised from the exported draft {cfg.checkpoint.init_from}")
-    elif cfg.checkpoint.init_from:
-        draft_params = jax.tree.map(jnp.asarray, ckpt_lib.load_draft_params(cfg.checkpoint.init_from))
-        log(f"draft: initialised from {cfg.checkpoint.init_from}")
+    if cfg.checkpoint.init_from:
+        src = exported.weights if exported is not None else ckpt_lib.load_draft_params(cfg.checkpoint.init_from)
+        draft_params = _grown(jax.tree.map(jnp.asarray, src), cfg)
+        what = "the exported draft " if exported is not None else ""
+        log(f"draft: initialised from {what}{cfg.checkpoint.init_from} ({cfg.draft.depth} blocks)")
     else:
         draft_params = draft_lib.init_draft_params(config, cfg.draft, target_params, jax.random.PRNGKey(cfg.seed))
     optimizer = make_optimizer(cfg.optim)
@@ -152,6 +151,17 @@ def _setup(cfg: LongSpecTrainConfig, open_run_dir, log):
         compile=compile,
         max_minutes=cfg.max_minutes,
     )
+
+
+def _grown(params: dict, cfg: LongSpecTrainConfig) -> dict:
+    """The init_from draft's weights at `draft.depth` blocks: a one-block draft grows (`grow_depth`, the same
+    function); a deeper one than the config's is a one-line error."""
+    have = len(draft_lib.blocks(params))
+    if have > cfg.draft.depth:
+        raise ConfigError(f"draft.depth: the init_from draft has {have} blocks, more than {cfg.draft.depth}")
+    if have != cfg.draft.depth and have != 1:
+        raise ConfigError(f"draft.depth: a {have}-block init_from draft cannot grow to {cfg.draft.depth} blocks")
+    return draft_lib.grow_depth(params, cfg.draft.depth)
 
 
 def _exported_draft(cfg: LongSpecTrainConfig):
