@@ -47,6 +47,10 @@ def test_registry_names_every_trainer():
         registry.get_kind("nope")
     with pytest.raises(ConfigError, match="^kind: unknown kind"):
         registry.get_kind(["longspec"])
+    from lsjax.cli import train as cli
+
+    help_text = " ".join(cli.__doc__.split())
+    assert all(name in help_text for name in registry.kind_names()), "train.py --help names every kind"
 
 
 def test_one_kind_at_most_is_the_default():
