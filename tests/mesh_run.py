@@ -97,6 +97,13 @@ def drafter_and_params(method: str, config, params, future=()):
         return PLDDrafter(num_tokens=4, ngram_max=2), ()
     if method == "longspec":
         return longspec, ls_params
+    if method == "longspec-deep":  # two blocks, the second live (its output projections random, not grown zero)
+        deep = dataclasses.replace(LS, depth=2)
+        dp = init_draft_params(config, dataclasses.replace(deep, zero_init_outputs=False), params)
+        rng = np.random.RandomState(5)
+        for name in ("deep_cross_wo", "deep_w_down"):
+            dp[name] = jnp.asarray(0.1 * rng.standard_normal(dp[name].shape), dp[name].dtype)
+        return LongSpecDrafter(TreeConfig((2, 2, 2)), deep), dp
     if method == "eagle3":  # an untrained EAGLE-3 draft: its own cache, and the target's streams at 3 layers
         from lsjax.methods.eagle3.checkpoint import random_draft
         from lsjax.methods.eagle3.drafter import Eagle3Drafter, Eagle3Tree

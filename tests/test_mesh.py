@@ -161,6 +161,13 @@ def test_mesh_equals_one_device_eagle3_bf16_qwen3():
     _assert_lossless(rows, ["eagle3"])
 
 
+@pytest.mark.slow  # ~40 s: the deeper blocks' stacked weights split with the heads; fp32, then bf16
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_mesh_equals_one_device_deeper_longspec_draft(dtype):
+    rows = _mesh_run("greedy", 6, "smollm2", "model=3,data=2", "longspec-deep", env={"MESH_DTYPE": dtype})
+    _assert_lossless(rows, ["longspec-deep"])
+
+
 @pytest.mark.slow  # ~100 s: four methods, each compiled for one device and the mesh
 def test_mesh_equals_one_device_every_method_smollm2_shape():
     methods = ["ar", "pld", "longspec", "auto"]

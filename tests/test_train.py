@@ -379,7 +379,8 @@ SHARDED = textwrap.dedent(
     from lsjax.models import target as target_lib
     from lsjax.methods.longspec import model as draft_lib
     from lsjax.methods.longspec import step as ls_step
-    cfg = tiny_cfg(data__batch_size=8, mesh__data=2, mesh__fsdp=4, loss__distill="kl", loss__distill_weight=0.5)
+    cfg = tiny_cfg(data__batch_size=8, mesh__data=2, mesh__fsdp=4, loss__distill="kl", loss__distill_weight=0.5,
+                   draft__depth={depth})
     tp = target_lib.init_params(TINY, jax.random.PRNGKey(0), scale=0.3)
     dp = draft_lib.init_draft_params(TINY, cfg.draft, tp)
     opt = tr.make_optimizer(cfg.optim)
@@ -405,9 +406,10 @@ SHARDED = textwrap.dedent(
 
 
 @pytest.mark.slow  # a fresh 8-device process: ~15 s alone on this machine
-def test_sharded_step_matches_single_device(tmp_path):
+@pytest.mark.parametrize("depth", [1, 2])  # 2: the deeper blocks' stacked weights on the mesh too
+def test_sharded_step_matches_single_device(tmp_path, depth):
     script = tmp_path / "sharded.py"
-    script.write_text(SHARDED.format(tests=str(ROOT / "tests")))
+    script.write_text(SHARDED.format(tests=str(ROOT / "tests"), depth=depth))
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
