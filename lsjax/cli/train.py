@@ -3,8 +3,8 @@
 
 The config's `kind:` names the trainer, as the method folders register them (`lsjax.methods.registry`):
 longspec (the LongSpec draft; the default when the config names no kind), block, local_head, streams,
-tokenswift-heads, eagle3 or dflash. A run directory that already has checkpoints is continued (--resume) or started afresh
-(--overwrite); Ctrl-C stops with exit status 130.
+tokenswift-heads, eagle3 or dflash. A run directory that already has checkpoints is continued (--resume) or
+started afresh (--overwrite); Ctrl-C stops with exit status 130.
 On several hosts (kind longspec), the same command runs on each, with JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES
 and JAX_PROCESS_ID set (or LSJAX_DISTRIBUTED=1 on a Cloud TPU pod): docs/training.md, "Several hosts"."""
 
