@@ -161,6 +161,7 @@ def test_one_block_layouts_refuse_a_deeper_draft(tmp_path, setup):
         block_model.param_specs(TINY, DEEP2)
 
 
+@pytest.mark.slow  # ~17 s; growth keeping the function is checked above in the default run
 def test_trainer_grows_an_init_from_draft(tmp_path):
     """`train.py` with draft.depth 2 and init_from a one-block export: the run starts from the grown draft (the
     same function) and trains every block; a deeper init_from than the config is one line."""

@@ -209,6 +209,7 @@ def test_a_second_generator_loads_both_programs_and_decodes_the_same(tmp_path, m
     assert cache.hits == 2 and second.tokens == first.tokens
 
 
+@pytest.mark.slow  # ~10 s; a start-up speed choice, not what is decoded
 def test_a_start_reads_ahead_the_programs_the_last_start_with_its_tag_fetched_first(tmp_path):
     config, params = tiny_model()
     ids = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
@@ -299,7 +300,7 @@ def test_on_a_cpu_the_decode_program_compiles_beside_the_prefill(tmp_path):
     assert seen == [0] and ready == [1]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", pytest.param("qwen3", marks=pytest.mark.slow)])
 def test_programs_compile_from_the_targets_shapes_while_its_weights_load(tmp_path, arch):
     """A generator made from the target's shapes (`target.abstract_params`: decode.py compiles while the model
     loads) makes the programs a generator with the weights loads from the cache; `give_weights` hands the
@@ -383,6 +384,7 @@ def test_a_loaded_program_that_fails_to_run_is_removed_with_one_line(tmp_path, m
 # ------------------------------------------- a split decode: AR's group first, the others loading behind it
 
 
+@pytest.mark.slow  # ~23 s; the default run's split decode: tests/test_split_decode.py (groups still loading)
 def test_a_split_decode_runs_with_the_groups_loaded_so_far_and_takes_the_rest_as_they_come(tmp_path, monkeypatch):
     """A second start of `auto`: its first group (AR's) loads before decoding, the other group's program loads
     on a host thread once auto asks for it (held here until 3 tokens have streamed); auto runs on AR meanwhile,
@@ -540,6 +542,7 @@ def test_a_first_start_decodes_with_ars_programs_and_compiles_the_methods_after(
     nxt.close()
 
 
+@pytest.mark.slow  # ~7 s; the default run's first start: test_a_first_start_decodes_with_ars_programs_...
 def test_a_first_start_with_ars_group_stored_keeps_to_it_and_compiles_the_rest_after(tmp_path, monkeypatch):
     """AR's group stored, a tree's not: the run keeps to AR's group (compiling beside the decode takes the cores
     it runs on) and `finish` compiles the tree for the next start."""
@@ -605,9 +608,8 @@ def test_split_and_partial_only_where_they_hold(tmp_path):
     assert not Generator(bf16, params, auto, auto_params(auto), startup=Startup(ProgramCache(tmp_path))).partial(greedy)
 
 
-@pytest.mark.parametrize(
-    "bytes_kept", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["jax-bytes", "no-jax-bytes"]
-)
+@pytest.mark.slow  # the CPU start-up machinery; the default run stores and loads programs in the tests above
+@pytest.mark.parametrize("bytes_kept", [True, False], ids=["jax-bytes", "no-jax-bytes"])
 def test_split_programs_are_stored_from_jax_bytes_where_they_can_be(tmp_path, jax_cache, monkeypatch, bytes_kept):
     """Programs JAX took from its own cache are stored from JAX's bytes; where those cannot be had (a JAX
     version that moved its reader) they are not stored, and the next start compiles them in the foreground."""
@@ -641,6 +643,7 @@ def test_split_programs_are_stored_from_jax_bytes_where_they_can_be(tmp_path, ja
     last.finish()
 
 
+@pytest.mark.slow  # ~10 s; a start-up speed choice, not what is decoded
 def test_a_start_that_loaded_its_decode_program_may_borrow_host_params(tmp_path):
     """`HostRun.borrow` (auto: a neighbouring width's cost profile): only where the decode program was loaded
     from the cache, never at a start that compiles it (which then measures its own) or in a warm-up."""
@@ -656,6 +659,7 @@ def test_a_start_that_loaded_its_decode_program_may_borrow_host_params(tmp_path)
     assert not again._host_run(gen, 256, None, None).borrow
 
 
+@pytest.mark.slow  # ~8 s
 def test_an_unwritable_program_cache_is_one_warning_and_the_run_goes_on(tmp_path, capsys):
     config, params = tiny_model()
     ids, gen = [5, 6, 7, 8, 5, 6], GenerateConfig(max_new_tokens=6, ignore_eos=True)
