@@ -254,6 +254,45 @@ def test_a_tiny_run_lowers_its_loss(trained, target):
     assert np.all(np.asarray(acc1) > np.asarray(acc0) + 0.1), (acc0, acc1)  # at every step of the test
 
 
+def test_the_head_can_start_as_the_targets(target, tmp_path):
+    """`draft.head_init: target`: the LM head starts as the target's columns of the draft vocabulary, in draft-id
+    order, and the final norm as the target's, so at step 0 the draft's head scores a state as the target's head
+    does on those tokens; the layer's weights are still random. The run trains from there, and `random` (the
+    reference's start) leaves both random."""
+    from lsjax.cli import train as cli
+    from lsjax.models.layers import rms_norm
+    from lsjax.train.checkpoint import load_draft_params
+
+    cfg = train_config(draft={"draft_vocab_size": 64, "head_init": "target"})
+    vocab = np.sort(np.random.default_rng(1).permutation(TINY.vocab_size)[:64]).astype(np.int32)
+    dcfg = et.draft_config(TINY, cfg, 64)
+    params = et.init_draft(dcfg, cfg, jax.random.PRNGKey(0), target, vocab)
+    state = jax.random.normal(jax.random.PRNGKey(1), (3, TINY.hidden_size))
+    np.testing.assert_allclose(  # the target's logits at the draft's tokens, from the draft's own head
+        np.asarray(rms_norm(state, params["final_norm"], TINY.rms_norm_eps) @ params["lm_head"]),
+        np.asarray(target_lib.lm_head(target, TINY, state))[:, vocab],
+        rtol=1e-6,
+        atol=1e-6,
+    )
+    np.testing.assert_array_equal(np.asarray(params["final_norm"]), np.asarray(target["final_norm"]))
+    assert params["lm_head"] is not target.get("lm_head") and float(jnp.std(params["wq"])) < 0.05
+    rand = et.init_draft(dcfg, train_config(draft={"draft_vocab_size": 64}), jax.random.PRNGKey(0), target, vocab)
+    assert not np.allclose(np.asarray(rand["lm_head"]), np.asarray(params["lm_head"]))
+    with pytest.raises(ValueError, match="head_init target needs"):
+        et.init_draft(dcfg, cfg, jax.random.PRNGKey(0))
+
+    short = {"optim": {"lr": 5.0e-3, "warmup_steps": 2, "total_steps": 6}, "checkpoint": {"every": 6}}
+    config = _write_config(tmp_path, draft={"draft_vocab_size": 64, "head_init": "target"}, **short)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("lsjax.train.inputs.load_target", lambda cfg: (TINY, target, None))
+        assert cli.main(["--config", str(config), "--no-progress"]) == 0
+    trained_head = load_draft_params(tmp_path / "run")["lm_head"]
+    run_vocab = np.load(tmp_path / "run" / "vocab_ids.npy")
+    start = np.asarray(et.target_head(target, jnp.asarray(run_vocab)))
+    moved = np.abs(np.asarray(trained_head, np.float32) - start).max()
+    assert 0 < moved < 0.5 * np.abs(start).max(), moved  # trained from the target's head, not from noise
+
+
 def test_exports_load_back_to_the_trained_draft(trained):
     """Either layout reads back (the decode side's loader) to the checkpoint's weights, its vocabulary as d2t/t2d."""
     from safetensors.numpy import load_file
@@ -384,6 +423,8 @@ def test_bad_input_is_one_line_naming_the_field(tmp_path, capsys):
     assert "loss.ttt_steps: must be an integer >= 1, got 0" in err
     err = _cli_error(tmp_path, capsys, export={"format": "medusa"})
     assert "export.format: must be one of eagle|speculators, got 'medusa'" in err
+    err = _cli_error(tmp_path, capsys, draft={"head_init": "embed"})
+    assert "draft.head_init: must be one of random, target, got 'embed'" in err
 
 
 def test_a_layout_that_cannot_express_the_draft_is_refused_by_name(tmp_path):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 92, item 1 at the arms' budget: EAGLE-3 and LongSpec drafts trained from scratch on the same rows and
 # steps on this CPU, then measured with draft_accept on dev (held-out reported beside). Every stage resumes:
-# rerun the script after an interruption. Results: runs/draft_ceiling/eagle3/{eagle3,longspec}-{dev,heldout}.json
+# rerun the script after an interruption. Results: runs/draft_ceiling/eagle3/{eagle3,longspec,eagle3-head}-{dev,heldout}.json
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 py=${PYTHON:-python}
@@ -22,9 +22,13 @@ train() {  # config, run dir, export dir
 }
 train studies/draft_ceiling/eagle3-cpu.yaml $out/run $out/eagle3-draft
 train studies/draft_ceiling/longspec-cpu.yaml $out/longspec-run $out/longspec-draft
+# the same EAGLE-3 run with its LM head and final norm starting as the target's (draft.head_init: target)
+train studies/draft_ceiling/eagle3-cpu-head.yaml $out/run-head $out/eagle3-head-draft
 for suite in dev heldout; do
   [ -f $out/eagle3-$suite.json ] || $py -m lsjax.bench.draft_accept --method eagle3 --draft $out/eagle3-draft \
     --suite $suite --json $out/eagle3-$suite.json
   [ -f $out/longspec-$suite.json ] || $py -m lsjax.bench.draft_accept --draft $out/longspec-draft \
     --suite $suite --json $out/longspec-$suite.json
+  [ -f $out/eagle3-head-$suite.json ] || $py -m lsjax.bench.draft_accept --method eagle3 \
+    --draft $out/eagle3-head-draft --suite $suite --json $out/eagle3-head-$suite.json
 done

@@ -106,15 +106,23 @@ def trainable_specs(dcfg: em.Eagle3Config) -> dict[str, ParamSpec]:
     return {k: v for k, v in em.param_specs(dcfg).items() if k != "draft_to_target"}
 
 
-def init_draft(dcfg: em.Eagle3Config, cfg: Eagle3TrainConfig, key) -> dict:
-    """Fresh trainable params (fp32): weights ~ N(0, draft.init_std), norm gains 1."""
+def init_draft(dcfg: em.Eagle3Config, cfg: Eagle3TrainConfig, key, target_params=None, vocab_ids=None) -> dict:
+    """Fresh trainable params (fp32): weights ~ N(0, draft.init_std), norm gains 1; with `draft.head_init:
+    target`, the LM head and final norm are the target's (the head on the draft vocabulary `vocab_ids`)."""
     specs = trainable_specs(dcfg)
     keys = dict(zip(specs, jax.random.split(key, len(specs)), strict=True))
     std = cfg.draft.init_std
-    return {
+    params = {
         n: jnp.ones(s.shape, jnp.float32) if s.init == "ones" else std * jax.random.normal(keys[n], s.shape)
         for n, s in specs.items()
     }
+    if cfg.draft.head_init == "target":
+        if target_params is None or vocab_ids is None:
+            raise ValueError("init_draft: draft.head_init target needs the target's params and the draft vocabulary")
+        head = target_head(target_params, jnp.asarray(vocab_ids, jnp.int32))
+        params["lm_head"] = jnp.array(head, jnp.float32)  # a copy: the trainer donates the draft's buffers
+        params["final_norm"] = jnp.array(target_params["final_norm"], jnp.float32)
+    return params
 
 
 def target_head(target_params: dict, vocab_ids) -> jax.Array:
@@ -334,7 +342,7 @@ def _setup(cfg: Eagle3TrainConfig, open_run_dir, log):
     dcfg = draft_config(config, cfg, len(vocab_ids))
     dcfg = dataclasses.replace(dcfg, aux_layers=tuple(aux_layers))
     if params is None:
-        params = init_draft(dcfg, cfg, jax.random.PRNGKey(cfg.seed))
+        params = init_draft(dcfg, cfg, jax.random.PRNGKey(cfg.seed), target_params, vocab_ids)
 
     run_dir = open_run_dir()
     from lsjax import sharding

@@ -25,6 +25,9 @@ def _dim(value, field: str) -> None:
     )
 
 
+HEAD_INITS = ("random", "target")
+
+
 @dataclasses.dataclass(frozen=True)
 class Eagle3DraftConfig:
     """The draft's shape: one decoder layer as wide as the target (it reads the target's embeddings), fed by the
@@ -38,9 +41,11 @@ class Eagle3DraftConfig:
     num_heads: int = 0  # 0 = the target's (head_dim then hidden_size // num_heads unless the target's heads)
     num_kv_heads: int = 0  # 0 = the target's (or num_heads when num_heads is set)
     norm_before_residual: bool = False  # speculators' option; the EAGLE layout cannot express True
-    # Every weight starts random, as the reference's (norm gains at 1). Starting the LM head from the target's is
-    # no help: the draft at t guesses x_{t+2}, the target's head read on its streams at t guesses x_{t+1}.
-    init_std: float = 0.02
+    init_std: float = 0.02  # random weights ~ N(0, init_std), norm gains 1, as the reference's
+    # "random": the LM head too, as the reference's. "target": the head starts as the target's on the draft
+    # vocabulary and the final norm as the target's, so the draft's output starts in a space the target decodes
+    # (its layer still has to learn to put x_{t+2} there; docs/training.md measures what the start buys).
+    head_init: str = "random"
 
     def __post_init__(self):
         ok = isinstance(self.aux_layers, tuple) and all(
@@ -56,6 +61,11 @@ class Eagle3DraftConfig:
                 f"must divide draft.num_heads ({self.num_heads}), got {self.num_kv_heads}",
             )
         _check(self.init_std > 0, "draft.init_std", f"must be > 0, got {self.init_std}")
+        _check(
+            self.head_init in HEAD_INITS,
+            "draft.head_init",
+            f"must be one of {', '.join(HEAD_INITS)}, got {self.head_init!r}",
+        )
 
     def check_target(self, target: ModelConfig) -> None:
         """What the target's shapes bound: aux layers within its depth, the vocabulary within its, the heads."""
