@@ -131,7 +131,7 @@ FREE_AUTO = AutoDrafter(pld_tokens=(3, 8), policy=AutoPolicy(budget=1.0, initial
 @pytest.mark.parametrize(
     "drafter",
     [
-        pytest.param(PLDDrafter(num_tokens=5, ngram_max=3), marks=pytest.mark.slow),  # auto runs PLD's chains too
+        PLDDrafter(num_tokens=5, ngram_max=3),
         FREE_AUTO,
         pytest.param(LongSpecDrafter(TreeConfig((3, 4, 4)), DraftConfig(window=8)), marks=pytest.mark.slow),
     ],

@@ -355,7 +355,7 @@ def one_level(p_logits, q_logits, k, sampled, rows, seed):
     return np.asarray(n > 0), np.asarray(emitted)
 
 
-@pytest.mark.parametrize("k", [1, pytest.param(2, marks=pytest.mark.slow), 3])
+@pytest.mark.parametrize("k", [1, 2, 3])
 def test_recursive_rejection_accepts_one_minus_tv_and_emits_p(k):
     """At one node: k children sampled from q are accepted with probability 1 - TV(p, q) when k = 1 (and
     more with more children); q's deterministic top-1 child only with p(top-1). Either way the emitted
