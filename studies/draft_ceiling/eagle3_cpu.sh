@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 92, item 1 at the arms' budget: EAGLE-3 and LongSpec drafts trained from scratch on the same rows and
 # steps on this CPU, then measured with draft_accept on dev (held-out reported beside). Every stage resumes:
-# rerun the script after an interruption. Results: runs/draft_ceiling/eagle3/{eagle3,longspec,eagle3-head}-{dev,heldout}.json
+# rerun the script after an interruption. Results: runs/draft_ceiling/eagle3/{eagle3,longspec,eagle3-head,dflash}-{dev,heldout}.json
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 py=${PYTHON:-python}
@@ -24,6 +24,8 @@ train studies/draft_ceiling/eagle3-cpu.yaml $out/run $out/eagle3-draft
 train studies/draft_ceiling/longspec-cpu.yaml $out/longspec-run $out/longspec-draft
 # the same EAGLE-3 run with its LM head and final norm starting as the target's (draft.head_init: target)
 train studies/draft_ceiling/eagle3-cpu-head.yaml $out/run-head $out/eagle3-head-draft
+# a DFlash draft on the same source, split and budget (its trainer runs the target live: ~45 min here)
+train studies/draft_ceiling/dflash-cpu.yaml $out/dflash-run $out/dflash-draft
 for suite in dev heldout; do
   [ -f $out/eagle3-$suite.json ] || $py -m lsjax.bench.draft_accept --method eagle3 --draft $out/eagle3-draft \
     --suite $suite --json $out/eagle3-$suite.json
@@ -31,4 +33,6 @@ for suite in dev heldout; do
     --suite $suite --json $out/longspec-$suite.json
   [ -f $out/eagle3-head-$suite.json ] || $py -m lsjax.bench.draft_accept --method eagle3 \
     --draft $out/eagle3-head-draft --suite $suite --json $out/eagle3-head-$suite.json
+  [ -f $out/dflash-$suite.json ] || $py -m lsjax.bench.draft_accept --method dflash --draft $out/dflash-draft \
+    --suite $suite --json $out/dflash-$suite.json
 done
