@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# The suite's time is XLA:CPU compiling (two thirds of it: ~11,600 programs, most a tiny model's), not running
+# them; LLVM's optimisation levels cost a third of each compile and buy nothing on programs this small. Set before
+# JAX starts its backend; exactness tests compare programs compiled alike, and subprocesses that set their own
+# XLA_FLAGS (the meshes) keep theirs.
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 
 
 @pytest.fixture(scope="session")
