@@ -215,3 +215,31 @@ def without_draft(opts: AutoOptions) -> bool:
 
     given = opts.eagle3 is not None or opts.dflash is not None
     return not given and (opts.draft == "none" or (opts.draft is None and jax.default_backend() == "cpu"))
+
+
+AUTO_CHOICE = "auto.json"  # lsjax/drafts/<target>/auto.json: {"draft": <method>}, the shipped draft auto runs
+CHOOSABLE = ("longspec", "eagle3", "dflash")
+
+
+def shipped_choice(model_path) -> tuple[str, str] | None:
+    """(method, directory) of the shipped draft `auto` runs for a target when no draft is given, as the target's
+    `auto.json` names it (`python -m lsjax.bench.ship --auto` writes it, choosing on dev); None without one,
+    where auto runs the LongSpec draft at `lsjax/drafts/<target>/` if one ships."""
+    import json
+
+    from lsjax.errors import ModelNotFoundError
+    from lsjax.methods.longspec.checkpoint import shipped_dir
+
+    f = shipped_dir(model_path) / AUTO_CHOICE
+    if not f.is_file():
+        return None
+    try:
+        method = json.loads(f.read_text())["draft"]
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(f'{f}: must be {{"draft": one of {", ".join(CHOOSABLE)}}}') from None
+    if method not in CHOOSABLE:
+        raise ConfigError(f"{f}: draft must be one of {', '.join(CHOOSABLE)}, got {method!r}")
+    path = shipped_dir(model_path, "" if method == "longspec" else method)
+    if not (path / "config.json").is_file():
+        raise ModelNotFoundError(f"{f} names the {method} draft, but {path} holds none")
+    return method, str(path)

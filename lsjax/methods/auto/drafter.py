@@ -626,6 +626,21 @@ def auto_params(drafter: AutoDrafter, longspec_params=None, costs=None, eagle3_p
     return out
 
 
+def with_shipped_choice(model, opts):
+    """`opts` naming the shipped draft the target's `auto.json` chose, where no draft is given and auto runs one
+    (`without_draft`); unchanged otherwise."""
+    from lsjax.methods.auto.config import shipped_choice, without_draft
+
+    given = opts.draft not in (None, "shipped") or opts.eagle3 is not None or opts.dflash is not None
+    if given or model.path is None or without_draft(opts):
+        return opts
+    choice = shipped_choice(model.path)
+    if choice is None or choice[0] == "longspec":
+        return opts
+    method, path = choice
+    return dataclasses.replace(opts, draft=None, **{method: path})
+
+
 def build_auto(model, opts, cache) -> tuple[AutoDrafter, dict]:
     """`--method auto` (`lsjax.methods.auto.config.AutoOptions`): the draft given or shipped for the target, or
     AR and prompt lookup alone where there is none."""
@@ -637,6 +652,7 @@ def build_auto(model, opts, cache) -> tuple[AutoDrafter, dict]:
     from lsjax.methods.longspec.checkpoint import default_draft_path
 
     shape = {k: getattr(opts, k) for k in ("pld_tokens", "chains", "hybrid_pld") if getattr(opts, k) is not None}
+    opts = with_shipped_choice(model, opts)
     df = opts.dflash or (opts.draft if opts.draft not in DRAFT_WORDS and is_dflash_dir(opts.draft) else None)
     if df is not None:
         if opts.dflash and opts.draft:

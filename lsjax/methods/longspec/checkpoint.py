@@ -73,9 +73,16 @@ def target_key(model_path: str | Path) -> str:
     return Path(model_path).name.split(".")[0]
 
 
+def shipped_dir(model_path: str | Path, kind: str = "") -> Path:
+    """Where drafts for a target ship: `lsjax/drafts/<target>/` holds its LongSpec draft, `<kind>/` below it
+    another method's (`eagle3`, `dflash`, `tokenswift`, ...)."""
+    p = DRAFTS_DIR / target_key(model_path)
+    return p / kind if kind else p
+
+
 def default_draft_path(model_path: str | Path) -> Path | None:
     """The draft shipped in the package for this target, if any."""
-    p = DRAFTS_DIR / target_key(model_path)
+    p = shipped_dir(model_path)
     return p if artifacts.has_weights(p, "longspec") else None
 
 
