@@ -288,6 +288,41 @@ def test_draft_accept_first_level_is_what_propose_drafts_there():
     np.testing.assert_array_equal(np.asarray(got["first"]), hits.astype(np.float32))
 
 
+def test_draft_accept_chains_are_what_a_chain_drafts_there():
+    """`chain2`/`chain4` of an EAGLE-3 draft (teacher-forced, one unrolled pass): at a root, the draft's logits at
+    each depth are those of the 4-token chain `propose` grows there; with the continuation written as that chain,
+    cut after its first m tokens, chain4 = 1 + m (and chain2 = 1 + min(m, 2))."""
+    from lsjax import engine
+    from lsjax.bench.draft_accept import eagle3_first_level
+    from lsjax.config import GenerateConfig
+    from lsjax.methods.eagle3.checkpoint import random_draft
+
+    config, params = small_target()
+    cfg, dp, _ = random_draft(config, seed=4)
+    dp = jax.tree.map(jnp.asarray, dp)
+    drafter = Eagle3Drafter(cfg, Eagle3Tree(4, 4, 1))
+    prefix = [3, 5, 7, 9, 11, 4, 6, 8, 10, 12]
+    r = len(prefix)  # the root: the target's greedy token after the prefix
+    toks = jnp.zeros((1, 16), jnp.int32).at[0, :r].set(jnp.asarray(prefix))
+    gen = GenerateConfig(max_new_tokens=4)
+    state = engine.start(params, dp, config, drafter, gen, toks, jnp.array([r]), jax.random.key(0), chunk=16)
+    prefix = prefix + [int(state.root[0])]
+    _, tok, _, heads = drafter.grow(DraftContext(params, dp, config, capacity=state.cache.capacity), state.draft)
+    chain = [int(t) for t in np.asarray(tok)[0, :4]]
+    want = np.stack([np.asarray(heads[0])[0]] + [np.asarray(h)[0, 0] for h in heads[1:]])  # [depth, Vd]
+    for m in range(5):
+        wrong = [(t + 1) % config.vocab_size for t in chain]  # differs from the chain's token at depth m + 1
+        seq = prefix + chain[:m] + wrong[m:] + [0, 0]
+        got = eagle3_first_level(params, config, dp, cfg, jnp.asarray([seq]), len(seq) - r - 1, 0.0)
+        assert float(got["chain4"][0]) == 1 + m, (m, chain, np.asarray(got["chain4"]))
+        assert float(got["chain2"][0]) == 1 + min(m, 2)
+        # The depths up to the first miss saw the chain's own tokens: their logits are the chain's.
+        seen = min(m + 1, 4)
+        top = np.sort(want, axis=-1)[:, ::-1][:, :5]
+        np.testing.assert_allclose(np.asarray(got["chain_top_logits"])[0, :seen], top[:seen], rtol=1e-4, atol=1e-4)
+    assert [int(t) for t in np.asarray(got["chain_top_ids"])[0, :, 0]] == chain
+
+
 def test_the_prefill_hands_its_streams_to_the_draft():
     """`engine.start` runs the draft over the prompt's pairs inside the prefill (`prefill_hook`); `engine.begin`
     after a plain prefill recomputes them in `init`: the same draft state either way, over several chunks and

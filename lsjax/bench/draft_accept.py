@@ -35,7 +35,9 @@ position; one draft pass runs the pairs (streams at t, token t + 1) at positions
 K/V of every earlier pair (as decoding keeps them). The proposal at root r (the token at position r, not yet in
 the target's cache) is the draft's output at the pair (streams at r - 1, token r): the first level of the tree
 `propose` would grow there. `first`/`top2` and the T > 0 keys are as above (q over the draft vocabulary, p
-restricted to it through d2t); a chain needs the draft's own outputs fed back, so `chain2`/`chain4` are not given.
+restricted to it through d2t); `chain2`/`chain4` feed the draft its own states back as a chain does, through the
+training-time test's unrolled forward (`eagle3_chains`); a dump line also has `chain_top_ids` and
+`chain_top_logits` [root][depth 1 .. 4][5], what a chain drafts at each depth once the depths before matched.
 
 TokenSwift heads: one target pass gives its last hidden state h (before the final norm) at every position. The
 proposal at root r is head 1 on h at r - 1, the last node verification accepted (the `verified` draft pass: the
@@ -66,8 +68,9 @@ import numpy as np
 T0_KEYS = ("first", "top2", "chain2", "chain4")
 DUMP_TOP = 5  # proposals per root in a --dump
 # What an estimator returns for the dump beside its per-root means: per root [new, DUMP_TOP]; `block_` per root
-# and block position [new, s - 1, DUMP_TOP] (DFlash only).
-DUMP_KEYS = ("top_ids", "top_logits", "block_top_ids", "block_top_logits")
+# and block position [new, s - 1, DUMP_TOP] (DFlash only); `chain_` per root and chain depth [new, 4, DUMP_TOP]
+# (EAGLE-3 only).
+DUMP_KEYS = ("top_ids", "top_logits", "block_top_ids", "block_top_logits", "chain_top_ids", "chain_top_logits")
 T1_KEYS = ("sampled", "sampled2", "match")
 PAD = 1024  # sequences are padded to a multiple of this: one compiled program per padded length
 
@@ -215,9 +218,44 @@ def eagle3_first_level(target_params, config, draft_params, draft, tokens, new: 
     h, _, _ = run(variables, aux, pairs, pos, attend, None if draft.own_embed else target_params["embed"])
     first = length - new - 1
     q_logits = run(variables, jax.lax.dynamic_slice_in_dim(h, first - 1, new, axis=1), method="logits")[0]
-    return _one_level(
+    out = _one_level(
         target_params, config, tokens, x, first, new, q_logits, draft_params["draft_to_target"], temperature
     )
+    if temperature == 0:
+        out |= eagle3_chains(target_params, draft_params, draft, aux, tokens, first, new, length)
+    return out
+
+
+def eagle3_chains(target_params, draft_params, draft, aux, tokens, first, new: int, length, depth: int = 4) -> dict:
+    """`chain2`/`chain4` of an EAGLE-3 draft at the roots first .. first + new - 1: depth j of the chain at root r
+    is the draft fed its own state of depth j - 1 and the token r + j - 1, attending to the real pairs before r
+    and its own states of the depths before: the training-time test's unrolled forward
+    (`lsjax.methods.eagle3.train.ttt_forward`), teacher-forced, which is what a chain drafts there once depths
+    1 .. j - 1 matched."""
+    import jax
+    import jax.numpy as jnp
+
+    from lsjax.methods.eagle3 import model as em
+    from lsjax.methods.eagle3.train import ttt_forward
+
+    T = tokens.shape[1]
+    outs = ttt_forward(draft_params, draft, aux, tokens, em.embed_rows(draft_params, target_params), depth)
+    logits_of = em.Eagle3Draft(draft).apply
+    hits, tops = [], []
+    for j, h in enumerate(outs):
+        q = logits_of(
+            {"params": draft_params}, jax.lax.dynamic_slice_in_dim(h, first - 1, new, axis=1), method="logits"
+        )
+        guess = jnp.take(draft_params["draft_to_target"], jnp.argmax(q[0], axis=-1))
+        at = first + 1 + j + jnp.arange(new)  # the token depth j + 1 guesses
+        hits.append((guess == jnp.take(tokens[0], jnp.minimum(at, T - 1))) & (at < length))
+        tops.append(jax.lax.top_k(q[0], DUMP_TOP))
+    run = jnp.cumprod(jnp.stack(hits, axis=1).astype(jnp.float32), axis=1)
+    out = {f"chain{k}": 1.0 + jnp.sum(run[:, :k], axis=1) for k in (2, 4) if k <= depth}
+    out["chain_top_logits"] = jnp.stack([v for v, _ in tops], axis=1)  # [new, depth, DUMP_TOP]
+    ids = jnp.stack([i for _, i in tops], axis=1)
+    out["chain_top_ids"] = jnp.take(draft_params["draft_to_target"], ids).astype(jnp.int32)
+    return out
 
 
 def dflash_first_level(target_params, config, draft_params, draft, tokens, new: int, temperature: float, length=None):
