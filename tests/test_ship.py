@@ -1,4 +1,4 @@
-"""Shipping a trained EAGLE-3 draft (`lsjax.bench.ship`): its files, card and acceptance land under the target's
+"""Shipping a trained EAGLE-3 draft (`tools/ship_draft.py`): its files, card and acceptance land under the target's
 drafts; `--method eagle3` then runs it without `--draft`, and `auto` runs it on accelerators once dev chose it."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def on_an_accelerator(monkeypatch):
 
 
 def test_a_shipped_draft_runs_without_draft_and_auto_runs_it_once_chosen(shop, monkeypatch):
-    from lsjax.bench.ship import ship
+    from tools.ship_draft import ship
 
     model, src, target_dir = shop
     with pytest.raises(InputError, match="no EAGLE-3 draft ships for this target"):
@@ -78,9 +78,9 @@ def test_a_shipped_draft_runs_without_draft_and_auto_runs_it_once_chosen(shop, m
 
 
 def test_shipping_refuses_in_one_line(shop, monkeypatch, tmp_path):
-    from lsjax.bench.ship import ship
     from lsjax.config import ConfigError
     from lsjax.methods.auto.config import shipped_choice
+    from tools.ship_draft import ship
 
     model, src, target_dir = shop
     dev, held = report("dev", src, 0.5), report("heldout", src, 0.4)
@@ -112,7 +112,7 @@ def test_shipping_refuses_in_one_line(shop, monkeypatch, tmp_path):
 
 
 def test_the_command_line_names_a_missing_report(tmp_path, capsys):
-    from lsjax.bench.ship import main
+    from tools.ship_draft import main
 
     with pytest.raises(SystemExit) as e:
         main(["--method", "eagle3", "--draft", str(tmp_path), "--dev", str(tmp_path / "no.json"), "--heldout", "x"])

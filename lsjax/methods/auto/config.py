@@ -223,12 +223,12 @@ CHOOSABLE = ("longspec", "eagle3", "dflash")
 
 def shipped_choice(model_path) -> tuple[str, str] | None:
     """(method, directory) of the shipped draft `auto` runs for a target when no draft is given, as the target's
-    `auto.json` names it (`python -m lsjax.bench.ship --auto` writes it, choosing on dev); None without one,
+    `auto.json` names it (`python -m tools.ship_draft --auto` writes it, choosing on dev); None without one,
     where auto runs the LongSpec draft at `lsjax/drafts/<target>/` if one ships."""
     import json
 
     from lsjax.errors import ModelNotFoundError
-    from lsjax.methods.longspec.checkpoint import shipped_dir
+    from lsjax.methods.longspec.checkpoint import shipped_dir, shipped_draft
 
     f = shipped_dir(model_path) / AUTO_CHOICE
     if not f.is_file():
@@ -239,7 +239,7 @@ def shipped_choice(model_path) -> tuple[str, str] | None:
         raise ConfigError(f'{f}: must be {{"draft": one of {", ".join(CHOOSABLE)}}}') from None
     if method not in CHOOSABLE:
         raise ConfigError(f"{f}: draft must be one of {', '.join(CHOOSABLE)}, got {method!r}")
-    path = shipped_dir(model_path, "" if method == "longspec" else method)
-    if not (path / "config.json").is_file():
-        raise ModelNotFoundError(f"{f} names the {method} draft, but {path} holds none")
+    kind = "" if method == "longspec" else method
+    if (path := shipped_draft(model_path, kind)) is None:
+        raise ModelNotFoundError(f"{f} names the {method} draft, but {shipped_dir(model_path, kind)} holds none")
     return method, str(path)

@@ -224,24 +224,15 @@ def draft_info(opts) -> dict | None:
 SHIPPED = "dflash"  # lsjax/drafts/<target>/dflash: the DFlash draft shipped for a target, used without --draft
 
 
-def default_draft_path(model_path: str | Path) -> Path | None:
-    """The DFlash draft shipped in the package for this target, if any."""
-    from lsjax.methods.longspec.checkpoint import shipped_dir
-
-    p = shipped_dir(model_path, SHIPPED)
-    return p if (p / "config.json").is_file() else None
-
-
 def load_dflash(model, draft: str | None, tree=None, block_size: int | None = None) -> tuple:
     """(drafter, draft params) for a loaded target: `draft` a published DFlash directory, or "random"
     (untrained); `tree` None verifies the block's chain, else a tree budget (`parse_tree`); `block_size` None
-    keeps the draft's block."""
+    keeps the draft's block; `draft` None or "shipped": the draft shipped for this target, if one is."""
     from lsjax.methods.dflash.drafter import DFlashDrafter, parse_tree
+    from lsjax.methods.longspec.checkpoint import shipped_draft
 
-    if draft in (None, "shipped"):
-        shipped = default_draft_path(model.path) if model.path is not None else None
-        if shipped is not None:
-            draft = str(shipped)
+    if draft in (None, "shipped") and (shipped := shipped_draft(model.path, SHIPPED)) is not None:
+        draft = str(shipped)
     if draft in (None, "shipped"):
         raise InputError(
             "--method dflash needs --draft DIR (no DFlash draft ships for this target): a DFlash draft for it "

@@ -317,23 +317,14 @@ def draft_info(opts) -> dict | None:
 SHIPPED = "eagle3"  # lsjax/drafts/<target>/eagle3: the EAGLE-3 draft shipped for a target, used without --draft
 
 
-def default_draft_path(model_path: str | Path) -> Path | None:
-    """The EAGLE-3 draft shipped in the package for this target, if any."""
-    from lsjax.methods.longspec.checkpoint import shipped_dir
-
-    p = shipped_dir(model_path, SHIPPED)
-    return p if (p / "config.json").is_file() else None
-
-
 def load_eagle3(model, draft: str | None, tree) -> tuple:
     """(drafter, draft params) for a loaded target: `draft` a directory in either published layout, or
-    "random" (untrained)."""
+    "random" (untrained), or None or "shipped" (the draft shipped for this target, if one is)."""
     from lsjax.methods.eagle3.drafter import Eagle3Drafter, parse_tree
+    from lsjax.methods.longspec.checkpoint import shipped_draft
 
-    if draft in (None, "shipped"):
-        shipped = default_draft_path(model.path) if model.path is not None else None
-        if shipped is not None:
-            draft = str(shipped)
+    if draft in (None, "shipped") and (shipped := shipped_draft(model.path, SHIPPED)) is not None:
+        draft = str(shipped)
     if draft in (None, "shipped"):
         raise InputError(
             "--method eagle3 needs --draft DIR (no EAGLE-3 draft ships for this target): an EAGLE-3 draft for it "

@@ -80,6 +80,14 @@ def shipped_dir(model_path: str | Path, kind: str = "") -> Path:
     return p / kind if kind else p
 
 
+def shipped_draft(model_path: str | Path | None, kind: str) -> Path | None:
+    """The draft of method `kind` shipped for this target (`shipped_dir`, a config.json there), if any."""
+    if model_path is None:
+        return None
+    p = shipped_dir(model_path, kind)
+    return p if (p / "config.json").is_file() else None
+
+
 def default_draft_path(model_path: str | Path) -> Path | None:
     """The draft shipped in the package for this target, if any."""
     p = shipped_dir(model_path)

@@ -1,8 +1,9 @@
-"""Ship a trained EAGLE-3 or DFlash draft with the package, with its card, and let `auto` run it.
+"""Ship a trained EAGLE-3 or DFlash draft with the package, with its card, and let `auto` run it (a developer
+tool, run from a checkout: it writes into `lsjax/drafts/`).
 
     python -m lsjax.bench.draft_accept --method eagle3 --draft DIR --suite dev --json dev.json
     python -m lsjax.bench.draft_accept --method eagle3 --draft DIR --suite heldout --json heldout.json
-    python -m lsjax.bench.ship --method eagle3 --draft DIR --dev dev.json --heldout heldout.json [--auto]
+    python -m tools.ship_draft --method eagle3 --draft DIR --dev dev.json --heldout heldout.json [--auto]
 
 The draft is read for the bundled target as decoding reads it, so a draft of another target or a corrupt one stops
 here in one line. Its files go to `lsjax/drafts/<target>/<method>/` unchanged (the published layout), beside
@@ -57,13 +58,13 @@ def summary(report: dict, suite: str, draft: str, where: str) -> dict:
     return {"summary": out, "rows": rows}
 
 
-def auto_choice_first(target_dir: Path) -> tuple[str, float | None]:
+def auto_choice_first(model_path) -> tuple[str, float | None]:
     """(the method auto runs now for the target, its dev first-level acceptance from its accept.json or None)."""
-    from lsjax.methods.auto.config import AUTO_CHOICE
+    from lsjax.methods.auto.config import shipped_choice
+    from lsjax.methods.longspec.checkpoint import shipped_dir
 
-    f = target_dir / AUTO_CHOICE
-    method = json.loads(f.read_text())["draft"] if f.is_file() else "longspec"
-    acc = (target_dir if method == "longspec" else target_dir / method) / ACCEPT
+    method, path = shipped_choice(model_path) or ("longspec", shipped_dir(model_path))
+    acc = Path(path) / ACCEPT
     first = json.loads(acc.read_text())["dev"]["summary"]["first"] if acc.is_file() else None
     return method, first
 
@@ -91,7 +92,7 @@ def card(method: str, target: str, files: list[Path], fmt: str, dev: dict, heldo
             "",
             f"{runs}. Layout: {fmt} (the published one, as lsjax reads and writes it). Files: "
             f"{', '.join(f'`{f.name}`' for f in files)} ({size:.1f} MB). Shipped {datetime.date.today()} with "
-            f"`python -m lsjax.bench.ship`.{made}",
+            f"`python -m tools.ship_draft`.{made}",
             "",
             "## Acceptance",
             "",
@@ -127,7 +128,7 @@ def ship(model, method: str, draft: str | Path, dev: dict, heldout: dict, auto: 
     }
     target_dir = shipped_dir(model.path)
     if auto and not force:
-        current, first = auto_choice_first(target_dir)
+        current, first = auto_choice_first(model.path)
         new = acc["dev"]["summary"]["first"]
         if first is not None and new <= first:
             raise InputError(
@@ -150,7 +151,7 @@ def ship(model, method: str, draft: str | Path, dev: dict, heldout: dict, auto: 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lsjax.bench.ship", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.ship_draft", description=__doc__.split("\n\n")[0])
     p.add_argument("--method", required=True, choices=tuple(METHODS))
     p.add_argument("--draft", required=True, metavar="DIR", help="the draft, in its published layout")
     p.add_argument("--dev", required=True, metavar="JSON", help="draft_accept --suite dev --json's report of it")
